@@ -1,0 +1,1 @@
+"""synthwatch: generate synthetic LLM training data and watch it being made."""

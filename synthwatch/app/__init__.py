@@ -1,0 +1,1 @@
+"""The web dashboard (FastAPI + Jinja2 + htmx)."""

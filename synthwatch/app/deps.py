@@ -1,0 +1,61 @@
+"""Request-scoped dependencies: database engines, templates, htmx detection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.templating import Jinja2Templates
+from sqlalchemy.engine import Connection, Engine
+
+PACKAGE = Path(__file__).resolve().parent.parent
+TEMPLATES_DIR = PACKAGE / "templates"
+STATIC_DIR = PACKAGE / "static"
+
+
+def make_templates() -> Jinja2Templates:
+    templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
+    # autoescape is on for .html (Starlette's default); model text is never marked safe
+    env = templates.env
+    env.autoescape = True
+    from . import filters
+
+    filters.install(env)
+    return templates
+
+
+def get_read_engine(request: Request) -> Engine:
+    return request.app.state.read_engine  # type: ignore[no-any-return]
+
+
+def get_write_engine(request: Request) -> Engine:
+    return request.app.state.write_engine  # type: ignore[no-any-return]
+
+
+def get_conn(request: Request) -> Iterator[Connection]:
+    """A short read connection; never holds a write lock."""
+    with request.app.state.read_engine.connect() as conn:
+        yield conn
+
+
+def get_templates(request: Request) -> Jinja2Templates:
+    return request.app.state.templates  # type: ignore[no-any-return]
+
+
+def is_htmx(request: Request) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+ReadConn = Annotated[Connection, Depends(get_conn)]
+WriteEngine = Annotated[Engine, Depends(get_write_engine)]
+ReadEngine = Annotated[Engine, Depends(get_read_engine)]
+Templates = Annotated[Jinja2Templates, Depends(get_templates)]
+HX = Annotated[bool, Depends(is_htmx)]
+
+
+def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Any:
+    templates: Jinja2Templates = request.app.state.templates
+    ctx = {"settings": request.app.state.settings, **context}
+    return templates.TemplateResponse(request, name, ctx, status_code=status_code)

@@ -1,0 +1,58 @@
+"""Jinja filters. They return plain strings, so autoescape still applies to their output."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from jinja2 import Environment
+
+
+def fmt_time(ts: float | None) -> str:
+    if not ts:
+        return "–"
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "–"
+    s = int(seconds)
+    if s >= 86400:
+        return f"{s // 86400}d {s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
+
+
+def fmt_num(x: Any, digits: int = 0) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float) and digits:
+        return f"{x:,.{digits}f}"
+    try:
+        return f"{round(x):,}"
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def fmt_pct(x: float | None, digits: int = 1) -> str:
+    if x is None:
+        return "–"
+    return f"{x * 100:.{digits}f}%"
+
+
+def fmt_seconds(x: float | None) -> str:
+    if x is None:
+        return "–"
+    if x < 1:
+        return f"{x * 1000:.0f} ms"
+    return f"{x:.2f} s"
+
+
+def install(env: Environment) -> None:
+    env.filters.update(
+        time=fmt_time, duration=fmt_duration, num=fmt_num, pct=fmt_pct, seconds=fmt_seconds,
+    )

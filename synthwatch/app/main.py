@@ -1,0 +1,75 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..db import make_engine, migrate, resolve_url
+from ..settings import Settings, get_settings
+from . import security
+from .deps import STATIC_DIR, make_templates, render
+
+
+def create_app(db: str | None = None, settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    url = resolve_url(db or settings.db)
+    migrate(url)
+    app = FastAPI(
+        title="synthwatch",
+        description="Live dashboard and JSON API for synthetic data generation runs.",
+        version="0.1.0",
+    )
+    app.state.settings = settings
+    app.state.db_url = url
+    # reads: query_only connections; writes (controls, flags): short transactions on their own pool
+    app.state.read_engine = make_engine(url, readonly=True, pool_size=10)
+    app.state.write_engine = make_engine(url, pool_size=2)
+    app.state.templates = make_templates()
+    app.mount("/static", StaticFiles(directory=str(STATIC_DIR)), name="static")
+    security.install(app, auth_token=settings.auth_token, loopback_only=security.is_loopback(settings.host))
+    _install_error_pages(app)
+
+    from . import routes_alarms, routes_export, routes_review, routes_runs
+
+    for mod in (routes_runs, routes_review, routes_alarms, routes_export):
+        app.include_router(mod.router)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> Response:
+        return RedirectResponse("/runs", status_code=307)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, Any]:
+        return {"ok": True}
+
+    return app
+
+
+def _wants_json(request: Request) -> bool:
+    return request.url.path.startswith("/api/")
+
+
+def _install_error_pages(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if _wants_json(request):
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        return render(request, "error.html", {"status": exc.status_code, "detail": exc.detail},
+                      status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
+            problems.append(f"{loc or 'request'}: {err.get('msg')}")
+        if _wants_json(request):
+            return JSONResponse({"detail": "invalid request", "problems": problems}, status_code=400)
+        return render(request, "error.html", {"status": 400, "detail": "invalid request", "problems": problems},
+                      status_code=400)

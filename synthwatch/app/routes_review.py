@@ -1,0 +1,7 @@
+"""Routes: review."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter()

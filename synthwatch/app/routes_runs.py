@@ -1,0 +1,7 @@
+"""Routes: runs."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter()

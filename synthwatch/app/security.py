@@ -1,0 +1,117 @@
+"""Security middleware: CSP and friends, cross-site request refusal, optional token auth.
+
+A dashboard that can stop a multi-hour run is reachable from any page the user visits (a page
+on another site can POST to localhost), so every state-changing request must come from our own
+origin, and the Host header must be ours (DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+TOKEN_COOKIE = "synthwatch_token"
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_only(hostport: str) -> str:
+    if hostport.startswith("["):
+        return hostport.split("]")[0] + "]"
+    return hostport.rsplit(":", 1)[0] if hostport.count(":") == 1 else hostport
+
+
+def cross_site_reason(request: Request) -> str | None:
+    """Why a state-changing request must be refused, or None when it comes from our own pages."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return f"cross-site request refused (Sec-Fetch-Site: {site})"
+    origin = request.headers.get("origin")
+    if origin is not None:
+        if origin == "null":
+            return "cross-site request refused (Origin: null)"
+        o = urlsplit(origin)
+        host = request.headers.get("host", "")
+        if o.netloc.lower() != host.lower():
+            return f"cross-site request refused (Origin {origin} is not this dashboard)"
+    return None
+
+
+def _wants_json(request: Request) -> bool:
+    return request.url.path.startswith("/api/") or "application/json" in request.headers.get("accept", "")
+
+
+def install(app: FastAPI, *, auth_token: str | None, loopback_only: bool) -> None:
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if loopback_only:
+            host = _host_only(request.headers.get("host", "")).lower()
+            if host and not is_loopback(host):
+                return PlainTextResponse(f"unexpected Host header {host!r} (the dashboard serves loopback only)",
+                                         status_code=421)
+        if request.method not in SAFE_METHODS:
+            reason = cross_site_reason(request)
+            if reason:
+                if _wants_json(request):
+                    return JSONResponse({"detail": reason}, status_code=403)
+                return PlainTextResponse(reason, status_code=403)
+        if auth_token and not request.url.path.startswith(("/static/", "/login")):
+            given = (
+                request.cookies.get(TOKEN_COOKIE)
+                or request.headers.get("x-synthwatch-token")
+                or request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            )
+            if not given or not hmac.compare_digest(given.encode(), auth_token.encode()):
+                if _wants_json(request) or request.headers.get("HX-Request"):
+                    return JSONResponse({"detail": "authentication required"}, status_code=401)
+                return RedirectResponse("/login", status_code=303)
+        response = await call_next(request)
+        response.headers.setdefault("Content-Security-Policy", CSP)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        return response
+
+    if auth_token:
+        from fastapi.responses import HTMLResponse
+
+        @app.get("/login", include_in_schema=False)
+        async def login_form(request: Request) -> Response:
+            token = request.query_params.get("token")
+            if token and hmac.compare_digest(token.encode(), auth_token.encode()):
+                resp = RedirectResponse("/", status_code=303)
+                resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+                return resp
+            return HTMLResponse(
+                "<!doctype html><title>synthwatch login</title><form method=post action=/login>"
+                "<label>Token <input name=token type=password autofocus></label> <button>Log in</button></form>",
+                status_code=401 if token else 200,
+            )
+
+        @app.post("/login", include_in_schema=False)
+        async def login(request: Request) -> Response:
+            form = await request.form()
+            token = str(form.get("token", ""))
+            if not hmac.compare_digest(token.encode(), auth_token.encode()):
+                return PlainTextResponse("wrong token", status_code=401)
+            resp = RedirectResponse("/", status_code=303)
+            resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+            return resp

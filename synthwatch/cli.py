@@ -1,0 +1,65 @@
+"""The `synthwatch` command. Each subcommand lives in a small module with `register(subparsers)`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# (module, help) — modules are imported for their register() only; heavy imports stay inside handlers
+COMMANDS = (
+    "synthwatch.commands.run",
+    "synthwatch.commands.simulate",
+    "synthwatch.commands.serve",
+    "synthwatch.commands.demo",
+    "synthwatch.commands.export",
+    "synthwatch.commands.watch",
+    "synthwatch.commands.control",
+    "synthwatch.commands.db",
+)
+
+
+class CliError(Exception):
+    """A user-facing error: printed without a traceback, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="synthwatch",
+        description="Generate synthetic LLM training data from OpenAI-compatible endpoints and watch it live.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # a command not built yet
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("alembic", "httpx", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return int(args.func(args) or 0)
+    except CliError as exc:
+        print(f"synthwatch {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

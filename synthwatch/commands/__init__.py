@@ -1,0 +1,1 @@
+"""Subcommands of the `synthwatch` CLI, one module each."""

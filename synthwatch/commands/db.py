@@ -1,0 +1,28 @@
+"""`synthwatch db upgrade|current`: migrations by hand (every command also migrates on open)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ._common import add_db_arg
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("db", help="database maintenance (migrations run automatically on open)")
+    add_db_arg(p)
+    p.add_argument("action", choices=["upgrade", "current"])
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from alembic import command
+
+    from ..db import alembic_config, migrate, resolve_url, safe_url
+
+    url = resolve_url(args.db)
+    if args.action == "upgrade":
+        migrate(url)
+        print(f"{safe_url(url)}: schema at head")
+    else:
+        command.current(alembic_config(url))
+    return 0

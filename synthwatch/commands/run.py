@@ -1,0 +1,319 @@
+"""`synthwatch run`: load a dataset into a run (or resume it) and generate."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..cli import CliError
+from ._common import add_db_arg, dashboard_hint, positive_float, positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "run",
+        help="generate: send a dataset's prompts to endpoints and store every result",
+        description="Settings come from --config (TOML, same keys as docs/configuration.md) and flags; "
+        "flags win. A run whose name exists is resumed: nothing is loaded twice or redone.",
+    )
+    add_db_arg(p)
+    p.add_argument("--config", help="TOML file with the run settings")
+    p.add_argument("--name", help="run name (default: <dataset>-<model>-<time>); an existing name resumes")
+    p.add_argument("--join", metavar="RUN", help="add this worker to a run in progress (shares its queue)")
+    g = p.add_argument_group("dataset")
+    g.add_argument("--dataset", help="JSONL / Parquet file or HF save_to_disk folder")
+    g.add_argument("--dataset-format", choices=["auto", "jsonl", "parquet", "hf"])
+    g.add_argument("--split")
+    g.add_argument("--messages-field", help="dotted path to an OpenAI messages list")
+    g.add_argument("--conversations-field", help="dotted path to a ShareGPT conversations list")
+    g.add_argument("--prompt-field", help="dotted path to a plain prompt string")
+    g.add_argument("--id-field", help="dotted path to a stable id")
+    g.add_argument("--system-prompt")
+    g.add_argument("--shuffle", action="store_true", default=None)
+    g.add_argument("--shuffle-seed", type=int)
+    g.add_argument("--limit", type=positive_int)
+    g.add_argument("--skip-bad-lines", action="store_true", default=None,
+                   help="skip and count malformed rows instead of refusing to start")
+    g = p.add_argument_group("endpoints and requests")
+    g.add_argument("--base-url", action="append", help="OpenAI-compatible base URL; repeat for several")
+    g.add_argument("--api-key-env", help="name of the environment variable holding the API key")
+    g.add_argument("--model")
+    g.add_argument("--no-stream", dest="stream", action="store_false", default=None)
+    g.add_argument("--concurrency", type=positive_int)
+    g.add_argument("--cap", type=positive_int, help="stop once this many records are ok")
+    g.add_argument("--max-tokens", type=positive_int)
+    g.add_argument("--temperature", type=float)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--seed", type=int, help="sampling seed sent with each request")
+    g.add_argument("--stop", action="append", help="stop string; repeat for several")
+    g.add_argument("--extra-body", help='JSON merged into each request, e.g. \'{"chat_template_kwargs": {...}}\'')
+    g.add_argument("--return-token-ids", action="store_true", default=None,
+                   help="ask the server (vLLM) for the exact prompt and completion token ids")
+    g = p.add_argument_group("timeouts and retries")
+    g.add_argument("--connect-timeout-s", type=positive_float)
+    g.add_argument("--timeout-s", type=positive_float, help="total time for one request")
+    g.add_argument("--idle-timeout-s", type=positive_float, help="longest silence between stream chunks")
+    g.add_argument("--max-attempts", type=positive_int)
+    g = p.add_argument_group("reasoning and tokenizer")
+    g.add_argument("--reasoning-mode", choices=["auto", "reasoning", "reasoning_content", "reasoning_details",
+                                                "thinking", "inline", "none"])
+    g.add_argument("--no-expect-reasoning", dest="expect_reasoning", action="store_false", default=None)
+    g.add_argument("--prefilled-think", action="store_true", default=None,
+                   help="the chat template already opens the think block in the prompt")
+    g.add_argument("--tokenizer", help="tokenizer folder or cached name ('deepseek-v4' is shipped)")
+    g.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4'")
+    g.add_argument("--trust-remote-code", action="store_true", default=None)
+    g = p.add_argument_group("output")
+    g.add_argument("--quiet", action="store_true", help="no progress line")
+    g.add_argument("--log-json", action="store_true", help="progress as JSON lines on stdout (non-interactive)")
+    p.set_defaults(func=handle)
+
+
+def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
+    """Only the flags the user gave, shaped like the TOML file."""
+    cfg: dict[str, Any] = {}
+
+    def put(path: str, value: Any) -> None:
+        if value is None:
+            return
+        node = cfg
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+    put("name", a.name)
+    put("dataset.path", a.dataset)
+    put("dataset.format", a.dataset_format)
+    put("dataset.split", a.split)
+    put("dataset.messages_field", a.messages_field)
+    put("dataset.conversations_field", a.conversations_field)
+    put("dataset.prompt_field", a.prompt_field)
+    put("dataset.id_field", a.id_field)
+    put("dataset.system_prompt", a.system_prompt)
+    put("dataset.shuffle", a.shuffle)
+    put("dataset.seed", a.shuffle_seed)
+    put("dataset.limit", a.limit)
+    if a.skip_bad_lines:
+        put("dataset.on_bad_line", "skip")
+    if a.base_url:
+        cfg["endpoints"] = [{"base_url": u, **({"api_key_env": a.api_key_env} if a.api_key_env else {})}
+                            for u in a.base_url]
+    elif a.api_key_env:
+        cfg["_api_key_env"] = a.api_key_env
+    put("model", a.model)
+    put("stream", a.stream)
+    put("concurrency", a.concurrency)
+    put("cap", a.cap)
+    put("sampling.max_tokens", a.max_tokens)
+    put("sampling.temperature", a.temperature)
+    put("sampling.top_p", a.top_p)
+    put("sampling.seed", a.seed)
+    put("sampling.stop", a.stop)
+    if a.extra_body:
+        try:
+            extra = json.loads(a.extra_body)
+        except json.JSONDecodeError as exc:
+            raise CliError(f"--extra-body is not valid JSON: {exc}") from None
+        if not isinstance(extra, dict):
+            raise CliError("--extra-body must be a JSON object")
+        put("sampling.extra_body", extra)
+    put("request_token_ids", a.return_token_ids)
+    put("timeouts.connect_s", a.connect_timeout_s)
+    put("timeouts.total_s", a.timeout_s)
+    put("timeouts.idle_s", a.idle_timeout_s)
+    put("retries.max_attempts", a.max_attempts)
+    put("reasoning.mode", a.reasoning_mode)
+    put("reasoning.expect", a.expect_reasoning)
+    put("reasoning.prefilled_open", a.prefilled_think)
+    put("tokenizer.name_or_path", a.tokenizer)
+    put("tokenizer.chat_template", a.chat_template)
+    put("tokenizer.trust_remote_code", a.trust_remote_code)
+    return cfg
+
+
+def resolve_config(a: argparse.Namespace, stored: dict[str, Any] | None = None) -> Any:
+    from ..config import ConfigError, build_config, deep_merge, load_toml
+
+    base: dict[str, Any] = dict(stored or {})
+    source = "command line"
+    if a.config:
+        try:
+            base = deep_merge(base, load_toml(a.config))
+        except ConfigError as exc:
+            raise CliError(str(exc)) from None
+        source = f"{a.config} + command line"
+    flags = _flags_to_config(a)
+    key_env = flags.pop("_api_key_env", None)
+    merged = deep_merge(base, flags)
+    if key_env and merged.get("endpoints"):
+        merged["endpoints"] = [{**e, "api_key_env": key_env} for e in merged["endpoints"]]
+    missing = [k for k in ("dataset", "endpoints", "model") if k not in merged]
+    if missing:
+        flag = {"dataset": "--dataset", "endpoints": "--base-url", "model": "--model"}
+        raise CliError("missing " + ", ".join(f"{k} ({flag[k]} or in --config)" for k in missing))
+    try:
+        return build_config(merged, source)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def default_name(config: Any) -> str:
+    stem = Path(config.dataset.path).name.split(".")[0] or "dataset"
+    return f"{stem}-{config.model.split('/')[-1]}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int, bool]:
+    """Create the run and load its prompts, or find it to resume. Returns (run_id, resumed)."""
+    from ..datasets import DatasetError, DatasetSpec, load_dataset
+    from ..store import create_run, find_run_id, insert_prompts, write_begin
+
+    with engine.connect() as conn:
+        existing = find_run_id(conn, config.name)
+        conn.rollback()
+    if existing is not None:
+        return existing, True
+    d = config.dataset
+    spec = DatasetSpec(
+        path=d.path, format=d.format, split=d.split, messages_field=d.messages_field,
+        conversations_field=d.conversations_field, prompt_field=d.prompt_field, id_field=d.id_field,
+        system_prompt=d.system_prompt, shuffle=d.shuffle, seed=d.seed, limit=d.limit, on_bad_line=d.on_bad_line,
+    )
+    try:
+        loaded = load_dataset(spec)
+    except DatasetError as exc:
+        raise CliError(str(exc)) from None
+    print(f"dataset {d.path}: {len(loaded.prompts)} prompts ({loaded.shape})", file=out)
+    if loaded.bad_lines:
+        print(f"  skipped {len(loaded.bad_lines)} malformed rows (--skip-bad-lines):", file=out)
+        for bad in loaded.bad_lines[:10]:
+            print(f"    {bad}", file=out)
+    with engine.connect() as conn, write_begin(conn):
+        run_id = create_run(conn, config.name, config)
+        insert_prompts(conn, run_id, loaded.prompts, seed=d.seed)
+        if loaded.bad_lines:
+            from sqlalchemy import text
+
+            conn.execute(
+                text("INSERT INTO ingest_error (run_id, path, line, reason, t) VALUES (:r, :p, :l, :reason, :t)"),
+                [{"r": run_id, "p": b.file, "l": b.line, "reason": b.reason, "t": time.time()}
+                 for b in loaded.bad_lines],
+            )
+    return run_id, False
+
+
+class Progress:
+    """The live progress line (stderr, rewritten in place) or JSON lines (stdout)."""
+
+    def __init__(self, name: str, *, json_lines: bool, quiet: bool) -> None:
+        self.name = name
+        self.json_lines = json_lines
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self._last_json = 0.0
+
+    def tick(self, w: Any) -> None:
+        if self.quiet and not self.json_lines:
+            return
+        ctl = w.writer.control if w.writer else {}
+        s = w.stats
+        rps, tps = s.rates()
+        n_ok = ctl.get("n_ok", 0) or 0
+        cap = ctl.get("cap")
+        target = cap if cap is not None else (n_ok + (ctl.get("n_pending") or 0) + (ctl.get("n_in_flight") or 0))
+        finished = s.ok + s.errors + s.timeouts
+        eta_s = (target - n_ok) / rps if rps > 0 and target > n_ok else None
+        info = {
+            "run": self.name, "state": w.state, "ok": n_ok, "cap": cap, "target": target,
+            "req_per_s": round(rps, 2), "out_tok_per_s": round(tps, 1), "in_flight": len(w.tasks),
+            "concurrency": ctl.get("concurrency"), "errors": s.errors, "timeouts": s.timeouts, "retries": s.retries,
+            "timeout_share": round(s.timeouts / finished, 4) if finished else 0.0,
+            "empty_reasoning_share": round(s.empty_reasoning / s.ok, 4) if s.ok else 0.0,
+            "eta_s": round(eta_s) if eta_s is not None else None,
+            "db_error": w.writer.error if w.writer else None,
+        }
+        if self.json_lines:
+            print(json.dumps(info), flush=True)
+            return
+        eta = _fmt_duration(eta_s) if eta_s is not None else "–"
+        line = (
+            f"{self.name} [{w.state}] ok {n_ok}/{target} | {rps:.1f} req/s | {tps:,.0f} tok/s | "
+            f"in flight {len(w.tasks)}/{ctl.get('concurrency')} | errors {s.errors} | "
+            f"timeouts {s.timeouts} ({info['timeout_share']:.1%}) | empty reasoning "
+            f"{info['empty_reasoning_share']:.1%} | ETA {eta}"
+        )
+        if info["db_error"]:
+            line += f" | DATABASE: {info['db_error']}"
+        if self.tty:
+            print("\r\x1b[2K" + line, end="", file=sys.stderr, flush=True)
+        elif time.monotonic() - self._last_json >= 10:
+            self._last_json = time.monotonic()
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.tty and not self.quiet and not self.json_lines:
+            print(file=sys.stderr)
+
+
+def _fmt_duration(s: float) -> str:
+    s = int(s)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def handle(a: argparse.Namespace) -> int:
+    from ..db import DatabaseError, open_engine, safe_url
+    from ..store import NotFound, run_row
+    from ..workers.endpoints import MissingApiKey
+    from ..workers.engine import EXIT_CODES, RunWorker
+
+    try:
+        engine = open_engine(a.db)
+    except DatabaseError as exc:
+        raise CliError(str(exc)) from None
+    if a.join:
+        try:
+            with engine.connect() as conn:
+                row = run_row(conn, a.join)
+        except NotFound as exc:
+            raise CliError(str(exc)) from None
+        config = resolve_config(a, json.loads(row["config_json"]))
+        config.name = row["name"]
+        run_id, resumed = row["id"], True
+    else:
+        config = resolve_config(a)
+        if not config.name:
+            config.name = default_name(config)
+        run_id, resumed = prepare_run(engine, config)
+    out = sys.stderr
+    verb = "joining" if a.join else ("resuming" if resumed else "starting")
+    print(f"{verb} run {config.name!r} (id {run_id}) in {safe_url(str(engine.url))}", file=out)
+    print(f"dashboard: {dashboard_hint(a.db)}  then open http://127.0.0.1:8000/runs/{run_id}", file=out)
+    progress = Progress(config.name, json_lines=a.log_json, quiet=a.quiet)
+    try:
+        worker = RunWorker(engine, run_id, config, join=bool(a.join), hooks=[], on_tick=progress.tick)
+    except MissingApiKey as exc:
+        raise CliError(str(exc)) from None
+
+    async def go() -> str:
+        worker.install_signal_handlers()
+        return await worker.main()
+
+    final = asyncio.run(go())
+    progress.close()
+    with engine.connect() as conn:
+        row = run_row(conn, run_id)
+    print(
+        f"run {config.name!r} {final}: {row['n_ok']} ok, {row['n_error']} errors, {row['n_timeout']} timeouts, "
+        f"{row['n_pending']} pending" + (f" — {row['status_message']}" if row.get("status_message") else ""),
+        file=out,
+    )
+    return EXIT_CODES.get(final, 1)

@@ -1,0 +1,56 @@
+"""`synthwatch serve`: the dashboard, reading the same database the workers write."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..cli import CliError
+from ._common import add_db_arg
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("serve", help="serve the dashboard (default http://127.0.0.1:8000)")
+    add_db_arg(p)
+    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1; others need --auth-token)")
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--auth-token", default=None,
+                   help="require this token on every page and API call (or set SYNTHWATCH_AUTH_TOKEN)")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback address without a token (anyone who can reach it controls runs)")
+    p.set_defaults(func=handle)
+
+
+def build_settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from ..app.security import is_loopback
+    from ..settings import get_settings
+
+    base = get_settings()
+    updates = {k: v for k, v in {"db": args.db, "host": args.host, "port": args.port,
+                                 "auth_token": args.auth_token}.items() if v is not None}
+    settings = base.model_copy(update=updates)
+    if not is_loopback(settings.host) and not settings.auth_token:
+        if not args.insecure:
+            raise CliError(
+                f"refusing to serve on {settings.host} without --auth-token: anyone who can reach it could stop "
+                "your runs. Pass --auth-token TOKEN (or --insecure to accept the risk)."
+            )
+        print(f"WARNING: serving on {settings.host} with no authentication (--insecure)", file=sys.stderr)
+    return settings
+
+
+def handle(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..app.main import create_app
+    from ..db import DatabaseError
+
+    settings = build_settings(args)
+    try:
+        app = create_app(settings.db, settings)
+    except DatabaseError as exc:
+        raise CliError(str(exc)) from None
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    print(f"synthwatch dashboard on http://{host}:{settings.port}/", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    return 0

@@ -1,0 +1,197 @@
+"""RunConfig: everything one generation run needs, from a TOML file and/or CLI flags.
+
+Unknown keys are errors (a typo must not silently fall back to a default), and the snapshot
+stored with the run never contains secrets: API keys are named by environment variable only.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+REASONING_MODES = ("auto", "reasoning", "reasoning_content", "reasoning_details", "thinking", "inline", "none")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ConfigError(Exception):
+    """Bad run configuration; the message names the key and the source."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DatasetConfig(_Strict):
+    path: str = Field(description="JSONL (.jsonl/.jsonl.gz), Parquet, or an HF save_to_disk folder.")
+    format: Literal["auto", "jsonl", "parquet", "hf"] = "auto"
+    split: str | None = None
+    messages_field: str | None = Field(None, description="Dotted path to an OpenAI messages list.")
+    conversations_field: str | None = Field(None, description="Dotted path to a ShareGPT list.")
+    prompt_field: str | None = Field(None, description="Dotted path to a plain prompt string.")
+    id_field: str | None = Field(None, description="Dotted path to a stable source id.")
+    system_prompt: str | None = None
+    shuffle: bool = False
+    seed: int = 0
+    limit: int | None = Field(None, ge=1)
+    on_bad_line: Literal["error", "skip"] = "error"
+
+
+class EndpointConfig(_Strict):
+    base_url: str = Field(description="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    api_key_env: str | None = Field(None, description="Name of the environment variable holding the key.")
+    name: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_url(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        parsed = urlparse(v)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError(f"not an http(s) URL: {v!r} (expected e.g. http://127.0.0.1:8000/v1)")
+        if parsed.username or parsed.password:
+            raise ValueError("put credentials in an environment variable named by api_key_env, not in the URL")
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_env(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_NAME.match(v):
+            raise ValueError(
+                f"api_key_env must be the NAME of an environment variable (got something else: "
+                f"{len(v)} characters); the key itself is never written to config files"
+            )
+        return v
+
+    @property
+    def label(self) -> str:
+        return self.name or urlparse(self.base_url).netloc
+
+
+class SamplingConfig(_Strict):
+    temperature: float | None = Field(None, ge=0, le=5)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1, le=10_000_000)
+    seed: int | None = None
+    stop: list[str] | None = None
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict, description="Merged into every request body, e.g. chat_template_kwargs."
+    )
+
+
+class TimeoutConfig(_Strict):
+    connect_s: float = Field(10.0, gt=0, description="TCP connect timeout.")
+    total_s: float = Field(1800.0, gt=0, description="Whole request, first byte to last.")
+    idle_s: float = Field(60.0, gt=0, description="Longest silence between stream chunks.")
+
+
+class RetryConfig(_Strict):
+    max_attempts: int = Field(4, ge=1, le=100)
+    backoff_base_s: float = Field(1.0, ge=0)
+    backoff_max_s: float = Field(60.0, ge=0)
+
+
+class ReasoningConfig(_Strict):
+    mode: Literal["auto", "reasoning", "reasoning_content", "reasoning_details", "thinking", "inline", "none"] = (
+        "auto"
+    )
+    expect: bool = Field(True, description="The model is expected to produce reasoning (checks use this).")
+    think_open: str = "<think>"
+    think_close: str = "</think>"
+    prefilled_open: bool = Field(False, description="The chat template ends the prompt with the open tag.")
+
+
+class TokenizerConfig(_Strict):
+    name_or_path: str = Field(description="Local folder, cached hub name, or 'deepseek-v4' (shipped).")
+    chat_template: str | None = Field(None, description="Path to a .jinja file, or 'deepseek-v4'.")
+    trust_remote_code: bool = False
+
+
+class EndpointPoolConfig(_Strict):
+    eject_after_failures: int = Field(5, ge=1)
+    eject_s: float = Field(10.0, gt=0)
+    eject_max_s: float = Field(120.0, gt=0)
+
+
+class RunConfig(_Strict):
+    name: str | None = None
+    dataset: DatasetConfig
+    endpoints: list[EndpointConfig] = Field(min_length=1)
+    model: str = Field(min_length=1)
+    stream: bool = True
+    request_token_ids: bool = Field(False, description="Ask vLLM for return_token_ids.")
+    concurrency: int = Field(32, ge=1, le=100_000)
+    cap: int | None = Field(None, ge=1, description="Stop once this many records are ok.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
+    retries: RetryConfig = Field(default_factory=RetryConfig)
+    reasoning: ReasoningConfig = Field(default_factory=ReasoningConfig)
+    tokenizer: TokenizerConfig | None = None
+    pool: EndpointPoolConfig = Field(default_factory=EndpointPoolConfig)
+    checks: dict[str, Any] = Field(default_factory=dict, description="Check and alarm settings.")
+    webhook_url: str | None = None
+    lease_s: float = Field(30.0, ge=2, description="A claim not renewed this long is taken over.")
+    flush_interval_ms: int = Field(200, ge=10, le=10_000)
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str | None) -> str | None:
+        if v is not None:
+            v = v.strip()
+            if not v or len(v) > 200 or any(c in v for c in "\x00\n\r\t"):
+                raise ValueError("run name must be 1-200 printable characters")
+        return v
+
+    @model_validator(mode="after")
+    def _check_endpoint_labels(self) -> RunConfig:
+        labels = [e.label for e in self.endpoints]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"endpoints must be distinct (got {labels})")
+        return self
+
+    def snapshot(self) -> dict[str, Any]:
+        """What is stored with the run: the whole config; keys appear only as env-var names."""
+        return self.model_dump(mode="json")
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid run configuration ({source}):"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+
+
+def build_config(data: dict[str, Any], source: str) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out

@@ -1,0 +1,34 @@
+"""The one typed settings object for process-wide options (env prefix ``SYNTHWATCH_``).
+
+Per-run options live in :mod:`synthwatch.config` (``RunConfig``); these are the knobs of the
+process itself: where the database is, where the dashboard listens, how often pages poll.
+Every field is documented in docs/settings.md (a test checks it).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SYNTHWATCH_", env_ignore_empty=True, extra="ignore")
+
+    db: str = Field("synthwatch.db", description="Database: a SQLite file path or any SQLAlchemy URL.")
+    host: str = Field("127.0.0.1", description="Address the dashboard binds to.")
+    port: int = Field(8000, ge=0, le=65535, description="Port the dashboard listens on.")
+    auth_token: str | None = Field(
+        None, description="Token required by every page and API call (required off loopback)."
+    )
+    poll_interval_ms: int = Field(1000, ge=100, description="How often live fragments refresh.")
+    busy_timeout_ms: int = Field(10000, ge=0, description="SQLite busy timeout for every connection.")
+    stats_time_limit_ms: int = Field(500, ge=10, description="Longest a dashboard stats query may run.")
+    worker_heartbeat_s: float = Field(1.0, gt=0, description="How often a worker writes its heartbeat.")
+    dead_worker_after_s: float = Field(15.0, gt=0, description="A worker silent this long is shown dead.")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,2 @@
+// synthwatch dashboard behaviour. No inline scripts anywhere (the CSP forbids them).
+"use strict";

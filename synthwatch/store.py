@@ -1,0 +1,326 @@
+"""Raw SQL shared by the worker, the CLI and the web app: runs, the prompt queue, controls.
+
+All statements bind their values. The queue lives in the ``record`` table: prompts are loaded
+as ``pending``; a claim flips a batch to ``in_flight`` under a lease inside one write
+transaction that also checks the cap, so the cap holds exactly even with several workers.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+
+from .config import RunConfig
+
+CONTROL_ACTIONS = ("pause", "resume", "stop", "stop_now", "cap", "concurrency")
+LIVE_STATUSES = ("created", "running", "paused", "stopping")
+
+
+class NotFound(Exception):
+    pass
+
+
+class ControlError(ValueError):
+    pass
+
+
+def now() -> float:
+    return time.time()
+
+
+def is_pg(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+def write_begin(conn: Connection) -> Any:
+    """Begin a write transaction; on SQLite take the write lock up front (no upgrade deadlocks)."""
+    if conn.dialect.name == "sqlite":
+        return conn.execution_options(sqlite_begin="BEGIN IMMEDIATE").begin()
+    return conn.begin()
+
+
+@dataclass(slots=True)
+class Claimed:
+    id: int
+    idx: int
+    messages: list[dict[str, Any]]
+    attempts: int
+    attempts_json: str | None
+
+
+# ---------------------------------------------------------------- runs
+
+
+def run_row(conn: Connection, run_ref: int | str) -> dict[str, Any]:
+    if isinstance(run_ref, int) or (isinstance(run_ref, str) and run_ref.isdigit()):
+        row = conn.execute(text("SELECT * FROM run WHERE id = :r"), {"r": int(run_ref)}).mappings().first()
+        if row is None and isinstance(run_ref, str):
+            row = conn.execute(text("SELECT * FROM run WHERE name = :r"), {"r": run_ref}).mappings().first()
+    else:
+        row = conn.execute(text("SELECT * FROM run WHERE name = :r"), {"r": run_ref}).mappings().first()
+    if row is None:
+        raise NotFound(f"no run {run_ref!r} in this database")
+    return dict(row)
+
+
+def find_run_id(conn: Connection, name: str) -> int | None:
+    return conn.execute(text("SELECT id FROM run WHERE name = :n"), {"n": name}).scalar()
+
+
+def create_run(conn: Connection, name: str, config: RunConfig | None, *, kind: str = "generate",
+               snapshot: dict[str, Any] | None = None) -> int:
+    t = now()
+    snap = snapshot if snapshot is not None else (config.snapshot() if config else {})
+    params = {
+        "name": name,
+        "kind": kind,
+        "cap": config.cap if config else None,
+        "concurrency": config.concurrency if config else 0,
+        "config_json": orjson.dumps(snap).decode(),
+        "expects": bool(config.reasoning.expect) if config else True,
+        "t": t,
+    }
+    return int(
+        conn.execute(
+            text(
+                "INSERT INTO run (name, kind, status, desired, cap, concurrency, config_json, expects_reasoning,"
+                " created_at, updated_at, total, n_pending, n_in_flight, n_ok, n_error, n_timeout, n_cancelled)"
+                " VALUES (:name, :kind, 'created', 'run', :cap, :concurrency, :config_json, :expects, :t, :t,"
+                " 0, 0, 0, 0, 0, 0, 0) RETURNING id"
+            ),
+            params,
+        ).scalar_one()
+    )
+
+
+def insert_prompts(conn: Connection, run_id: int, prompts: Iterable[Any], *, batch: int = 5000,
+                   seed: int | None = None) -> int:
+    """Load prompts (objects with index, line, source_id, messages) as pending records."""
+    rng = random.Random(seed)
+    stmt = text(
+        "INSERT INTO record (run_id, idx, source_id, source_line, rnd, prompt_json, status, content_null,"
+        " attempts, check_flags) VALUES (:run_id, :idx, :source_id, :line, :rnd, :prompt, 'pending', false, 0, 0)"
+    )
+    n = 0
+    buf: list[dict[str, Any]] = []
+    for p in prompts:
+        buf.append({
+            "run_id": run_id, "idx": p.index, "source_id": p.source_id, "line": p.line,
+            "rnd": rng.random(), "prompt": orjson.dumps(p.messages).decode(),
+        })
+        if len(buf) >= batch:
+            conn.execute(stmt, buf)
+            n += len(buf)
+            buf = []
+    if buf:
+        conn.execute(stmt, buf)
+        n += len(buf)
+    conn.execute(
+        text("UPDATE run SET total = total + :n, n_pending = n_pending + :n, updated_at = :t WHERE id = :r"),
+        {"n": n, "t": now(), "r": run_id},
+    )
+    return n
+
+
+def set_status(conn: Connection, run_id: int, status: str, message: str | None = None) -> None:
+    t = now()
+    extra = ""
+    if status == "running":
+        extra = ", started_at = COALESCE(started_at, :t), finished_at = NULL"
+    elif status in ("completed", "stopped", "failed"):
+        extra = ", finished_at = :t"
+    conn.execute(
+        text(f"UPDATE run SET status = :s, status_message = :m, updated_at = :t{extra} WHERE id = :r"),
+        {"s": status, "m": message, "t": t, "r": run_id},
+    )
+
+
+def add_event(conn: Connection, run_id: int, action: str, value: Any = None, actor: str = "cli",
+              detail: str | None = None) -> None:
+    conn.execute(
+        text("INSERT INTO control_event (run_id, t, action, value, actor, detail)"
+             " VALUES (:r, :t, :a, :v, :actor, :d)"),
+        {"r": run_id, "t": now(), "a": action, "v": None if value is None else str(value), "actor": actor,
+         "d": detail},
+    )
+
+
+def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, actor: str = "ui") -> dict[str, Any]:
+    """Record a control request; workers read it within their control interval (~0.25 s)."""
+    if action not in CONTROL_ACTIONS:
+        raise ControlError(f"unknown control action {action!r}; expected one of {', '.join(CONTROL_ACTIONS)}")
+    sets: dict[str, Any] = {}
+    if action == "pause":
+        sets["desired"] = "pause"
+    elif action == "resume":
+        sets["desired"] = "run"
+    elif action == "stop":
+        sets["desired"] = "stop"
+    elif action == "stop_now":
+        sets["desired"] = "stop_now"
+    elif action == "cap":
+        if value in (None, "", "none", "None"):
+            sets["cap"] = None
+        else:
+            try:
+                cap = int(value)
+            except (TypeError, ValueError):
+                raise ControlError(f"cap must be a positive whole number, got {value!r}") from None
+            if cap < 1 or cap > 1_000_000_000:
+                raise ControlError(f"cap must be between 1 and 1,000,000,000, got {cap}")
+            sets["cap"] = cap
+    elif action == "concurrency":
+        try:
+            c = int(value)
+        except (TypeError, ValueError):
+            raise ControlError(f"concurrency must be a whole number, got {value!r}") from None
+        if c < 1 or c > 100_000:
+            raise ControlError(f"concurrency must be between 1 and 100,000, got {c}")
+        sets["concurrency"] = c
+    with engine.connect() as conn, write_begin(conn):
+        row = conn.execute(text("SELECT status, kind FROM run WHERE id = :r"), {"r": run_id}).first()
+        if row is None:
+            raise NotFound(f"no run {run_id}")
+        assign = ", ".join(f"{k} = :{k}" for k in sets)
+        conn.execute(text(f"UPDATE run SET {assign}, updated_at = :t WHERE id = :r"),
+                     {**sets, "t": now(), "r": run_id})
+        add_event(conn, run_id, action, value, actor)
+    return sets
+
+
+# ---------------------------------------------------------------- workers
+
+
+def register_worker(conn: Connection, run_id: int) -> int:
+    t = now()
+    return int(
+        conn.execute(
+            text("INSERT INTO worker (run_id, host, pid, started_at, heartbeat_at, status, claimed, done,"
+                 " stats_json) VALUES (:r, :h, :p, :t, :t, 'running', 0, 0, '{}') RETURNING id"),
+            {"r": run_id, "h": socket.gethostname(), "p": os.getpid(), "t": t},
+        ).scalar_one()
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def release_dead_claims(conn: Connection, run_id: int, stale_after_s: float) -> int:
+    """Return to pending the claims of workers that are gone.
+
+    A worker on this host whose pid no longer exists is gone at once (a kill -9 restart resumes
+    immediately); others are gone when their lease has expired.
+    """
+    t = now()
+    host = socket.gethostname()
+    dead: list[int] = []
+    for wid, whost, pid, hb, status in conn.execute(
+        text("SELECT id, host, pid, heartbeat_at, status FROM worker WHERE run_id = :r AND status = 'running'"),
+        {"r": run_id},
+    ):
+        if (whost == host and pid != os.getpid() and not _pid_alive(pid)) or hb < t - stale_after_s:
+            dead.append(wid)
+    for wid in dead:
+        conn.execute(text("UPDATE worker SET status = 'dead' WHERE id = :w"), {"w": wid})
+    moved = 0
+    if dead:
+        ids = ",".join(str(int(w)) for w in dead)
+        moved += conn.execute(
+            text(f"UPDATE record SET status = 'pending', worker_id = NULL, lease_until = NULL"
+                 f" WHERE run_id = :r AND status = 'in_flight' AND worker_id IN ({ids})"),
+            {"r": run_id},
+        ).rowcount or 0
+    moved += conn.execute(
+        text("UPDATE record SET status = 'pending', worker_id = NULL, lease_until = NULL"
+             " WHERE run_id = :r AND status = 'in_flight' AND (lease_until < :t OR worker_id IS NULL)"),
+        {"r": run_id, "t": t},
+    ).rowcount or 0
+    if moved:
+        conn.execute(
+            text("UPDATE run SET n_in_flight = n_in_flight - :n, n_pending = n_pending + :n WHERE id = :r"),
+            {"n": moved, "r": run_id},
+        )
+    return moved
+
+
+def recount(conn: Connection, run_id: int) -> None:
+    """Recompute the run's counters from the records (after a crash, counters are re-derived)."""
+    counts = {s: 0 for s in ("pending", "in_flight", "ok", "error", "timeout", "cancelled")}
+    for status, n in conn.execute(
+        text("SELECT status, COUNT(*) FROM record WHERE run_id = :r GROUP BY status"), {"r": run_id}
+    ):
+        counts[status] = n
+    conn.execute(
+        text("UPDATE run SET n_pending = :pending, n_in_flight = :in_flight, n_ok = :ok, n_error = :error,"
+             " n_timeout = :timeout, n_cancelled = :cancelled, total = :total WHERE id = :r"),
+        {**counts, "total": sum(counts.values()), "r": run_id},
+    )
+
+
+def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float) -> tuple[list[Claimed], str]:
+    """Claim up to n pending records; never more than the cap allows. Returns (claimed, why_short).
+
+    why_short: "" (got n), "empty" (fewer pending than asked), "cap" (cap reached counting
+    in-flight), "cap_done"/"done" (nothing left anywhere: the run is complete), or the run's
+    desired state when it is not "run".
+
+    Must run inside a write transaction (write_begin)."""
+    lock = " FOR UPDATE" if is_pg(conn) else ""
+    row = conn.execute(
+        text(f"SELECT cap, desired, n_ok, n_in_flight, n_pending FROM run WHERE id = :r{lock}"), {"r": run_id}
+    ).first()
+    if row is None:
+        return [], "run deleted"
+    cap, desired, n_ok, n_in_flight, n_pending = row
+    if desired != "run":
+        return [], desired
+    limited = ""
+    if cap is not None and cap - n_ok - n_in_flight < n:
+        n = cap - n_ok - n_in_flight
+        limited = "cap"
+        if n <= 0:
+            return [], "cap_done" if n_ok >= cap and n_in_flight == 0 else "cap"
+    if n_pending <= 0:
+        return [], "done" if n_in_flight == 0 else "empty"
+    if n <= 0:
+        return [], "empty"
+    t = now()
+    skip = " FOR UPDATE SKIP LOCKED" if is_pg(conn) else ""
+    rows = conn.execute(
+        text(
+            "UPDATE record SET status = 'in_flight', worker_id = :w, lease_until = :lease, claimed_at = :t"
+            f" WHERE id IN (SELECT id FROM record WHERE run_id = :r AND status = 'pending' ORDER BY id"
+            f" LIMIT :n{skip}) RETURNING id, idx, prompt_json, attempts, attempts_json"
+        ),
+        {"w": worker_id, "lease": t + lease_s, "t": t, "r": run_id, "n": n},
+    ).all()
+    if rows:
+        conn.execute(
+            text("UPDATE run SET n_in_flight = n_in_flight + :k, n_pending = n_pending - :k WHERE id = :r"),
+            {"k": len(rows), "r": run_id},
+        )
+    claimed = [Claimed(r[0], r[1], orjson.loads(r[2]), r[3] or 0, r[4]) for r in rows]
+    claimed.sort(key=lambda c: c.id)
+    return claimed, limited if len(claimed) == n else "empty"
+
+
+def live_runs(conn: Connection) -> list[dict[str, Any]]:
+    return [dict(r) for r in conn.execute(
+        text("SELECT * FROM run WHERE status IN ('created','running','paused','stopping') ORDER BY id")
+    ).mappings()]

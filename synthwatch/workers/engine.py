@@ -1,0 +1,381 @@
+"""The generation worker: claims prompts from the database queue and runs them against endpoints.
+
+Concurrency is a live number read from the run row (changeable while running). Each claimed
+record runs in its own task that turns every attempt into an AttemptResult, retries transient
+faults with exponential backoff and jitter, and hands one Outcome to the writer. Cancellation
+(immediate stop, second Ctrl-C) is recorded on the record, which goes back to pending, and then
+re-raised. Graceful stop: no new claims, in-flight requests finish, the writer flushes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from .. import store
+from ..config import RunConfig
+from .client import Requester
+from .endpoints import EndpointPool
+from .results import RETRYABLE_KINDS, TIMEOUT_KINDS, AttemptFailure, AttemptResult, Outcome
+from .writer import Writer, WriterHook
+
+log = logging.getLogger("synthwatch.worker")
+
+EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "paused": 4}
+
+
+@dataclass
+class LiveStats:
+    """What the terminal progress line shows; updated by the worker, read once a second."""
+
+    started: float = field(default_factory=time.monotonic)
+    ok: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    retries: int = 0
+    empty_reasoning: int = 0
+    completion_tokens: int = 0
+    recent: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def record(self, ok: bool, tokens: int) -> None:
+        self.recent.append((time.monotonic(), 1 if ok else 0, tokens))
+
+    def rates(self, window_s: float = 30.0) -> tuple[float, float]:
+        t = time.monotonic()
+        span = min(window_s, max(t - self.started, 1e-3))
+        n = tok = 0
+        for ts, ok, tk in reversed(self.recent):
+            if ts < t - span:
+                break
+            n += ok
+            tok += tk
+        return n / span, tok / span
+
+
+class RunWorker:
+    def __init__(
+        self,
+        engine: Engine,
+        run_id: int,
+        config: RunConfig,
+        *,
+        join: bool = False,
+        hooks: list[WriterHook] | None = None,
+        on_tick: Callable[[RunWorker], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.run_id = run_id
+        self.config = config
+        self.join = join
+        self.hooks = hooks or []
+        self.on_tick = on_tick
+        self.pool = EndpointPool(config.endpoints, config.pool)
+        self.stats = LiveStats()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.local_stop: str | None = None  # "stop" | "stop_now" from signals
+        self.state = "running"
+        self.worker_id = 0
+        self.writer: Writer | None = None
+        self._rng = random.Random()
+        self._body_base = self._base_body()
+        self._wake = asyncio.Event()
+
+    # ------------------------------------------------------------ request bodies
+
+    def _base_body(self) -> dict[str, Any]:
+        c = self.config
+        s = c.sampling
+        body: dict[str, Any] = {"model": c.model, "stream": c.stream}
+        if c.stream:
+            body["stream_options"] = {"include_usage": True}
+        for key in ("temperature", "top_p", "max_tokens", "seed", "stop"):
+            v = getattr(s, key)
+            if v is not None:
+                body[key] = v
+        if c.request_token_ids:
+            body["return_token_ids"] = True
+        body.update(s.extra_body)
+        return body
+
+    def body_for(self, messages: list[dict[str, Any]]) -> bytes:
+        body = dict(self._body_base)
+        body["messages"] = messages
+        return orjson.dumps(body)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _gauges(self) -> tuple[int, int, dict[str, int], dict[str, Any]]:
+        conc = int(self.writer.control.get("concurrency") or self.config.concurrency) if self.writer else 0
+        return len(self.tasks), conc, self.pool.outstanding(), {
+            "in_flight": len(self.tasks), "concurrency": conc, "state": self.state,
+            "endpoints": self.pool.public(), "write_error": self.writer.error if self.writer else None,
+        }
+
+    def _prepare(self) -> None:
+        with self.engine.connect() as conn, store.write_begin(conn):
+            others = conn.execute(
+                text("SELECT COUNT(*) FROM worker WHERE run_id = :r AND status = 'running' AND heartbeat_at > :t"),
+                {"r": self.run_id, "t": time.time() - 15},
+            ).scalar_one()
+            store.release_dead_claims(conn, self.run_id, stale_after_s=max(self.config.lease_s, 15))
+            if not others:
+                store.recount(conn, self.run_id)
+            self.worker_id = store.register_worker(conn, self.run_id)
+            if not self.join:
+                conn.execute(
+                    text("UPDATE run SET desired = 'run', cap = :cap, concurrency = :c, config_json = :cfg,"
+                         " expects_reasoning = :e WHERE id = :r"),
+                    {"cap": self.config.cap, "c": self.config.concurrency,
+                     "cfg": orjson.dumps(self.config.snapshot()).decode(), "e": self.config.reasoning.expect,
+                     "r": self.run_id},
+                )
+            store.add_event(conn, self.run_id, "worker_start", self.worker_id, actor="worker")
+            store.set_status(conn, self.run_id, "running")
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signame: str) -> None:
+            if self.local_stop is None:
+                log.warning("%s: stopping gracefully (in-flight requests finish); again to stop now", signame)
+                self.local_stop = "stop"
+            else:
+                log.warning("%s: stopping now (in-flight requests go back to pending)", signame)
+                self.local_stop = "stop_now"
+            self._wake.set()
+
+        for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, on_signal, name)
+
+    async def main(self) -> str:
+        """Run until the run completes, is stopped, or this worker is told to stop. Returns the state."""
+        await asyncio.to_thread(self._prepare)
+        self.writer = Writer(
+            self.engine, self.run_id, self.worker_id,
+            flush_interval_s=self.config.flush_interval_ms / 1000, lease_s=self.config.lease_s,
+            gauges=self._gauges, hooks=self.hooks,
+        )
+        self.writer.start()
+        final = "failed"
+        message: str | None = None
+        try:
+            async with Requester(
+                connect_timeout_s=self.config.timeouts.connect_s,
+                total_timeout_s=self.config.timeouts.total_s,
+                idle_timeout_s=self.config.timeouts.idle_s,
+                reasoning_mode=self.config.reasoning.mode,
+                think_open=self.config.reasoning.think_open,
+                think_close=self.config.reasoning.think_close,
+                prefilled_open=self.config.reasoning.prefilled_open,
+            ) as self.requester:
+                final, message = await self._loop()
+        except Exception as exc:
+            log.exception("worker failed")
+            final, message = "failed", f"{exc.__class__.__name__}: {exc}"
+        finally:
+            await self._shutdown(final, message)
+        return final
+
+    async def _shutdown(self, final: str, message: str | None) -> None:
+        if self.tasks:
+            for t in self.tasks:
+                t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        assert self.writer is not None
+        writer = self.writer
+
+        def finish(conn: Any) -> None:
+            conn.execute(text("UPDATE worker SET status = 'exited', heartbeat_at = :t WHERE id = :w"),
+                         {"t": time.time(), "w": self.worker_id})
+            others = conn.execute(
+                text("SELECT COUNT(*) FROM worker WHERE run_id = :r AND status = 'running' AND id != :w"
+                     " AND heartbeat_at > :t"),
+                {"r": self.run_id, "w": self.worker_id, "t": time.time() - 15},
+            ).scalar_one()
+            store.add_event(conn, self.run_id, "worker_exit", f"{self.worker_id}:{final}", actor="worker")
+            if not others or final == "completed":
+                store.set_status(conn, self.run_id, final, message)
+
+        fut = writer.call(finish)
+        # the status write must land even if we are being cancelled
+        with contextlib.suppress(Exception):
+            await asyncio.shield(asyncio.wrap_future(fut))
+        await asyncio.to_thread(writer.stop)
+
+    async def _loop(self) -> tuple[str, str | None]:
+        assert self.writer is not None
+        writer = self.writer
+        claim_backoff = 0.0
+        next_claim = 0.0
+        last_tick = 0.0
+        paused_since: float | None = None
+        while True:
+            if not writer.alive:
+                return "failed", "the database writer stopped unexpectedly"
+            ctl = writer.control
+            desired = self.local_stop or ctl.get("desired", "run")
+            m = time.monotonic()
+            if self.on_tick and m - last_tick >= 1.0:
+                last_tick = m
+                self.on_tick(self)
+            if desired == "stop_now":
+                self.state = "stopping"
+                for t in list(self.tasks):
+                    t.cancel()
+                if self.tasks:
+                    await asyncio.gather(*self.tasks, return_exceptions=True)
+                return "stopped", "stopped immediately; in-flight records returned to pending"
+            if desired == "stop":
+                self.state = "stopping"
+                if not self.tasks:
+                    return "stopped", "stopped"
+            elif desired == "pause":
+                if self.state != "paused":
+                    self.state = "paused"
+                    paused_since = m
+                    await self._set_status("paused", f"paused; {len(self.tasks)} in-flight requests finishing")
+                elif paused_since is not None and not self.tasks:
+                    paused_since = None
+                    await self._set_status("paused", "paused")
+            else:
+                if self.state != "running":
+                    self.state = "running"
+                    await self._set_status("running", None)
+                if writer.error:
+                    pass  # database unavailable (e.g. disk full): no new claims until writes succeed
+                elif m >= next_claim:
+                    want = int(ctl.get("concurrency") or self.config.concurrency) - len(self.tasks)
+                    if want > 0:
+                        claimed, why = await asyncio.wrap_future(writer.claim(min(want, 512)))
+                        for c in claimed:
+                            task = asyncio.create_task(self._process(c))
+                            self.tasks.add(task)
+                            task.add_done_callback(self._task_done)
+                        if claimed and not why:
+                            claim_backoff = 0.0
+                        else:
+                            claim_backoff = min(max(claim_backoff * 2, 0.05), 0.5)
+                            next_claim = m + claim_backoff
+                        if not claimed and not self.tasks and why in ("done", "cap_done"):
+                            return "completed", self._finished_reason(writer.control, why)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 0.05)
+
+    def _finished_reason(self, ctl: dict[str, Any], why: str) -> str:
+        n_ok = ctl.get("n_ok") or 0
+        if why == "cap_done":
+            return f"cap of {ctl.get('cap')} ok records reached"
+        return (f"all prompts processed: {n_ok} ok, {ctl.get('n_error', 0)} errors,"
+                f" {ctl.get('n_timeout', 0)} timeouts")
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("record task failed: %r", task.exception())
+
+    async def _set_status(self, status: str, message: str | None) -> None:
+        assert self.writer is not None
+        fut = self.writer.call(lambda conn: store.set_status(conn, self.run_id, status, message))
+        await asyncio.wrap_future(fut)
+
+    # ------------------------------------------------------------ one record
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        r = self.config.retries
+        delay = min(r.backoff_max_s, r.backoff_base_s * (2**attempt))
+        delay = delay * (0.5 + self._rng.random())  # jitter: spread retries of a burst of failures
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        return delay
+
+    async def _process(self, claimed: store.Claimed) -> None:
+        assert self.writer is not None
+        writer = self.writer
+        attempts: list[dict[str, Any]] = orjson.loads(claimed.attempts_json) if claimed.attempts_json else []
+        body = self.body_for(claimed.messages)
+        stream = self.config.stream
+        max_attempts = self.config.retries.max_attempts
+        last: AttemptResult | None = None
+        ep = None
+        started = time.time()
+        try:
+            for n in range(max_attempts):
+                ep = self.pool.pick()
+                ep.outstanding += 1
+                started = time.time()
+                try:
+                    res = await self.requester.attempt(ep.url, body, ep.headers, stream, ep.label)
+                finally:
+                    ep.outstanding -= 1
+                last = res
+                attempts.append(res.attempt_dict(len(attempts) + 1, started))
+                if res.ok:
+                    self.pool.success(ep)
+                    break
+                retryable = res.kind in RETRYABLE_KINDS
+                self.pool.failure(ep, res.message, server_fault=retryable)
+                retry = retryable and n + 1 < max_attempts and self.local_stop != "stop_now"
+                writer.submit_failure(AttemptFailure(
+                    claimed.id, ep.label, res.kind, res.status_code, res.message, time.time(), not retry, retry))
+                if not retry:
+                    break
+                self.stats.retries += 1
+                await asyncio.sleep(self._backoff(n, res.retry_after_s))
+        except asyncio.CancelledError:
+            if ep is not None:
+                self.pool.abandon(ep)
+            attempts.append({"n": len(attempts) + 1, "t": round(started, 3), "endpoint": ep.label if ep else None,
+                             "ok": False, "kind": "cancelled", "status": None,
+                             "error": "cancelled by an immediate stop; the record went back to pending",
+                             "latency_s": round(time.time() - started, 4)})
+            writer.submit(Outcome(claimed.id, claimed.idx, "pending", claimed.messages, attempts=attempts,
+                                  error_kind="cancelled", error="cancelled by an immediate stop",
+                                  finished_at=time.time(), endpoint=ep.label if ep else None))
+            raise
+        assert last is not None
+        if last.ok:
+            status = "ok"
+        elif last.kind in TIMEOUT_KINDS:
+            status = "timeout"
+        else:
+            status = "error"
+        ex = last.extracted
+        outcome = Outcome(
+            claimed.id, claimed.idx, status, claimed.messages, extracted=ex, attempts=attempts,
+            error_kind=None if last.ok else last.kind, error=None if last.ok else last.message,
+            endpoint=last.endpoint, latency_s=last.latency_s, ttft_s=last.ttft_s, n_chunks=last.n_chunks,
+            finished_at=time.time(),
+        )
+        s = self.stats
+        if status == "ok":
+            s.ok += 1
+            tokens = 0
+            if ex is not None:
+                usage = ex.usage if isinstance(ex.usage, dict) else {}
+                tokens = usage.get("completion_tokens") or ex.n_chunks or 0
+                if not ex.reasoning.strip():
+                    s.empty_reasoning += 1
+            s.completion_tokens += tokens
+            s.record(True, tokens)
+        elif status == "timeout":
+            s.timeouts += 1
+            s.record(False, 0)
+        else:
+            s.errors += 1
+            s.record(False, 0)
+        writer.submit(outcome)

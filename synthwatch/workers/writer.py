@@ -1,0 +1,510 @@
+"""The single writer: every database write of a worker goes through one thread and one connection.
+
+Results, failed attempts, claims and status changes are queued by the asyncio side and applied
+in batched transactions (``BEGIN IMMEDIATE`` on SQLite). A failed commit (locked database, full
+disk) keeps the batch in memory and retries it, reporting the error so the worker can pause;
+nothing queued is dropped. The time series is accumulated here and upserted per bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from .. import store
+from ..sketch import TPS_MIN, Sketch
+from .results import TIMEOUT_KINDS, AttemptFailure, Outcome
+
+log = logging.getLogger("synthwatch.writer")
+
+SERIES_WIDTH_S = 5
+_SERIES_COUNTERS = (
+    "finished", "ok", "errors", "timeouts", "attempts_failed", "attempt_timeouts", "retries", "dropped",
+    "http_429", "http_4xx", "http_5xx", "other_errors", "cancelled", "prompt_tokens", "completion_tokens",
+    "reasoning_tokens", "content_tokens", "chunks", "empty_reasoning", "finish_length",
+)
+
+
+class WriterHook(Protocol):
+    """Extension point (data-quality checks): runs in the writer thread."""
+
+    def on_outcomes(self, outcomes: list[Outcome]) -> None: ...
+
+    def on_flush(self, conn: Connection, t: float) -> None: ...
+
+
+@dataclass
+class _Bucket:
+    run_id: int
+    worker_id: int
+    endpoint: str
+    t: int
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_SERIES_COUNTERS, 0))
+    latency_sum: float = 0.0
+    lat: Sketch = field(default_factory=Sketch)
+    ttft: Sketch = field(default_factory=Sketch)
+    tps: Sketch = field(default_factory=lambda: Sketch(TPS_MIN))
+    sources: dict[str, int] = field(default_factory=dict)
+    inflight: int = 0
+    concurrency: int = 0
+
+
+def split_tokens(ex: Any) -> tuple[int, int, int, int]:
+    """(prompt, completion, reasoning, content) token counts for the series.
+
+    The server's reasoning_tokens when it reports them; otherwise the completion is split in
+    proportion to the text lengths (vLLM's deepseek_r1 parser reports 0)."""
+    usage = (ex.usage or {}) if ex is not None else {}
+    prompt = _int(usage.get("prompt_tokens"))
+    completion = _int(usage.get("completion_tokens"))
+    details = usage.get("completion_tokens_details") or {}
+    reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, dict) else 0
+    if ex is not None and completion == 0:
+        completion = ex.n_chunks or 0
+    if reasoning <= 0 and ex is not None:
+        rl, cl = len(ex.reasoning), len(ex.content)
+        reasoning = round(completion * rl / (rl + cl)) if rl + cl else 0
+    reasoning = min(reasoning, completion)
+    return prompt, completion, reasoning, completion - reasoning
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
+def _usage_int(usage: dict[str, Any] | None, key: str, sub: str | None = None) -> int | None:
+    if not isinstance(usage, dict):
+        return None
+    v = usage.get(key)
+    if sub is not None:
+        v = v.get(sub) if isinstance(v, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+class Writer:
+    def __init__(
+        self,
+        engine: Engine,
+        run_id: int,
+        worker_id: int,
+        *,
+        flush_interval_s: float = 0.2,
+        lease_s: float = 30.0,
+        heartbeat_s: float = 1.0,
+        control_interval_s: float = 0.25,
+        gauges: Callable[[], tuple[int, int, dict[str, int], dict[str, Any]]] | None = None,
+        hooks: list[WriterHook] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.run_id = run_id
+        self.worker_id = worker_id
+        self.flush_interval_s = flush_interval_s
+        self.lease_s = lease_s
+        self.heartbeat_s = heartbeat_s
+        self.control_interval_s = control_interval_s
+        self.gauges = gauges
+        self.hooks = hooks or []
+        self.q: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.control: dict[str, Any] = {}
+        self.error: str | None = None  # last write failure, None when healthy
+        self.written = 0
+        self.claimed = 0
+        self._thread = threading.Thread(target=self._main, name="synthwatch-writer", daemon=True)
+        self._stop = threading.Event()
+        self._buckets: dict[tuple[str, int], _Bucket] = {}
+        self._crashed: BaseException | None = None
+        self._control_event = threading.Event()
+
+    # ------------------------------------------------------------ API (any thread)
+
+    def start(self) -> None:
+        self._read_control()
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, outcome: Outcome) -> None:
+        self.q.put(("o", outcome))
+
+    def submit_failure(self, failure: AttemptFailure) -> None:
+        self.q.put(("f", failure))
+
+    def claim(self, n: int) -> Future[tuple[list[store.Claimed], str]]:
+        fut: Future[tuple[list[store.Claimed], str]] = Future()
+        self.q.put(("c", n, fut))
+        return fut
+
+    def call(self, fn: Callable[[Connection], Any]) -> Future[Any]:
+        """Run fn(conn) inside the next write transaction."""
+        fut: Future[Any] = Future()
+        self.q.put(("x", fn, fut))
+        return fut
+
+    def refresh_control(self) -> None:
+        self._control_event.set()
+        self.q.put(("w",))
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Flush everything queued, then end the thread."""
+        self._stop.set()
+        self.q.put(("w",))
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.error("writer did not finish flushing within %.0f s", timeout_s)
+
+    # ------------------------------------------------------------ thread
+
+    def _main(self) -> None:
+        pending: list[tuple[Any, ...]] = []
+        last_flush = last_control = last_beat = last_lease = time.monotonic()
+        backoff = 0.5
+        while True:
+            timeout = self.flush_interval_s if not pending else max(
+                0.0, self.flush_interval_s - (time.monotonic() - last_flush))
+            try:
+                item = self.q.get(timeout=timeout)
+                pending.append(item)
+                while len(pending) < 5000:
+                    pending.append(self.q.get_nowait())
+            except queue.Empty:
+                pass
+            m = time.monotonic()
+            urgent = any(it[0] in ("c", "x") for it in pending)
+            stopping = self._stop.is_set()
+            beat = m - last_beat >= self.heartbeat_s
+            lease = m - last_lease >= self.lease_s / 3
+            if pending or beat or lease or stopping:
+                if urgent or stopping or beat or lease or len(pending) >= 2000 or m - last_flush >= self.flush_interval_s:
+                    work = [it for it in pending if it[0] != "w"]
+                    try:
+                        self._flush(work, beat, lease)
+                    except DBAPIError as exc:
+                        self.error = _describe_db_error(exc)
+                        log.warning("database write failed, will retry: %s", self.error)
+                        self._control_event.set()
+                        time.sleep(backoff)
+                        backoff = min(backoff * 2, 5.0)
+                        pending = work
+                        if stopping and backoff >= 5.0 and m - last_flush > 60:
+                            log.error("giving up flushing after 60 s of failures: %s", self.error)
+                            return
+                        continue
+                    except BaseException as exc:  # a bug here must surface, not hang the worker
+                        self._crashed = exc
+                        log.exception("writer crashed")
+                        for it in pending:
+                            if it[0] in ("c", "x") and not it[-1].done():
+                                it[-1].set_exception(exc)
+                        raise
+                    self.error = None
+                    backoff = 0.5
+                    pending = []
+                    last_flush = m
+                    if beat:
+                        last_beat = m
+                    if lease:
+                        last_lease = m
+            if m - last_control >= self.control_interval_s or self._control_event.is_set():
+                self._control_event.clear()
+                try:
+                    self._read_control()
+                except DBAPIError as exc:
+                    self.error = _describe_db_error(exc)
+                last_control = m
+            if stopping and not pending and self.q.empty():
+                return
+
+    def _read_control(self) -> None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT status, desired, cap, concurrency, n_ok, n_in_flight, n_pending, n_error,"
+                     " n_timeout FROM run WHERE id = :r"),
+                {"r": self.run_id},
+            ).mappings().first()
+            conn.rollback()
+        if row is not None:
+            self.control = dict(row)
+
+    def _flush(self, work: list[tuple[Any, ...]], beat: bool, lease: bool) -> None:
+        outcomes = [it[1] for it in work if it[0] == "o"]
+        failures = [it[1] for it in work if it[0] == "f"]
+        claims = [it for it in work if it[0] == "c"]
+        calls = [it for it in work if it[0] == "x"]
+        t = time.time()
+        if outcomes:
+            for hook in self.hooks:
+                hook.on_outcomes(outcomes)
+        touched = self._accumulate(outcomes, failures)
+        claim_results: list[tuple[Future[Any], Any]] = []
+        with self.engine.connect() as conn, store.write_begin(conn):
+            if outcomes:
+                self._write_outcomes(conn, outcomes)
+            if failures:
+                conn.execute(
+                    text("INSERT INTO error_event (run_id, t, record_id, endpoint, kind, status_code, final,"
+                         " message) VALUES (:r, :t, :rec, :ep, :k, :sc, :final, :msg)"),
+                    [{"r": self.run_id, "t": f.t, "rec": f.record_id, "ep": f.endpoint, "k": f.kind,
+                      "sc": f.status_code, "final": f.final, "msg": f.message[:4000]} for f in failures],
+                )
+            self._write_series(conn, touched)
+            for hook in self.hooks:
+                hook.on_flush(conn, t)
+            for it in calls:
+                claim_results.append((it[2], it[1](conn)))
+            for it in claims:
+                res = store.claim(conn, self.run_id, self.worker_id, it[1], self.lease_s)
+                self.claimed += len(res[0])
+                claim_results.append((it[2], res))
+            if lease:
+                conn.execute(
+                    text("UPDATE record SET lease_until = :l WHERE worker_id = :w AND status = 'in_flight'"),
+                    {"l": t + self.lease_s, "w": self.worker_id},
+                )
+            if beat or claims:
+                stats = self.gauges()[3] if self.gauges else {}
+                conn.execute(
+                    text("UPDATE worker SET heartbeat_at = :t, claimed = :c, done = :d, stats_json = :s,"
+                         " status = CASE WHEN status = 'dead' THEN 'running' ELSE status END WHERE id = :w"),
+                    {"t": t, "c": self.claimed, "d": self.written, "s": orjson.dumps(stats).decode(),
+                     "w": self.worker_id},
+                )
+        self.written += len(outcomes)
+        for fut, res in claim_results:
+            fut.set_result(res)
+        if claims:
+            self._control_event.set()
+
+    # ------------------------------------------------------------ records
+
+    def _write_outcomes(self, conn: Connection, outcomes: list[Outcome]) -> None:
+        final_rows: list[dict[str, Any]] = []
+        back_rows: list[dict[str, Any]] = []
+        for o in outcomes:
+            attempts_json = orjson.dumps(o.attempts).decode() if o.attempts else None
+            n_attempts = len(o.attempts)
+            if o.status == "pending":
+                back_rows.append({"id": o.record_id, "w": self.worker_id, "attempts": n_attempts,
+                                  "attempts_json": attempts_json, "error_kind": o.error_kind,
+                                  "error": o.error})
+                continue
+            ex = o.extracted
+            row: dict[str, Any] = {
+                "id": o.record_id, "w": self.worker_id, "status": o.status, "attempts": n_attempts,
+                "attempts_json": attempts_json, "error_kind": o.error_kind, "error": o.error,
+                "endpoint": o.endpoint, "latency_s": o.latency_s, "ttft_s": o.ttft_s, "n_chunks": o.n_chunks,
+                "finished_at": o.finished_at, "check_flags": o.check_flags, "check_json": o.check_json,
+            }
+            if ex is not None:
+                usage = ex.usage if isinstance(ex.usage, dict) else None
+                token_ids = None
+                if ex.token_ids is not None or ex.prompt_token_ids is not None:
+                    token_ids = orjson.dumps({"prompt": ex.prompt_token_ids, "completion": ex.token_ids}).decode()
+                extra = dict(ex.extra) if ex.extra else {}
+                if ex.unread_fields:
+                    extra["unread_fields"] = ex.unread_fields
+                if ex.duplicate_fields:
+                    extra["duplicate_fields"] = ex.duplicate_fields
+                if ex.problems:
+                    extra["problems"] = ex.problems
+                row.update({
+                    "reasoning": ex.reasoning, "content": ex.content, "content_null": ex.content_was_null,
+                    "reasoning_source": ex.reasoning_source, "reasoning_len": len(ex.reasoning),
+                    "content_len": len(ex.content), "finish_reason": ex.finish_reason,
+                    "prompt_tokens": _usage_int(usage, "prompt_tokens"),
+                    "completion_tokens": _usage_int(usage, "completion_tokens"),
+                    "reasoning_tokens": _usage_int(usage, "completion_tokens_details", "reasoning_tokens"),
+                    "usage_json": orjson.dumps(usage).decode() if usage is not None else None,
+                    "token_ids_json": token_ids, "model": ex.model, "system_fingerprint": ex.system_fingerprint,
+                    "response_id": ex.response_id,
+                    "extra_json": orjson.dumps(extra, option=orjson.OPT_NON_STR_KEYS).decode() if extra else None,
+                })
+            else:
+                row.update({k: None for k in (
+                    "reasoning", "content", "reasoning_source", "reasoning_len", "content_len", "finish_reason",
+                    "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json",
+                    "model", "system_fingerprint", "response_id", "extra_json")})
+                row["content_null"] = False
+            final_rows.append(row)
+        owned = self._owned(conn, [r["id"] for r in final_rows] + [r["id"] for r in back_rows])
+        if len(owned) != len(final_rows) + len(back_rows):
+            # Claims taken over after an expired lease belong to another worker now.
+            log.warning("%d results discarded: their claims had been taken over",
+                        len(final_rows) + len(back_rows) - len(owned))
+            final_rows = [r for r in final_rows if r["id"] in owned]
+            back_rows = [r for r in back_rows if r["id"] in owned]
+        by_status = {"ok": 0, "error": 0, "timeout": 0}
+        for r in final_rows:
+            by_status[r["status"]] += 1
+        if final_rows:
+            conn.execute(_FINAL_UPDATE, final_rows)
+        if back_rows:
+            conn.execute(_BACK_UPDATE, back_rows)
+        conn.execute(
+            text("UPDATE run SET n_ok = n_ok + :ok, n_error = n_error + :err, n_timeout = n_timeout + :to,"
+                 " n_in_flight = n_in_flight - :fin, n_pending = n_pending + :back, updated_at = :t"
+                 " WHERE id = :r"),
+            {"ok": by_status["ok"], "err": by_status["error"], "to": by_status["timeout"],
+             "fin": len(final_rows) + len(back_rows), "back": len(back_rows), "t": time.time(),
+             "r": self.run_id},
+        )
+
+    def _owned(self, conn: Connection, ids: list[int]) -> set[int]:
+        owned: set[int] = set()
+        for i in range(0, len(ids), 500):
+            chunk = ",".join(str(int(x)) for x in ids[i:i + 500])
+            owned.update(r[0] for r in conn.execute(
+                text(f"SELECT id FROM record WHERE id IN ({chunk}) AND worker_id = :w AND status = 'in_flight'"),
+                {"w": self.worker_id},
+            ))
+        return owned
+
+    # ------------------------------------------------------------ series
+
+    def _bucket(self, endpoint: str, t: float) -> _Bucket:
+        bt = int(t // SERIES_WIDTH_S) * SERIES_WIDTH_S
+        key = (endpoint, bt)
+        b = self._buckets.get(key)
+        if b is None:
+            b = _Bucket(self.run_id, self.worker_id, endpoint, bt)
+            self._buckets[key] = b
+        return b
+
+    def _accumulate(self, outcomes: list[Outcome], failures: list[AttemptFailure]) -> list[_Bucket]:
+        touched: dict[tuple[str, int], _Bucket] = {}
+        for o in outcomes:
+            if o.status == "pending":
+                b = self._bucket(o.endpoint or "", o.finished_at)
+                b.counts["cancelled"] += 1
+                touched[(b.endpoint, b.t)] = b
+                continue
+            b = self._bucket(o.endpoint or "", o.finished_at)
+            touched[(b.endpoint, b.t)] = b
+            c = b.counts
+            c["finished"] += 1
+            if o.status == "ok":
+                c["ok"] += 1
+            elif o.status == "timeout":
+                c["timeouts"] += 1
+            else:
+                c["errors"] += 1
+            ex = o.extracted
+            if ex is not None and o.status == "ok":
+                p, comp, r, cont = split_tokens(ex)
+                c["prompt_tokens"] += p
+                c["completion_tokens"] += comp
+                c["reasoning_tokens"] += r
+                c["content_tokens"] += cont
+                c["chunks"] += ex.n_chunks
+                if not ex.reasoning.strip():
+                    c["empty_reasoning"] += 1
+                if ex.finish_reason == "length":
+                    c["finish_length"] += 1
+                src = ex.reasoning_source or "none"
+                b.sources[src] = b.sources.get(src, 0) + 1
+                if o.latency_s is not None:
+                    b.latency_sum += o.latency_s
+                    b.lat.add(o.latency_s)
+                    gen_s = o.latency_s - (o.ttft_s or 0.0)
+                    if comp and gen_s > 0:
+                        b.tps.add(comp / gen_s)
+                if o.ttft_s is not None:
+                    b.ttft.add(o.ttft_s)
+        for f in failures:
+            b = self._bucket(f.endpoint, f.t)
+            touched[(b.endpoint, b.t)] = b
+            c = b.counts
+            c["attempts_failed"] += 1
+            if f.retried:
+                c["retries"] += 1
+            k = f.kind
+            if k in TIMEOUT_KINDS:
+                c["attempt_timeouts"] += 1
+            elif k == "dropped":
+                c["dropped"] += 1
+            elif k == "http_429":
+                c["http_429"] += 1
+            elif k == "http_5xx":
+                c["http_5xx"] += 1
+            elif k.startswith("http_"):
+                c["http_4xx"] += 1
+            else:
+                c["other_errors"] += 1
+        # the gauge row (endpoint "") is refreshed on every flush so the in-flight chart is live
+        g = self._bucket("", time.time())
+        if self.gauges is not None:
+            inflight, conc, per_ep, _ = self.gauges()
+            g.inflight, g.concurrency = inflight, conc
+            for ep, n in per_ep.items():
+                eb = self._bucket(ep, time.time())
+                eb.inflight = n
+                touched[(eb.endpoint, eb.t)] = eb
+        touched[("", g.t)] = g
+        # keep memory bounded: buckets older than two minutes will not change again
+        horizon = time.time() - 120
+        for key in [k for k, v in self._buckets.items() if v.t < horizon]:
+            del self._buckets[key]
+        return list(touched.values())
+
+    def _write_series(self, conn: Connection, buckets: list[_Bucket]) -> None:
+        if not buckets:
+            return
+        rows = []
+        for b in buckets:
+            row: dict[str, Any] = dict(b.counts)
+            row.update({
+                "run_id": b.run_id, "worker_id": b.worker_id, "endpoint": b.endpoint, "t": b.t,
+                "width_s": SERIES_WIDTH_S, "inflight": b.inflight, "concurrency": b.concurrency,
+                "latency_sum": b.latency_sum, "lat_hist": b.lat.to_text(), "ttft_hist": b.ttft.to_text(),
+                "tps_hist": b.tps.to_text(), "sources_json": orjson.dumps(b.sources).decode(),
+            })
+            rows.append(row)
+        conn.execute(_SERIES_UPSERT, rows)
+
+
+def _describe_db_error(exc: DBAPIError) -> str:
+    msg = str(getattr(exc, "orig", exc)) or exc.__class__.__name__
+    low = msg.lower()
+    if "disk" in low and "full" in low or "no space" in low:
+        return f"database disk is full ({msg}); the worker paused and will continue when space returns"
+    if "locked" in low or "busy" in low:
+        return f"database is busy ({msg}); retrying"
+    return msg
+
+
+_SERIES_COLS = (
+    "run_id", "worker_id", "endpoint", "t", "width_s", *_SERIES_COUNTERS, "inflight", "concurrency",
+    "latency_sum", "lat_hist", "ttft_hist", "tps_hist", "sources_json",
+)
+_SERIES_UPSERT = text(
+    f"INSERT INTO series ({', '.join(_SERIES_COLS)}) VALUES ({', '.join(':' + c for c in _SERIES_COLS)})"
+    " ON CONFLICT (run_id, worker_id, endpoint, t) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _SERIES_COLS[4:])
+)
+_FINAL_COLS = (
+    "status", "reasoning", "content", "content_null", "reasoning_source", "reasoning_len", "content_len",
+    "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json",
+    "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
+    "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags", "check_json",
+)
+_FINAL_UPDATE = text(
+    "UPDATE record SET " + ", ".join(f"{c} = :{c}" for c in _FINAL_COLS)
+    + ", worker_id = NULL, lease_until = NULL WHERE id = :id AND status = 'in_flight' AND worker_id = :w"
+)
+_BACK_UPDATE = text(
+    "UPDATE record SET status = 'pending', attempts = :attempts, attempts_json = :attempts_json,"
+    " error_kind = :error_kind, error = :error, worker_id = NULL, lease_until = NULL"
+    " WHERE id = :id AND status = 'in_flight' AND worker_id = :w"
+)
