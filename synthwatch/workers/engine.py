@@ -26,6 +26,7 @@ from sqlalchemy.engine import Engine
 
 from .. import store
 from ..config import RunConfig
+from ..settings import get_settings
 from .client import Requester
 from .endpoints import EndpointPool
 from .results import RETRYABLE_KINDS, TIMEOUT_KINDS, AttemptFailure, AttemptResult, Outcome
@@ -127,9 +128,10 @@ class RunWorker:
         with self.engine.connect() as conn, store.write_begin(conn):
             others = conn.execute(
                 text("SELECT COUNT(*) FROM worker WHERE run_id = :r AND status = 'running' AND heartbeat_at > :t"),
-                {"r": self.run_id, "t": time.time() - 15},
+                {"r": self.run_id, "t": time.time() - get_settings().dead_worker_after_s},
             ).scalar_one()
-            store.release_dead_claims(conn, self.run_id, stale_after_s=max(self.config.lease_s, 15))
+            store.release_dead_claims(conn, self.run_id,
+                                      stale_after_s=max(self.config.lease_s, get_settings().dead_worker_after_s))
             if not others:
                 store.recount(conn, self.run_id)
             self.worker_id = store.register_worker(conn, self.run_id)
@@ -166,7 +168,7 @@ class RunWorker:
         self.writer = Writer(
             self.engine, self.run_id, self.worker_id,
             flush_interval_s=self.config.flush_interval_ms / 1000, lease_s=self.config.lease_s,
-            gauges=self._gauges, hooks=self.hooks,
+            heartbeat_s=get_settings().worker_heartbeat_s, gauges=self._gauges, hooks=self.hooks,
         )
         self.writer.start()
         final = "failed"
@@ -203,7 +205,7 @@ class RunWorker:
             others = conn.execute(
                 text("SELECT COUNT(*) FROM worker WHERE run_id = :r AND status = 'running' AND id != :w"
                      " AND heartbeat_at > :t"),
-                {"r": self.run_id, "w": self.worker_id, "t": time.time() - 15},
+                {"r": self.run_id, "w": self.worker_id, "t": time.time() - get_settings().dead_worker_after_s},
             ).scalar_one()
             store.add_event(conn, self.run_id, "worker_exit", f"{self.worker_id}:{final}", actor="worker")
             if not others or final == "completed":

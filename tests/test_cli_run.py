@@ -1,0 +1,177 @@
+"""`synthwatch run` as a user runs it: real subprocesses, a real simulator, a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+from sqlalchemy import text
+
+from conftest import cli_env, popen_cli, run_cli
+from synthwatch.db import open_engine
+from workerkit import answer_ok, counts, records, run_row, wait_for
+
+
+def _toml(path: Path, body: str) -> Path:
+    path.write_text(body)
+    return path
+
+
+def test_run_from_toml_completes_with_exit_code_0(tmp_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    url = sim(seed=1)
+    db = tmp_path / "x.db"
+    cfg = _toml(tmp_path / "run.toml", f"""
+name = "toml-run"
+model = "sim-reasoner"
+concurrency = 4
+cap = 15
+[dataset]
+path = "{prompts(40)}"
+[[endpoints]]
+base_url = "{url}"
+[sampling]
+max_tokens = 512
+temperature = 0.6
+[timeouts]
+idle_s = 5
+""")
+    proc = run_cli("run", "--config", str(cfg), "--db", str(db), "--log-json", check=True)
+    assert proc.returncode == 0
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert lines and {"ok", "req_per_s", "in_flight", "timeout_share", "empty_reasoning_share", "eta_s"} <= set(lines[-1])
+    assert "completed" in proc.stderr and "15 ok" in proc.stderr
+    engine = open_engine(str(db))
+    run = run_row(engine, "toml-run")
+    assert (run["n_ok"], run["status"]) == (15, "completed")
+    snap = json.loads(run["config_json"])
+    assert snap["sampling"]["max_tokens"] == 512 and snap["cap"] == 15
+
+
+def test_flags_override_config_and_name_resumes(tmp_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    url = sim(seed=1)
+    db = tmp_path / "x.db"
+    data = prompts(30)
+    common = ["run", "--dataset", str(data), "--base-url", url, "--model", "sim-reasoner", "--db", str(db),
+              "--name", "resumable", "--quiet"]
+    assert run_cli(*common, "--cap", "5").returncode == 0
+    proc = run_cli(*common, "--cap", "12", check=True)
+    assert "resuming run 'resumable'" in proc.stderr
+    engine = open_engine(str(db))
+    assert counts(engine, run_row(engine, "resumable")["id"]) == {"ok": 12, "pending": 18}
+
+
+def test_malformed_dataset_lines_are_reported_with_file_and_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data = tmp_path / "bad.jsonl"
+    data.write_text(
+        '{"messages": [{"role": "user", "content": "fine"}]}\n'
+        '{"messages": [{"role": "user", "content": "fine"}]\n'  # truncated JSON on line 2
+        '\n'
+        '{"question": "no known field"}\n'  # line 4
+    )
+    proc = run_cli("run", "--dataset", str(data), "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
+                   "--db", str(tmp_path / "x.db"))
+    assert proc.returncode == 2
+    assert f"{data}:2:" in proc.stderr and f"{data}:4:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # nothing was created: the run refused to start
+    engine = open_engine(str(tmp_path / "x.db"))
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM run")).scalar() == 0
+
+
+def test_skip_bad_lines_counts_them(tmp_path, sim) -> None:  # type: ignore[no-untyped-def]
+    url = sim(seed=1)
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"prompt": "What is 2 + 2?"}\nnot json\n{"prompt": "What is 3 + 3?"}\n')
+    proc = run_cli("run", "--dataset", str(data), "--base-url", url, "--model", "sim-reasoner", "--db",
+                   str(tmp_path / "x.db"), "--name", "skip", "--skip-bad-lines", "--quiet", check=True)
+    assert "skipped 1 malformed" in proc.stderr and f"{data}:2:" in proc.stderr
+    engine = open_engine(str(tmp_path / "x.db"))
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT line, reason FROM ingest_error")).all()[0][0] == 2
+    assert counts(engine, run_row(engine, "skip")["id"]) == {"ok": 2}
+
+
+def test_bad_config_is_refused_with_the_key_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = _toml(tmp_path / "run.toml", """
+model = "m"
+concurency = 4
+[dataset]
+path = "x.jsonl"
+[[endpoints]]
+base_url = "ftp://nope"
+""")
+    proc = run_cli("run", "--config", str(cfg), "--db", str(tmp_path / "x.db"))
+    assert proc.returncode == 2
+    assert "concurency: unknown key" in proc.stderr
+    assert "endpoints.0.base_url" in proc.stderr and "not an http(s) URL" in proc.stderr
+    proc = run_cli("run", "--dataset", "x.jsonl", "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
+                   "--concurrency", "-3", "--db", str(tmp_path / "x.db"))
+    assert proc.returncode == 2 and "must be at least 1" in proc.stderr
+
+
+def test_missing_api_key_env_is_a_clear_error(tmp_path, prompts) -> None:  # type: ignore[no-untyped-def]
+    proc = run_cli("run", "--dataset", str(prompts(2)), "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
+                   "--api-key-env", "SW_TEST_KEY_NOT_SET", "--db", str(tmp_path / "x.db"))
+    assert proc.returncode == 2 and "SW_TEST_KEY_NOT_SET is not set" in proc.stderr
+
+
+def test_sigterm_stops_gracefully_with_exit_code(tmp_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    url = sim(seed=1, tokens_per_s=50, reasoning_tokens="30", content_tokens="10")
+    db = tmp_path / "x.db"
+    proc = popen_cli("run", "--dataset", str(prompts(100)), "--base-url", url, "--model", "sim-reasoner",
+                     "--db", str(db), "--name", "sig", "--concurrency", "4", "--quiet")
+    engine = open_engine(str(db))
+    wait_for(lambda: _n_ok(engine, "sig") >= 2, timeout_s=30, what="progress")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, err  # stopped
+    run = run_row(engine, "sig")
+    assert run["status"] == "stopped" and run["n_in_flight"] == 0
+    c = counts(engine, run["id"])
+    assert c.get("in_flight", 0) == 0 and c["ok"] + c["pending"] == 100
+
+
+def _n_ok(engine, name: str) -> int:  # type: ignore[no-untyped-def]
+    try:
+        return run_row(engine, name)["n_ok"]
+    except Exception:
+        return 0
+
+
+def test_kill_9_at_random_moments_then_resume(tmp_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    """The database is the queue: after any crash the run resumes with nothing lost or doubled."""
+    url = sim(seed=11, tokens_per_s=400, reasoning_tokens="10-40", content_tokens="5-15")
+    db = tmp_path / "x.db"
+    cap = 120
+    args = ["run", "--dataset", str(prompts(300)), "--base-url", url, "--model", "sim-reasoner", "--db", str(db),
+            "--name", "crashy", "--concurrency", "16", "--cap", str(cap), "--quiet"]
+    rng = random.Random(int(os.environ.get("SW_KILL_SEED", "5")))
+    engine = open_engine(str(db))
+    kills = 0
+    for _ in range(8):
+        proc = popen_cli(*args, env=cli_env())
+        time.sleep(rng.uniform(0.6, 2.0))
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    final = popen_cli(*args, env=cli_env())
+    out, err = final.communicate(timeout=120)
+    assert final.returncode == 0, err
+    assert kills >= 3
+    run = run_row(engine, "crashy")
+    c = counts(engine, run["id"])
+    assert c["ok"] == cap == run["n_ok"]
+    assert c.get("in_flight", 0) == 0
+    ok = records(engine, run["id"], "status = 'ok'")
+    assert len({r["idx"] for r in ok}) == cap
+    for r in ok:
+        assert r["reasoning"] and r["content"] and r["finish_reason"] == "stop" and answer_ok(r)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM record WHERE run_id = :r"), {"r": run["id"]}).scalar() == 300

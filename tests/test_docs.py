@@ -1,0 +1,40 @@
+"""Every setting and every run-configuration key is documented."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from synthwatch.config import RunConfig
+from synthwatch.settings import Settings
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    out = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        args = typing.get_args(ann)
+        if typing.get_origin(ann) is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+            out += _keys(args[0], f"{prefix}{name}[].")
+            continue
+        sub = next((t for t in (ann, *args) if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        out += _keys(sub, f"{prefix}{name}.") if sub else [prefix + name]
+    return out
+
+
+def test_every_process_setting_is_documented() -> None:
+    text = (DOCS / "settings.md").read_text()
+    missing = [n for n in Settings.model_fields if f"`{n}`" not in text or f"SYNTHWATCH_{n.upper()}" not in text]
+    assert not missing, f"document these settings in docs/settings.md: {missing}"
+
+
+def test_every_run_config_key_is_documented() -> None:
+    text = (DOCS / "configuration.md").read_text()
+    keys = _keys(RunConfig)
+    assert "dataset.path" in keys and "endpoints[].base_url" in keys
+    missing = [k for k in keys if f"`{k}`" not in text]
+    assert not missing, f"document these keys in docs/configuration.md: {missing}"
