@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -94,3 +95,136 @@ def popen_cli(*args: str, env: dict[str, str] | None = None, **kw: Any) -> subpr
         [sys.executable, "-m", "synthwatch", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=env or cli_env(), cwd=ROOT, **kw,
     )
+
+
+# ---------------------------------------------------------------- live dashboard + real browser
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
+# No DNS at all: any external URL fails at once and is reported by the problem checks below.
+CHROMIUM_ARGS = ["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"]
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):  # type: ignore[no-untyped-def]
+    require(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} missing: run `apt-get install -y chromium`")
+    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
+
+
+class LiveServer:
+    def __init__(self, app: Any) -> None:
+        import socket as _socket
+        import threading
+
+        import uvicorn
+
+        sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.sock = sock
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+
+    def start(self) -> LiveServer:
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+
+@pytest.fixture
+def live_app(db_path: Path) -> Iterator[Callable[..., LiveServer]]:
+    """live_app(**settings) -> a dashboard on a real port serving db_path; stopped at teardown."""
+    servers: list[LiveServer] = []
+
+    def start(**settings: Any) -> LiveServer:
+        from synthwatch.app.main import create_app
+        from synthwatch.settings import Settings
+
+        app = create_app(str(db_path), Settings(db=str(db_path), **settings))
+        srv = LiveServer(app).start()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+class BrowserProblems(list):  # type: ignore[type-arg]
+    """JS errors, console.error lines, failed requests and HTTP >= 400 responses."""
+
+    def attach(self, page: Any) -> None:
+        page.on("pageerror", lambda exc: self.append(f"pageerror: {exc}"))
+        page.on("console", lambda m: m.type == "error" and self.append(f"console.error: {m.text}"))
+        page.on("requestfailed", self._failed)
+        page.on("response", lambda r: r.status >= 400 and self.append(f"HTTP {r.status}: {r.request.method} {r.url}"))
+
+    def _failed(self, request: Any) -> None:
+        err = request.failure or ""
+        if "ERR_ABORTED" not in err:  # a navigation cancelled an in-flight poll: not a server fault
+            self.append(f"requestfailed: {request.method} {request.url} {err}")
+
+
+@pytest.fixture
+def browser_problems(request: Any, page: Any) -> BrowserProblems:
+    problems = BrowserProblems()
+    problems.attach(page)
+    request.node.browser_problems = problems
+    return problems
+
+
+@pytest.fixture(autouse=True)
+def _watch_browser(request: Any) -> None:
+    if "page" in request.fixturenames:
+        request.getfixturevalue("browser_problems")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: Any) -> Any:
+    result = yield
+    problems = getattr(item, "browser_problems", None)
+    if problems:
+        pytest.fail("browser problems:\n  " + "\n  ".join(problems), pytrace=False)
+    return result
+
+
+# ---------------------------------------------------------------- SQLite and PostgreSQL
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    from pgserver import PgServer, available
+
+    why = available()
+    require(why is None, why or "")
+    server = PgServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_db(request: Any, tmp_path: Path) -> str:
+    """A database URL on each backend: a SQLite file, and a fresh database on a real PostgreSQL server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "synthwatch.db")
+    return request.getfixturevalue("pg_server").new_database()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def any_engine(any_db: str) -> Iterator[Any]:
+    from synthwatch.db import open_engine
+
+    eng = open_engine(any_db)
+    yield eng
+    eng.dispose()

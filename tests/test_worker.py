@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -10,6 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from synthwatch import store
+from synthwatch.workers.engine import RunWorker
 from workerkit import Background, answer_ok, counts, make_config, records, run_row, run_to_end, wait_for
 
 MODES = [
@@ -54,11 +56,11 @@ def test_reasoning_captured_in_every_field_mode(engine, sim, prompts, field, sou
     assert (run["n_ok"], run["n_pending"], run["n_in_flight"], run["status"]) == (12, 0, 0, "completed")
 
 
-def test_unknown_fields_and_token_ids_are_kept(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_fields_and_token_ids_are_kept(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(reasoning_field="reasoning", seed=1)
     config = make_config(url, prompts(3), request_token_ids=True)
-    run_id, _ = run_to_end(engine, config)
-    r = records(engine, run_id)[0]
+    run_id, _ = run_to_end(any_engine, config)
+    r = records(any_engine, run_id)[0]
     extra = json.loads(r["extra_json"])
     # vLLM's own keys that the OpenAI schema does not have are stored verbatim
     assert "prompt_text" in extra.get("top", {}) or "stop_reason" in extra.get("choice", {}), extra
@@ -67,16 +69,16 @@ def test_unknown_fields_and_token_ids_are_kept(engine, sim, prompts) -> None:  #
     assert len(ids["completion"]) == r["completion_tokens"]
 
 
-def test_fault_mix_every_record_has_an_ending(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_fault_mix_every_record_has_an_ending(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=3, rate_429=0.1, rate_500=0.1, rate_drop=0.08, rate_malformed=0.08, rate_truncated_json=0.0,
               rate_wrong_content_type=0.05, rate_error_body=0.05, rate_stall=0.05, stall_s=3.0)
     config = make_config(url, prompts(120), concurrency=16,
                          timeouts={"connect_s": 5, "total_s": 30, "idle_s": 1.0},
                          retries={"max_attempts": 2, "backoff_base_s": 0.01, "backoff_max_s": 0.05})
     t0 = time.monotonic()
-    run_id, final = run_to_end(engine, config, timeout_s=90)
+    run_id, final = run_to_end(any_engine, config, timeout_s=90)
     assert final == "completed"
-    rows = records(engine, run_id)
+    rows = records(any_engine, run_id)
     assert len(rows) == 120
     statuses = {r["status"] for r in rows}
     assert statuses <= {"ok", "error", "timeout"}
@@ -95,116 +97,116 @@ def test_fault_mix_every_record_has_an_ending(engine, sim, prompts) -> None:  # 
     # each injected fault was seen and named; the stall was caught by the idle timeout, not the total
     assert {"http_429", "http_5xx", "dropped", "malformed", "bad_content_type", "error_body", "idle_timeout"} <= kinds, kinds
     assert time.monotonic() - t0 < 60
-    with engine.connect() as conn:
+    with any_engine.connect() as conn:
         n_events = conn.execute(text("SELECT COUNT(*) FROM error_event WHERE run_id = :r"), {"r": run_id}).scalar()
         series = conn.execute(text("SELECT SUM(attempts_failed), SUM(retries), SUM(ok) FROM series WHERE run_id = :r"),
                               {"r": run_id}).one()
     assert n_events == series[0] > 0
-    assert series[2] == counts(engine, run_id).get("ok", 0)
+    assert series[2] == counts(any_engine, run_id).get("ok", 0)
 
 
-def test_idle_timeout_catches_a_stall_quickly(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_idle_timeout_catches_a_stall_quickly(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=1, rate_stall=1.0, stall_s=20.0)
     config = make_config(url, prompts(2), timeouts={"connect_s": 5, "total_s": 60, "idle_s": 0.5},
                          retries={"max_attempts": 1})
     t0 = time.monotonic()
-    run_id, _ = run_to_end(engine, config)
+    run_id, _ = run_to_end(any_engine, config)
     assert time.monotonic() - t0 < 10
-    for r in records(engine, run_id):
+    for r in records(any_engine, run_id):
         assert r["status"] == "timeout" and r["error_kind"] == "idle_timeout"
         assert r["reasoning"] or r["content"] is not None  # partial text kept
 
 
-def test_long_healthy_stream_is_not_killed_by_idle_timeout(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_long_healthy_stream_is_not_killed_by_idle_timeout(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=1, tokens_per_s=40, reasoning_tokens="60", content_tokens="20")
     config = make_config(url, prompts(2), timeouts={"connect_s": 5, "total_s": 60, "idle_s": 0.5})
-    run_id, _ = run_to_end(engine, config)
-    rows = records(engine, run_id)
+    run_id, _ = run_to_end(any_engine, config)
+    rows = records(any_engine, run_id)
     assert all(r["status"] == "ok" for r in rows)
     assert min(r["latency_s"] for r in rows) > 1.5  # longer than the idle timeout, still fine
 
 
-def test_cap_lowered_while_running(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_cap_lowered_while_running(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=2, tokens_per_s=200, reasoning_tokens="20", content_tokens="10")
     config = make_config(url, prompts(200), concurrency=4, cap=150)
-    bg = Background(engine, config).start()
-    wait_for(lambda: run_row(engine, bg.run_id)["n_ok"] >= 5, what="first records")
-    store.apply_control(engine, bg.run_id, "cap", 20)
+    bg = Background(any_engine, config).start()
+    wait_for(lambda: run_row(any_engine, bg.run_id)["n_ok"] >= 5, what="first records")
+    store.apply_control(any_engine, bg.run_id, "cap", 20)
     assert bg.join() == "completed"
-    assert counts(engine, bg.run_id)["ok"] == 20
-    assert run_row(engine, bg.run_id)["n_ok"] == 20
+    assert counts(any_engine, bg.run_id)["ok"] == 20
+    assert run_row(any_engine, bg.run_id)["n_ok"] == 20
 
 
-def test_pause_stops_new_requests_and_resume_continues(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_pause_stops_new_requests_and_resume_continues(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=2, tokens_per_s=100, reasoning_tokens="20", content_tokens="10")
     config = make_config(url, prompts(60), concurrency=4)
-    bg = Background(engine, config).start()
-    wait_for(lambda: run_row(engine, bg.run_id)["n_ok"] >= 4, what="first records")
-    store.apply_control(engine, bg.run_id, "pause")
+    bg = Background(any_engine, config).start()
+    wait_for(lambda: run_row(any_engine, bg.run_id)["n_ok"] >= 4, what="first records")
+    store.apply_control(any_engine, bg.run_id, "pause")
     t0 = time.monotonic()
-    wait_for(lambda: run_row(engine, bg.run_id)["n_in_flight"] == 0, what="in-flight to drain")
-    assert run_row(engine, bg.run_id)["status"] == "paused"
+    wait_for(lambda: run_row(any_engine, bg.run_id)["n_in_flight"] == 0, what="in-flight to drain")
+    assert run_row(any_engine, bg.run_id)["status"] == "paused"
     assert time.monotonic() - t0 < 3
-    done = run_row(engine, bg.run_id)["n_ok"]
+    done = run_row(any_engine, bg.run_id)["n_ok"]
     time.sleep(1.0)
-    assert run_row(engine, bg.run_id)["n_ok"] == done  # nothing new while paused
-    store.apply_control(engine, bg.run_id, "resume")
+    assert run_row(any_engine, bg.run_id)["n_ok"] == done  # nothing new while paused
+    store.apply_control(any_engine, bg.run_id, "resume")
     assert bg.join() == "completed"
-    assert counts(engine, bg.run_id) == {"ok": 60}
+    assert counts(any_engine, bg.run_id) == {"ok": 60}
 
 
-def test_immediate_stop_returns_in_flight_to_pending(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_immediate_stop_returns_in_flight_to_pending(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=2, tokens_per_s=20, reasoning_tokens="60", content_tokens="20")
     config = make_config(url, prompts(40), concurrency=6)
-    bg = Background(engine, config).start()
-    wait_for(lambda: run_row(engine, bg.run_id)["n_in_flight"] == 6, what="requests in flight")
+    bg = Background(any_engine, config).start()
+    wait_for(lambda: run_row(any_engine, bg.run_id)["n_in_flight"] == 6, what="requests in flight")
     t0 = time.monotonic()
-    store.apply_control(engine, bg.run_id, "stop_now")
+    store.apply_control(any_engine, bg.run_id, "stop_now")
     assert bg.join(10) == "stopped"
     assert time.monotonic() - t0 < 2.5
-    run = run_row(engine, bg.run_id)
+    run = run_row(any_engine, bg.run_id)
     assert run["n_in_flight"] == 0 and run["status"] == "stopped"
-    back = records(engine, bg.run_id, "attempts > 0 AND status = 'pending'")
+    back = records(any_engine, bg.run_id, "attempts > 0 AND status = 'pending'")
     assert len(back) == 6
     for r in back:
         assert json.loads(r["attempts_json"])[-1]["kind"] == "cancelled"
-    assert counts(engine, bg.run_id) == {"pending": 40}
+    assert counts(any_engine, bg.run_id) == {"pending": 40}
 
 
-def test_graceful_stop_lets_in_flight_finish(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_graceful_stop_lets_in_flight_finish(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=2, tokens_per_s=100, reasoning_tokens="30", content_tokens="10")
     config = make_config(url, prompts(40), concurrency=5)
-    bg = Background(engine, config).start()
-    wait_for(lambda: run_row(engine, bg.run_id)["n_in_flight"] == 5, what="requests in flight")
-    store.apply_control(engine, bg.run_id, "stop")
+    bg = Background(any_engine, config).start()
+    wait_for(lambda: run_row(any_engine, bg.run_id)["n_in_flight"] == 5, what="requests in flight")
+    store.apply_control(any_engine, bg.run_id, "stop")
     assert bg.join(10) == "stopped"
-    c = counts(engine, bg.run_id)
+    c = counts(any_engine, bg.run_id)
     assert c.get("in_flight", 0) == 0 and c["ok"] >= 5 and c["ok"] + c["pending"] == 40
 
 
-def test_concurrency_changes_live(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_concurrency_changes_live(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=2, tokens_per_s=50, reasoning_tokens="20", content_tokens="10")
     config = make_config(url, prompts(200), concurrency=2)
-    bg = Background(engine, config).start()
-    wait_for(lambda: run_row(engine, bg.run_id)["n_in_flight"] == 2, what="2 in flight")
-    store.apply_control(engine, bg.run_id, "concurrency", 12)
-    wait_for(lambda: run_row(engine, bg.run_id)["n_in_flight"] == 12, timeout_s=2.5, what="12 in flight")
-    store.apply_control(engine, bg.run_id, "stop_now")
+    bg = Background(any_engine, config).start()
+    wait_for(lambda: run_row(any_engine, bg.run_id)["n_in_flight"] == 2, what="2 in flight")
+    store.apply_control(any_engine, bg.run_id, "concurrency", 12)
+    wait_for(lambda: run_row(any_engine, bg.run_id)["n_in_flight"] == 12, timeout_s=2.5, what="12 in flight")
+    store.apply_control(any_engine, bg.run_id, "stop_now")
     bg.join(10)
 
 
-def test_two_endpoints_one_failing(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_two_endpoints_one_failing(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     good = sim(seed=1)
     bad = sim(seed=1, rate_500=1.0)
     config = make_config([bad, good], prompts(80), concurrency=4,
                          pool={"eject_after_failures": 3, "eject_s": 30})
-    run_id, final = run_to_end(engine, config)
+    run_id, final = run_to_end(any_engine, config)
     assert final == "completed"
-    rows = records(engine, run_id)
+    rows = records(any_engine, run_id)
     assert all(r["status"] == "ok" for r in rows)
     good_label = good.split("//")[1].split("/")[0]
     assert {r["endpoint"] for r in rows} == {good_label}
-    with engine.connect() as conn:
+    with any_engine.connect() as conn:
         per_ep = dict(conn.execute(text(
             "SELECT endpoint, SUM(attempts_failed) FROM series WHERE run_id = :r AND endpoint != '' GROUP BY endpoint"),
             {"r": run_id}).all())
@@ -213,11 +215,11 @@ def test_two_endpoints_one_failing(engine, sim, prompts) -> None:  # type: ignor
     assert 3 <= per_ep[bad_label] <= 8
 
 
-def test_series_feeds_charts_without_scanning_records(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_series_feeds_charts_without_scanning_records(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=4, rate_empty_reasoning=0.5)
     config = make_config(url, prompts(50))
-    run_id, _ = run_to_end(engine, config)
-    with engine.connect() as conn:
+    run_id, _ = run_to_end(any_engine, config)
+    with any_engine.connect() as conn:
         s = conn.execute(text(
             "SELECT SUM(ok), SUM(reasoning_tokens), SUM(content_tokens), SUM(empty_reasoning), SUM(prompt_tokens)"
             " FROM series WHERE run_id = :r"), {"r": run_id}).one()
@@ -227,18 +229,15 @@ def test_series_feeds_charts_without_scanning_records(engine, sim, prompts) -> N
     assert s[3] == empty and 10 < empty < 40
 
 
-def test_resume_does_not_redo_ok_records(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_resume_does_not_redo_ok_records(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=5)
     config = make_config(url, prompts(30), cap=10)
-    run_id, final = run_to_end(engine, config)
-    assert final == "completed" and counts(engine, run_id) == {"ok": 10, "pending": 20}
-    first = {r["id"]: r["response_id"] for r in records(engine, run_id, "status = 'ok'")}
+    run_id, final = run_to_end(any_engine, config)
+    assert final == "completed" and counts(any_engine, run_id) == {"ok": 10, "pending": 20}
+    first = {r["id"]: r["response_id"] for r in records(any_engine, run_id, "status = 'ok'")}
     config2 = make_config(url, prompts(30, "other.jsonl"), cap=25)
-    from synthwatch.workers.engine import RunWorker
-    import asyncio
-
-    assert asyncio.run(RunWorker(engine, run_id, config2).main()) == "completed"
-    after = {r["id"]: r["response_id"] for r in records(engine, run_id, "status = 'ok'")}
+    assert asyncio.run(RunWorker(any_engine, run_id, config2).main()) == "completed"
+    after = {r["id"]: r["response_id"] for r in records(any_engine, run_id, "status = 'ok'")}
     assert len(after) == 25
     assert all(after[i] == rid for i, rid in first.items())
-    assert orjson.loads(run_row(engine, run_id)["config_json"])["cap"] == 25
+    assert orjson.loads(run_row(any_engine, run_id)["config_json"])["cap"] == 25

@@ -273,6 +273,10 @@ class Writer:
                     text("UPDATE record SET lease_until = :l WHERE worker_id = :w AND status = 'in_flight'"),
                     {"l": t + self.lease_s, "w": self.worker_id},
                 )
+                # claims of workers that died (kill -9, lost host) go back to the queue for the others
+                moved = store.release_dead_claims(conn, self.run_id, stale_after_s=self.lease_s)
+                if moved:
+                    log.warning("%d claims of dead workers returned to pending", moved)
             if beat or claims:
                 stats = self.gauges()[3] if self.gauges else {}
                 conn.execute(

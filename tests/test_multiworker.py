@@ -1,0 +1,97 @@
+"""Several workers share one run: atomic batch claims, leases taken over when a worker dies, exact cap.
+
+SQLite: two workers on one host. PostgreSQL (a real server): four workers.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from sqlalchemy import text
+
+from conftest import popen_cli
+from synthwatch.db import open_engine
+from workerkit import answer_ok, counts, records, run_row, wait_for
+
+
+def _toml(tmp_path: Path, url: str, dataset: Path, cap: int) -> Path:
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f"""
+name = "shared"
+model = "sim-reasoner"
+concurrency = 6
+cap = {cap}
+lease_s = 3
+flush_interval_ms = 50
+[dataset]
+path = "{dataset}"
+[[endpoints]]
+base_url = "{url}"
+[timeouts]
+idle_s = 5
+""")
+    return cfg
+
+
+def test_workers_share_a_run_and_take_over_a_dead_workers_claims(any_db, tmp_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    n_workers = 4 if any_db.startswith("postgresql") else 2
+    cap = 100
+    url = sim(seed=9, tokens_per_s=40, reasoning_tokens="10-30", content_tokens="5-10")
+    cfg = _toml(tmp_path, url, prompts(400), cap)
+    first = popen_cli("run", "--config", str(cfg), "--db", any_db, "--quiet")
+    engine = open_engine(any_db)
+    wait_for(lambda: _ok(engine) >= 1, timeout_s=60, what="the first worker to start")
+    others = [popen_cli("run", "--join", "shared", "--db", any_db, "--quiet") for _ in range(n_workers - 1)]
+    procs = [first, *others]
+    try:
+        wait_for(lambda: _live_workers(engine) == n_workers, timeout_s=60, what="all workers running")
+    except AssertionError:
+        for p in procs:
+            p.kill()
+        raise AssertionError("\n".join(p.communicate()[1][-2000:] for p in procs)) from None
+    victim = others[0]
+    wait_for(lambda: _in_flight_of(engine, victim.pid) > 0, timeout_s=30, what="the victim to hold claims")
+    held = _in_flight_of(engine, victim.pid)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    for p in procs:
+        if p is not victim:
+            out, err = p.communicate(timeout=180)
+            assert p.returncode == 0, err
+    run = run_row(engine, "shared")
+    c = counts(engine, run["id"])
+    assert c["ok"] == cap == run["n_ok"], c
+    assert c.get("in_flight", 0) == 0
+    ok = records(engine, run["id"], "status = 'ok'")
+    assert len({r["idx"] for r in ok}) == cap and all(answer_ok(r) for r in ok)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT pid, status, claimed FROM worker WHERE run_id = :r"), {"r": run["id"]}).all()
+        # the dead worker's claims were finished by the others: every one of its records is ok or pending
+        assert held > 0
+        assert conn.execute(text("SELECT COUNT(*) FROM record WHERE run_id = :r AND worker_id IS NOT NULL"),
+                            {"r": run["id"]}).scalar() == 0
+    statuses = {pid: status for pid, status, _ in rows}
+    assert statuses[victim.pid] == "dead"
+    assert sum(1 for _, _, claimed in rows if claimed > 0) >= 2  # the work was shared
+
+
+def _ok(engine) -> int:  # type: ignore[no-untyped-def]
+    try:
+        return int(run_row(engine, "shared")["n_ok"])
+    except Exception:
+        return 0
+
+
+def _live_workers(engine) -> int:  # type: ignore[no-untyped-def]
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT COUNT(*) FROM worker WHERE status = 'running' AND heartbeat_at > :t"),
+                                {"t": time.time() - 5}).scalar_one())
+
+
+def _in_flight_of(engine, pid: int) -> int:  # type: ignore[no-untyped-def]
+    with engine.connect() as conn:
+        return int(conn.execute(text(
+            "SELECT COUNT(*) FROM record r JOIN worker w ON w.id = r.worker_id WHERE w.pid = :p AND r.status = 'in_flight'"),
+            {"p": pid}).scalar_one())
