@@ -248,7 +248,8 @@ def release_dead_claims(conn: Connection, run_id: int, stale_after_s: float) -> 
         ).rowcount or 0
     moved += conn.execute(
         text("UPDATE record SET status = 'pending', worker_id = NULL, lease_until = NULL"
-             " WHERE run_id = :r AND status = 'in_flight' AND (lease_until < :t OR worker_id IS NULL)"),
+             " WHERE run_id = :r AND status = 'in_flight' AND (lease_until < :t OR worker_id IS NULL"
+             " OR worker_id IN (SELECT id FROM worker WHERE run_id = :r AND status != 'running'))"),
         {"r": run_id, "t": t},
     ).rowcount or 0
     if moved:

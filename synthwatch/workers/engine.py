@@ -17,6 +17,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,8 @@ class RunWorker:
         self._rng = random.Random()
         self._body_base = self._base_body()
         self._wake = asyncio.Event()
+        self._claim_fut: Future[tuple[list[store.Claimed], str]] | None = None
+        self._loop_ref: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------ request bodies
 
@@ -217,24 +220,48 @@ class RunWorker:
             await asyncio.shield(asyncio.wrap_future(fut))
         await asyncio.to_thread(writer.stop)
 
+    def _loop_wake(self) -> None:
+        """Called from the writer thread when a claim is answered."""
+        if self._loop_ref is not None:
+            self._loop_ref.call_soon_threadsafe(self._wake.set)
+
     async def _loop(self) -> tuple[str, str | None]:
         assert self.writer is not None
+        self._loop_ref = asyncio.get_running_loop()
         writer = self.writer
         claim_backoff = 0.0
         next_claim = 0.0
         last_tick = 0.0
+        m_last = time.monotonic()
         paused_since: float | None = None
+        why = ""
         while True:
             if not writer.alive:
                 return "failed", "the database writer stopped unexpectedly"
+            fut = self._claim_fut
+            if fut is not None and fut.done():
+                # answered claims are always started, whatever the state: they are ours now
+                self._claim_fut = None
+                claimed, why = fut.result()
+                self._start(claimed)
+                if claimed and not why:
+                    claim_backoff = 0.0
+                else:
+                    claim_backoff = min(max(claim_backoff * 2, 0.05), 0.5)
+                    next_claim = m_last + claim_backoff
             ctl = writer.control
             desired = self.local_stop or ctl.get("desired", "run")
-            m = time.monotonic()
+            m = m_last = time.monotonic()
             if self.on_tick and m - last_tick >= 1.0:
                 last_tick = m
                 self.on_tick(self)
             if desired == "stop_now":
                 self.state = "stopping"
+                if self._claim_fut is not None:
+                    claimed, why = await asyncio.wrap_future(self._claim_fut)
+                    self._claim_fut = None
+                    self._start(claimed)
+                    await asyncio.sleep(0)  # let them start so their cancellation is recorded
                 for t in list(self.tasks):
                     t.cancel()
                 if self.tasks:
@@ -242,7 +269,7 @@ class RunWorker:
                 return "stopped", "stopped immediately; in-flight records returned to pending"
             if desired == "stop":
                 self.state = "stopping"
-                if not self.tasks:
+                if not self.tasks and self._claim_fut is None:
                     return "stopped", "stopped"
             elif desired == "pause":
                 if self.state != "paused":
@@ -256,26 +283,24 @@ class RunWorker:
                 if self.state != "running":
                     self.state = "running"
                     await self._set_status("running", None)
-                if writer.error:
-                    pass  # database unavailable (e.g. disk full): no new claims until writes succeed
-                elif m >= next_claim:
+                if self._claim_fut is None and why in ("done", "cap_done") and not self.tasks:
+                    return "completed", self._finished_reason(writer.control, why)
+                if self._claim_fut is None and not writer.error and m >= next_claim:
+                    # database unavailable (e.g. disk full): no new claims until writes succeed.
+                    # The claim is not awaited: the loop keeps ticking (progress, controls) meanwhile.
                     want = int(ctl.get("concurrency") or self.config.concurrency) - len(self.tasks)
                     if want > 0:
-                        claimed, why = await asyncio.wrap_future(writer.claim(min(want, 512)))
-                        for c in claimed:
-                            task = asyncio.create_task(self._process(c))
-                            self.tasks.add(task)
-                            task.add_done_callback(self._task_done)
-                        if claimed and not why:
-                            claim_backoff = 0.0
-                        else:
-                            claim_backoff = min(max(claim_backoff * 2, 0.05), 0.5)
-                            next_claim = m + claim_backoff
-                        if not claimed and not self.tasks and why in ("done", "cap_done"):
-                            return "completed", self._finished_reason(writer.control, why)
+                        self._claim_fut = writer.claim(min(want, 512))
+                        self._claim_fut.add_done_callback(lambda _f: self._loop_wake())
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), 0.05)
+
+    def _start(self, claimed: list[store.Claimed]) -> None:
+        for c in claimed:
+            task = asyncio.create_task(self._process(c))
+            self.tasks.add(task)
+            task.add_done_callback(self._task_done)
 
     def _finished_reason(self, ctl: dict[str, Any], why: str) -> str:
         n_ok = ctl.get("n_ok") or 0

@@ -1,0 +1,790 @@
+"""Reasoning capture from streamed chunks and full chat completions, wherever the server puts it.
+
+Servers disagree on where the chain of thought goes (see docs: reasoning-fields.md):
+``reasoning`` (vLLM >= 0.16, Ollama /v1, OpenRouter), ``reasoning_content`` (vLLM <= 0.15, SGLang,
+llama.cpp, DeepSeek API), both with the same text (vLLM 0.11.1-0.15), ``reasoning_details``
+(OpenRouter), ``thinking`` (Ollama native), or inline ``<think>...</think>`` in ``content``
+(no reasoning parser, llama.cpp ``--reasoning-format none``), sometimes without the opening tag
+because the chat template already wrote it.
+
+``mode="auto"`` reads them all and picks one; an explicit mode reads one place only and reports
+text found elsewhere in :attr:`Extracted.unread_fields` (the field-mismatch check uses it).
+
+Decisions worth knowing:
+
+- Streamed pieces are kept in lists and joined once in :meth:`StreamAccumulator.result`, so inline
+  tags split across chunks need no state machine: the joined content goes through
+  :func:`split_inline` exactly like a non-streamed one.
+- Unknown keys are kept verbatim in :attr:`Extracted.extra`, ``null`` values included (which keys a
+  server sends identifies it). Streaming: unknown *delta* string values are concatenated (they are
+  token pieces); every other unknown value (choice, top level, non-string delta) keeps its last
+  non-null value, or ``None`` if it was only ever null; ``tool_calls`` delta items are appended to
+  one list; ``logprobs`` lists (``content``, ``refusal``) are concatenated.
+- Nothing malformed raises from :meth:`StreamAccumulator.feed`; it is described in ``problems``.
+- Only choice index 0 is read (n > 1 is not supported; other choices are noted in ``problems``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "KNOWN_CHOICE_KEYS",
+    "KNOWN_MESSAGE_KEYS",
+    "KNOWN_TOP_KEYS",
+    "MODES",
+    "REASONING_FIELDS",
+    "SOURCES",
+    "Extracted",
+    "ResponseShapeError",
+    "StreamAccumulator",
+    "extract_response",
+    "split_inline",
+]
+
+REASONING_FIELDS = ("reasoning", "reasoning_content", "reasoning_details", "thinking")
+MODES = ("auto", "reasoning", "reasoning_content", "reasoning_details", "thinking", "inline", "none")
+SOURCES = (
+    "reasoning",
+    "reasoning_content",
+    "reasoning_details",
+    "thinking",
+    "inline",
+    "inline-no-open",
+    "none",
+)
+
+# Keys read into Extracted's own fields (or pure protocol boilerplate); everything else is "extra".
+KNOWN_TOP_KEYS = frozenset(
+    {"id", "object", "created", "model", "choices", "system_fingerprint", "usage", "prompt_token_ids"}
+)
+KNOWN_CHOICE_KEYS = frozenset({"index", "message", "delta", "finish_reason", "token_ids"})
+KNOWN_MESSAGE_KEYS = frozenset({"role", "content", *REASONING_FIELDS})
+
+_MISSING: Any = object()
+_MAX_PROBLEMS = 50
+
+
+class ResponseShapeError(ValueError):
+    """The body is not a chat.completion (an error object, no choices, no message, ...)."""
+
+
+@dataclass(slots=True)
+class Extracted:
+    reasoning: str  # "" when none
+    content: str  # "" when none (null content -> "")
+    content_was_null: bool
+    reasoning_source: str  # one of SOURCES
+    finish_reason: str | None
+    usage: dict[str, Any] | None  # as sent
+    token_ids: list[int] | None  # choices[0].token_ids (concatenated when streaming)
+    prompt_token_ids: list[int] | None
+    response_id: str | None
+    model: str | None
+    system_fingerprint: str | None
+    # unknown fields verbatim (nulls too): {"top": {...}, "choice": {...}, "message" | "delta": {...}},
+    # only non-empty sections
+    extra: dict[str, dict[str, Any]]
+    # reasoning-like text the mode did not use: field name (or "inline") -> text
+    unread_fields: dict[str, str]
+    # fields that carried the chosen reasoning again (not counted twice); "inline" when content
+    # repeated it inside think tags (and was cleaned)
+    duplicate_fields: list[str]
+    n_chunks: int  # streamed events parsed (0 for non-streaming)
+    problems: list[str] = field(default_factory=list)  # malformed shapes seen, never raised
+
+
+# --------------------------------------------------------------------------------------------
+# inline tags and field resolution (shared by streaming and non-streaming)
+
+
+def split_inline(
+    text: str,
+    think_open: str = "<think>",
+    think_close: str = "</think>",
+    prefilled_open: bool = False,
+    truncated: bool = False,
+) -> tuple[str, str, str]:
+    """Split ``text`` holding inline think tags into ``(reasoning, content, source)``.
+
+    - ``<think>r</think>c`` -> ``(r, c, "inline")``; whitespace before ``<think>`` is allowed;
+    - ``r</think>c`` (the template prefilled ``<think>``) -> ``(r, c, "inline-no-open")``;
+    - ``<think>r`` (never closed: truncated) -> ``(r, "", "inline")``;
+    - no tag, ``prefilled_open`` and ``truncated`` -> ``(text, "", "inline-no-open")``;
+    - no tag otherwise -> ``("", text, "none")``.
+
+    Only the first closing tag splits: a literal closing tag later in the answer stays in content.
+    Leading ``\\n`` characters of the content are dropped (models write ``</think>\\n\\n``);
+    vLLM's parsers keep them, SGLang strips all surrounding whitespace: we strip newlines only.
+    The reasoning is returned verbatim.
+    """
+    opened = False
+    body = text
+    if think_open:
+        stripped = text.lstrip()
+        if stripped.startswith(think_open):
+            body = stripped[len(think_open) :]
+            opened = True
+    i = body.find(think_close) if think_close else -1
+    if i >= 0:
+        return body[:i], body[i + len(think_close) :].lstrip("\n"), "inline" if opened else "inline-no-open"
+    if opened:
+        return body, "", "inline"
+    if prefilled_open and truncated and text:
+        return text, "", "inline-no-open"
+    return "", text, "none"
+
+
+def _same(a: str, b: str) -> bool:
+    return a == b or a.strip() == b.strip()
+
+
+def _resolve(
+    texts: dict[str, str],
+    content: str,
+    finish_reason: Any,
+    mode: str,
+    think_open: str,
+    think_close: str,
+    prefilled_open: bool,
+) -> tuple[str, str, str, dict[str, str], list[str]]:
+    """Pick the reasoning: returns (reasoning, content, source, unread_fields, duplicate_fields)."""
+    unread: dict[str, str] = {}
+    dups: list[str] = []
+    chosen: str | None = None
+    if mode == "auto":
+        for name in REASONING_FIELDS:
+            if texts.get(name):
+                chosen = name
+                break
+    elif mode in REASONING_FIELDS:
+        chosen = mode
+    reasoning = texts.get(chosen, "") if chosen is not None else ""
+    source = chosen if reasoning and chosen is not None else "none"
+    for name in REASONING_FIELDS:
+        if name == chosen:
+            continue
+        t = texts.get(name)
+        if t:
+            if reasoning and _same(t, reasoning):
+                dups.append(name)
+            else:
+                unread[name] = t
+    if mode == "inline" or (mode == "auto" and not reasoning):
+        r, c, s = split_inline(content, think_open, think_close, prefilled_open, finish_reason == "length")
+        if s != "none":
+            return r, c, s, unread, dups
+        return reasoning, content, source, unread, dups
+    # A field was read (or nothing, in "none" / an explicit field mode): reasoning left inline?
+    r, c, s = split_inline(content, think_open, think_close, False, False)
+    if s != "none" and r.strip():
+        if reasoning and _same(r, reasoning):
+            dups.append("inline")  # deepseek-legacy: same text in the field and inline
+            content = c
+        else:
+            unread["inline"] = r
+    return reasoning, content, source, unread, dups
+
+
+def _details_text(items: Any, problems: _Problems) -> str:
+    """Text of OpenRouter ``reasoning_details``: reasoning.text / reasoning.summary items."""
+    if type(items) is not list:
+        problems.add(f"reasoning_details is {_tname(items)}, not a list")
+        return ""
+    out: list[str] = []
+    for item in items:
+        if type(item) is not dict:
+            problems.add(f"reasoning_details item is {_tname(item)}, not an object")
+            continue
+        kind = item.get("type")
+        if kind == "reasoning.text":
+            t = item.get("text")
+        elif kind == "reasoning.summary":
+            t = item.get("summary")
+        else:
+            continue  # reasoning.encrypted and unknown kinds carry no readable text
+        if type(t) is str:
+            out.append(t)
+        elif t is not None:
+            problems.add(f"reasoning_details {kind} text is {_tname(t)}, not a string")
+    return "".join(out)
+
+
+def _thinking_text(v: Any, problems: _Problems) -> str:
+    if type(v) is str:
+        return v
+    if type(v) is dict:
+        t = v.get("text", v.get("thinking"))
+        if type(t) is str:
+            return t
+    problems.add(f"thinking is {_tname(v)} without text")
+    return ""
+
+
+def _content_parts(v: Any, problems: _Problems, thinking: list[str]) -> str:
+    """Content sent as a list of parts (Mistral style): text parts joined, thinking parts kept."""
+    out: list[str] = []
+    for part in v:
+        if type(part) is str:
+            out.append(part)
+            continue
+        if type(part) is not dict:
+            problems.add(f"content part is {_tname(part)}")
+            continue
+        kind = part.get("type")
+        if kind == "text" and type(part.get("text")) is str:
+            out.append(part["text"])
+        elif kind == "thinking":
+            inner = part.get("thinking")
+            if type(inner) is str:
+                thinking.append(inner)
+            elif type(inner) is list:
+                thinking.append(_content_parts(inner, problems, thinking))
+        else:
+            problems.add(f"content part of type {kind!r} ignored")
+    return "".join(out)
+
+
+def _tname(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+class _Problems:
+    """Distinct problem messages, capped."""
+
+    __slots__ = ("dropped", "items")
+
+    def __init__(self) -> None:
+        self.items: dict[str, None] = {}
+        self.dropped = 0
+
+    def add(self, msg: str) -> None:
+        if msg in self.items:
+            return
+        if len(self.items) >= _MAX_PROBLEMS:
+            self.dropped += 1
+            return
+        self.items[msg] = None
+
+    def as_list(self) -> list[str]:
+        out = list(self.items)
+        if self.dropped:
+            out.append(f"... {self.dropped} more distinct problems")
+        return out
+
+
+def _opt_str(v: Any, what: str, problems: _Problems) -> str | None:
+    if v is None or type(v) is str:
+        return v
+    problems.add(f"{what} is {_tname(v)}, not a string")
+    return str(v)
+
+
+def _int_list(v: Any, what: str, problems: _Problems) -> list[int] | None:
+    if v is None:
+        return None
+    if type(v) is list and all(type(x) is int for x in v):
+        return v
+    problems.add(f"{what} is not a list of integers")
+    return None
+
+
+def _copy2(v: Any) -> Any:
+    """Copy a dict and the lists directly inside it (the containers the accumulator extends)."""
+    if type(v) is dict:
+        return {k: (list(x) if type(x) is list else x) for k, x in v.items()}
+    return v
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown reasoning mode {mode!r}; expected one of {', '.join(MODES)}")
+
+
+# --------------------------------------------------------------------------------------------
+# non-streaming
+
+
+def _describe_error(err: Any) -> str:
+    if isinstance(err, dict):
+        msg = err.get("message")
+        bits = [str(msg) if msg is not None else ""]
+        bits += [f"{k}={err[k]}" for k in ("type", "code", "param") if err.get(k) is not None]
+        text = " ".join(b for b in bits if b)
+        return text or repr(err)[:500]
+    return str(err)[:500]
+
+
+def extract_response(
+    body: Any,
+    mode: str = "auto",
+    think_open: str = "<think>",
+    think_close: str = "</think>",
+    prefilled_open: bool = False,
+) -> Extracted:
+    """Read a non-streaming ``chat.completion``. Raises :class:`ResponseShapeError` when it isn't one."""
+    _check_mode(mode)
+    if not isinstance(body, dict):
+        raise ResponseShapeError(f"response is {_tname(body)}, not a JSON object")
+    problems = _Problems()
+    choices = body.get("choices")
+    if choices is None:
+        err = body.get("error")
+        if err is not None:
+            raise ResponseShapeError(f"server returned an error object: {_describe_error(err)}")
+        if isinstance(body.get("message"), dict) and "done" in body:
+            raise ResponseShapeError(
+                "response has no 'choices': it looks like an Ollama native /api/chat reply; "
+                "use the OpenAI-compatible /v1/chat/completions endpoint"
+            )
+        keys = ", ".join(sorted(map(str, body))[:12]) or "none"
+        raise ResponseShapeError(f"response has no 'choices' (keys: {keys}): not a chat.completion")
+    if not isinstance(choices, list):
+        raise ResponseShapeError(f"'choices' is {_tname(choices)}, not a list")
+    if not choices:
+        raise ResponseShapeError("'choices' is empty: the response carries no message")
+    if body.get("error") is not None:
+        problems.add(f"response carries an error next to choices: {_describe_error(body['error'])}")
+    choice = choices[0]
+    if len(choices) > 1:
+        for c in choices:
+            if isinstance(c, dict) and c.get("index") == 0:
+                choice = c
+                break
+        problems.add(f"{len(choices)} choices: only index 0 is read")
+    if not isinstance(choice, dict):
+        raise ResponseShapeError(f"choices[0] is {_tname(choice)}, not an object")
+    msg = choice.get("message")
+    if not isinstance(msg, dict):
+        if "text" in choice:
+            raise ResponseShapeError("choices[0] has 'text' but no 'message': a text completion, not chat")
+        if "delta" in choice:
+            raise ResponseShapeError("choices[0] has 'delta': a stream chunk, not a chat.completion")
+        raise ResponseShapeError(f"choices[0].message is {_tname(msg)}, not an object")
+
+    thinking_parts: list[str] = []
+    raw_content = msg.get("content")
+    content_was_null = raw_content is None
+    if raw_content is None:
+        content = ""
+    elif type(raw_content) is str:
+        content = raw_content
+    elif type(raw_content) is list:
+        content = _content_parts(raw_content, problems, thinking_parts)
+    else:
+        problems.add(f"message.content is {_tname(raw_content)}, not a string")
+        content = ""
+
+    texts: dict[str, str] = {}
+    for name in ("reasoning", "reasoning_content"):
+        v = msg.get(name)
+        if type(v) is str:
+            texts[name] = v
+        elif v is not None:
+            problems.add(f"message.{name} is {_tname(v)}, not a string")
+    v = msg.get("reasoning_details")
+    if v is not None:
+        texts["reasoning_details"] = _details_text(v, problems)
+    v = msg.get("thinking")
+    if v is not None:
+        thinking_parts.insert(0, _thinking_text(v, problems))
+    if thinking_parts:
+        texts["thinking"] = "".join(thinking_parts)
+
+    finish_reason = _opt_str(choice.get("finish_reason"), "finish_reason", problems)
+    reasoning, content, source, unread, dups = _resolve(
+        texts, content, finish_reason, mode, think_open, think_close, prefilled_open
+    )
+    usage = body.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        problems.add(f"usage is {_tname(usage)}, not an object")
+        usage = None
+
+    extra: dict[str, dict[str, Any]] = {}
+    for section, src, known in (
+        ("top", body, KNOWN_TOP_KEYS),
+        ("choice", choice, KNOWN_CHOICE_KEYS),
+        ("message", msg, KNOWN_MESSAGE_KEYS),
+    ):
+        unknown = {k: v for k, v in src.items() if k not in known}
+        if unknown:
+            extra[section] = unknown
+
+    return Extracted(
+        reasoning=reasoning,
+        content=content,
+        content_was_null=content_was_null,
+        reasoning_source=source,
+        finish_reason=finish_reason,
+        usage=usage,
+        token_ids=_int_list(choice.get("token_ids"), "choices[0].token_ids", problems),
+        prompt_token_ids=_int_list(body.get("prompt_token_ids"), "prompt_token_ids", problems),
+        response_id=_opt_str(body.get("id"), "id", problems),
+        model=_opt_str(body.get("model"), "model", problems),
+        system_fingerprint=_opt_str(body.get("system_fingerprint"), "system_fingerprint", problems),
+        extra=extra,
+        unread_fields=unread,
+        duplicate_fields=dups,
+        n_chunks=0,
+        problems=problems.as_list(),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# streaming
+
+
+class StreamAccumulator:
+    """Accumulates parsed ``chat.completion.chunk`` objects; :meth:`result` gives the Extracted.
+
+    ``feed`` is the per-chunk hot path: a few dict lookups and one list append for the usual
+    chunk (one choice, a delta with one known string key). It never raises.
+    """
+
+    __slots__ = (
+        "_choice_x",
+        "_content",
+        "_delta_x",
+        "_delta_x_str",
+        "_details",
+        "_error",
+        "_finish",
+        "_fp",
+        "_id",
+        "_model",
+        "_n",
+        "_pieces",
+        "_problems",
+        "_prompt_token_ids",
+        "_token_ids",
+        "_top_x",
+        "_usage",
+        "mode",
+        "prefilled_open",
+        "think_close",
+        "think_open",
+    )
+
+    def __init__(
+        self,
+        mode: str = "auto",
+        think_open: str = "<think>",
+        think_close: str = "</think>",
+        prefilled_open: bool = False,
+    ) -> None:
+        _check_mode(mode)
+        self.mode = mode
+        self.think_open = think_open
+        self.think_close = think_close
+        self.prefilled_open = prefilled_open
+        self._n = 0
+        self._content: list[str] = []
+        # string-valued delta keys read on the fast path -> their pieces
+        self._pieces: dict[str, list[str]] = {
+            "content": self._content,
+            "reasoning": [],
+            "reasoning_content": [],
+            "thinking": [],
+        }
+        self._details: list[str] = []
+        self._finish: Any = None
+        self._usage: Any = None
+        self._token_ids: list[Any] | None = None
+        self._prompt_token_ids: Any = None
+        self._id: Any = None
+        self._model: Any = None
+        self._fp: Any = None
+        self._top_x: dict[str, Any] = {}
+        self._choice_x: dict[str, Any] = {}
+        self._delta_x: dict[str, Any] = {}
+        self._delta_x_str: dict[str, list[str]] = {}
+        self._error: dict[str, Any] | None = None
+        self._problems = _Problems()
+
+    @property
+    def n_chunks(self) -> int:
+        return self._n
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """The error object when a chunk was ``{"error": {...}}`` (HTTP 200 with an error body)."""
+        return self._error
+
+    @property
+    def problems(self) -> list[str]:
+        return self._problems.as_list()
+
+    @property
+    def finish_reason(self) -> Any:
+        return self._finish
+
+    def feed(self, chunk: Any) -> bool:
+        """Add one parsed chunk; True if it carried output text (reasoning, content, tool calls)."""
+        self._n += 1
+        if type(chunk) is not dict:
+            self._problems.add(f"chunk is {_tname(chunk)}, not an object")
+            return False
+        M = _MISSING
+        # Usual layout: exactly id, object, created, model, choices -> no unknown key, nothing else
+        # to read. Anything else takes the general path (unknown keys, usage, fingerprint, ...).
+        if (
+            len(chunk) == 5
+            and "object" in chunk
+            and "created" in chunk
+            and (v := chunk.get("id", M)) is not M
+            and (m := chunk.get("model", M)) is not M
+            and (choices := chunk.get("choices", M)) is not M
+        ):
+            if v is not None:
+                self._id = v
+            if m is not None:
+                self._model = m
+        else:
+            if not (chunk.keys() <= KNOWN_TOP_KEYS) and self._top_slow(chunk):
+                return False
+            v = chunk.get("id")
+            if v is not None:
+                self._id = v
+            v = chunk.get("model")
+            if v is not None:
+                self._model = v
+            v = chunk.get("system_fingerprint")
+            if v is not None:
+                self._fp = v
+            v = chunk.get("usage")
+            if v is not None:
+                self._usage = v
+            v = chunk.get("prompt_token_ids")
+            if v is not None:
+                self._prompt_token_ids = v
+            choices = chunk.get("choices")
+        if type(choices) is not list or len(choices) != 1:
+            return self._choices_slow(chunk, choices)
+        c = choices[0]
+        if type(c) is not dict:
+            return self._choices_slow(chunk, choices)
+        return self._feed_choice(c)
+
+    def _feed_choice(self, c: dict[str, Any]) -> bool:
+        M = _MISSING
+        idx = c.get("index", M)
+        if idx and idx is not M:  # another choice of an n > 1 request
+            self._problems.add(f"choice index {idx!r} ignored: only index 0 is read")
+            return False
+        delta = c.get("delta", M)
+        fr = c.get("finish_reason", M)
+        tids = c.get("token_ids", M)
+        lp = c.get("logprobs", M)
+        if (idx is not M) + (delta is not M) + (fr is not M) + (tids is not M) + (lp is not M) != len(c):
+            self._choice_slow(c)
+        if fr is not None and fr is not M:
+            self._finish = fr
+        if tids is not None and tids is not M:
+            if type(tids) is list:
+                t = self._token_ids
+                if t is None:
+                    self._token_ids = list(tids)
+                else:
+                    t.extend(tids)
+            else:
+                self._problems.add(f"choices[0].token_ids is {_tname(tids)}, not a list")
+        if lp is not None:
+            if lp is not M:
+                self._merge_logprobs(lp)
+        elif "logprobs" not in self._choice_x:
+            self._choice_x["logprobs"] = None
+        if type(delta) is not dict:
+            if "message" in c:
+                self._problems.add("choices[0] has 'message' instead of 'delta' in a stream")
+            else:
+                self._problems.add(
+                    f"choices[0].delta is {_tname(None if delta is M else delta)}, not an object"
+                )
+            return False
+        out = False
+        pieces = self._pieces
+        for k in delta:
+            v = delta[k]
+            lst = pieces.get(k)
+            if lst is not None:
+                if type(v) is str:
+                    lst.append(v)
+                    if v:
+                        out = True
+                elif v is not None and self._delta_slow(k, v):
+                    out = True
+            elif self._delta_slow(k, v):
+                out = True
+        return out
+
+    # -- slow paths ----------------------------------------------------------------------------
+
+    def _top_slow(self, chunk: dict[str, Any]) -> bool:
+        """Unknown top-level keys; True when the chunk is an error object to skip entirely."""
+        err = chunk.get("error")
+        if err is not None:
+            self._error = err if type(err) is dict else {"message": str(err)}
+            if "choices" not in chunk:
+                return True
+        top_x = self._top_x
+        for k in chunk.keys() - KNOWN_TOP_KEYS:
+            if k == "error":
+                continue
+            v = chunk[k]
+            if v is not None or k not in top_x:
+                top_x[k] = v
+        return False
+
+    def _choices_slow(self, chunk: dict[str, Any], choices: Any) -> bool:
+        if type(choices) is list:
+            if not choices:
+                return False  # the usage chunk
+            chosen = None
+            for c in choices:
+                if type(c) is dict and not c.get("index"):
+                    chosen = c
+                    break
+            if chosen is None:
+                if all(type(c) is dict for c in choices):
+                    idx = [c.get("index") for c in choices]
+                    self._problems.add(
+                        f"choice index {idx[0] if len(idx) == 1 else idx!r} ignored: only index 0 is read"
+                    )
+                else:
+                    self._problems.add("choices[0] is not an object")
+                return False
+            if len(choices) > 1:
+                self._problems.add(f"{len(choices)} choices in one chunk: only index 0 is read")
+            return self._feed_choice(chosen)
+        if choices is None or choices is _MISSING:
+            if "choices" not in chunk:
+                self._problems.add("chunk without 'choices'")
+            return False
+        self._problems.add(f"choices is {_tname(choices)}, not a list")
+        return False
+
+    def _choice_slow(self, c: dict[str, Any]) -> None:
+        choice_x = self._choice_x
+        for k in c:
+            if k not in KNOWN_CHOICE_KEYS and k != "logprobs":
+                v = c[k]
+                if v is not None or k not in choice_x:
+                    choice_x[k] = v
+
+    def _merge_logprobs(self, lp: Any) -> None:
+        cur = self._choice_x.get("logprobs")
+        if type(lp) is not dict or type(cur) is not dict:
+            self._choice_x["logprobs"] = _copy2(lp)  # own lists: they are extended later
+            return
+        for k, v in lp.items():
+            old = cur.get(k)
+            if type(v) is list and type(old) is list:
+                old.extend(v)
+            elif v is not None:
+                cur[k] = list(v) if type(v) is list else v
+
+    def _delta_slow(self, k: str, v: Any) -> bool:
+        """A delta key off the fast path. True if it carried output text."""
+        if k == "role":
+            return False
+        if v is None:  # an unknown key sent as null: remember that it was there
+            if k != "reasoning_details" and k not in self._delta_x and k not in self._delta_x_str:
+                self._delta_x[k] = None
+            return False
+        if k == "reasoning_details":
+            t = _details_text(v, self._problems)
+            if t:
+                self._details.append(t)
+                return True
+            return False
+        if k == "thinking":
+            t = _thinking_text(v, self._problems)
+            if t:
+                self._pieces["thinking"].append(t)
+                return True
+            return False
+        if k == "content":
+            if type(v) is list:
+                th: list[str] = []
+                t = _content_parts(v, self._problems, th)
+                self._content.append(t)
+                if th:
+                    self._pieces["thinking"].extend(th)
+                return bool(t) or any(th)
+            self._problems.add(f"delta.content is {_tname(v)}, not a string")
+            return False
+        if k in self._pieces:  # reasoning / reasoning_content with a non-string value
+            self._problems.add(f"delta.{k} is {_tname(v)}, not a string")
+            return False
+        if k == "tool_calls":
+            calls = self._delta_x.get("tool_calls")
+            if type(calls) is not list:
+                calls = self._delta_x["tool_calls"] = []
+            if type(v) is list:
+                calls.extend(v)
+                return bool(v)
+            calls.append(v)
+            return True
+        if type(v) is str:
+            lst = self._delta_x_str.get(k)
+            if lst is None:
+                lst = self._delta_x_str[k] = []
+            lst.append(v)
+            return bool(v)
+        self._delta_x[k] = v
+        return False
+
+    # -- result --------------------------------------------------------------------------------
+
+    def result(self) -> Extracted:
+        """The accumulated answer so far (may be called more than once; feeding may go on)."""
+        problems = self._problems
+        pieces = self._pieces
+        texts = {
+            "reasoning": "".join(pieces["reasoning"]),
+            "reasoning_content": "".join(pieces["reasoning_content"]),
+            "reasoning_details": "".join(self._details),
+            "thinking": "".join(pieces["thinking"]),
+        }
+        content = "".join(self._content)
+        finish_reason = _opt_str(self._finish, "finish_reason", problems)
+        reasoning, content, source, unread, dups = _resolve(
+            texts, content, finish_reason, self.mode, self.think_open, self.think_close, self.prefilled_open
+        )
+        usage = self._usage
+        if usage is not None and type(usage) is not dict:
+            problems.add(f"usage is {_tname(usage)}, not an object")
+            usage = None
+        extra: dict[str, dict[str, Any]] = {}
+        if self._top_x:
+            extra["top"] = dict(self._top_x)
+        if self._choice_x:
+            extra["choice"] = {k: _copy2(v) for k, v in self._choice_x.items()}
+        if self._delta_x or self._delta_x_str:
+            delta_x = dict(self._delta_x)
+            calls = delta_x.get("tool_calls")
+            if type(calls) is list:
+                delta_x["tool_calls"] = list(calls)
+            for k, lst in self._delta_x_str.items():
+                delta_x[k] = "".join(lst)
+            extra["delta"] = delta_x
+        token_ids = _int_list(self._token_ids, "choices[0].token_ids", problems)
+        return Extracted(
+            reasoning=reasoning,
+            content=content,
+            content_was_null=not self._content,
+            reasoning_source=source,
+            finish_reason=finish_reason,
+            usage=usage,
+            token_ids=list(token_ids) if token_ids is not None else None,
+            prompt_token_ids=_int_list(self._prompt_token_ids, "prompt_token_ids", problems),
+            response_id=_opt_str(self._id, "id", problems),
+            model=_opt_str(self._model, "model", problems),
+            system_fingerprint=_opt_str(self._fp, "system_fingerprint", problems),
+            extra=extra,
+            unread_fields=unread,
+            duplicate_fields=dups,
+            n_chunks=self._n,
+            problems=problems.as_list(),
+        )

@@ -1,0 +1,88 @@
+"""The database on a full disk: the worker pauses with a clear error and continues when space returns."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import popen_cli, require
+from synthwatch.db import open_engine
+from workerkit import answer_ok, counts, records, run_row, wait_for
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    require(os.geteuid() == 0, "mounting a small tmpfs needs root (CI runs as root)")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    require(proc.returncode == 0, f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(path: Path) -> None:
+    """Take every free byte of the filesystem (unbuffered writes: nothing left to flush)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (65536, 4096, 1):
+            while True:
+                try:
+                    os.write(fd, b"\0" * size)
+                except OSError:
+                    break
+    finally:
+        os.close(fd)
+
+
+def test_full_disk_pauses_then_continues_losing_nothing(small_disk: Path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    url = sim(seed=3, tokens_per_s=400, reasoning_tokens="150-250", content_tokens="20")
+    db = small_disk / "run.db"
+    proc = popen_cli("run", "--dataset", str(prompts(600)), "--base-url", url, "--model", "sim-reasoner",
+                     "--db", str(db), "--name", "disk", "--concurrency", "8", "--log-json")
+    lines: list[dict] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("{"):
+                lines.append(json.loads(line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    engine = open_engine(str(db))
+    wait_for(lambda: _n_ok(engine) >= 20, timeout_s=60, what="records before the disk fills")
+    filler = small_disk / "filler.bin"
+    _fill(filler)
+    try:
+        wait_for(lambda: any(x.get("db_error") and "full" in x["db_error"] for x in lines), timeout_s=30,
+                 what="the worker to report the full disk")
+    except AssertionError:
+        proc.kill()
+        raise AssertionError(f"{lines[-3:]}\n{proc.communicate()[1][-3000:]}") from None
+    # while the disk is full nothing new is claimed: the in-flight count drains
+    wait_for(lambda: lines and lines[-1]["in_flight"] == 0, timeout_s=30, what="in-flight requests to drain")
+    time.sleep(1.0)
+    filler.unlink()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "disk is full" in err or any("full" in (x.get("db_error") or "") for x in lines)
+    run = run_row(engine, "disk")
+    c = counts(engine, run["id"])
+    assert c == {"ok": 600}, c
+    assert all(answer_ok(r) for r in records(engine, run["id"]))
+
+
+def _n_ok(engine) -> int:  # type: ignore[no-untyped-def]
+    from synthwatch.store import NotFound
+
+    try:
+        return int(run_row(engine, "disk")["n_ok"])
+    except NotFound:
+        return 0
