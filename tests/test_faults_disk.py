@@ -47,6 +47,7 @@ def test_full_disk_pauses_then_continues_losing_nothing(small_disk: Path, sim, p
     proc = popen_cli("run", "--dataset", str(prompts(600)), "--base-url", url, "--model", "sim-reasoner",
                      "--db", str(db), "--name", "disk", "--concurrency", "8", "--log-json")
     lines: list[dict] = []
+    errs: list[str] = []
 
     def read() -> None:
         assert proc.stdout is not None
@@ -54,8 +55,12 @@ def test_full_disk_pauses_then_continues_losing_nothing(small_disk: Path, sim, p
             if line.startswith("{"):
                 lines.append(json.loads(line))
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    def read_err() -> None:
+        assert proc.stderr is not None
+        errs.extend(proc.stderr)
+
+    for target in (read, read_err):
+        threading.Thread(target=target, daemon=True).start()
     engine = open_engine(str(db))
     wait_for(lambda: _n_ok(engine) >= 20, timeout_s=60, what="records before the disk fills")
     filler = small_disk / "filler.bin"
@@ -65,12 +70,15 @@ def test_full_disk_pauses_then_continues_losing_nothing(small_disk: Path, sim, p
                  what="the worker to report the full disk")
     except AssertionError:
         proc.kill()
-        raise AssertionError(f"{lines[-3:]}\n{proc.communicate()[1][-3000:]}") from None
+        proc.wait()
+        raise AssertionError(f"{lines[-3:]}\n{''.join(errs)[-3000:]}") from None
     # while the disk is full nothing new is claimed: the in-flight count drains
     wait_for(lambda: lines and lines[-1]["in_flight"] == 0, timeout_s=30, what="in-flight requests to drain")
     time.sleep(1.0)
     filler.unlink()
-    out, err = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    time.sleep(0.2)
+    err = "".join(errs)
     assert proc.returncode == 0, err
     assert "disk is full" in err or any("full" in (x.get("db_error") or "") for x in lines)
     run = run_row(engine, "disk")
