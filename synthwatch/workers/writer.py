@@ -92,6 +92,171 @@ def _usage_int(usage: dict[str, Any] | None, key: str, sub: str | None = None) -
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+_EXTRACTED_COLS = (
+    "reasoning", "content", "reasoning_source", "reasoning_len", "content_len", "finish_reason", "prompt_tokens",
+    "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json", "model", "system_fingerprint",
+    "response_id", "extra_json",
+)
+
+
+def record_columns(ex: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Record columns from a parsed response (synthwatch.reasoning.Extracted), None -> all empty.
+
+    ``extra`` is merged into the stored raw fields (e.g. where an ingested line came from)."""
+    if ex is None:
+        cols: dict[str, Any] = dict.fromkeys(_EXTRACTED_COLS)
+        cols["content_null"] = False
+        if extra:
+            cols["extra_json"] = orjson.dumps(extra, option=orjson.OPT_NON_STR_KEYS).decode()
+        return cols
+    usage = ex.usage if isinstance(ex.usage, dict) else None
+    token_ids = None
+    if ex.token_ids is not None or ex.prompt_token_ids is not None:
+        token_ids = orjson.dumps({"prompt": ex.prompt_token_ids, "completion": ex.token_ids}).decode()
+    raw = dict(extra) if extra else {}
+    raw.update(ex.extra or {})
+    if ex.unread_fields:
+        raw["unread_fields"] = ex.unread_fields
+    if ex.duplicate_fields:
+        raw["duplicate_fields"] = ex.duplicate_fields
+    if ex.problems:
+        raw["problems"] = ex.problems
+    return {
+        "reasoning": ex.reasoning, "content": ex.content, "content_null": ex.content_was_null,
+        "reasoning_source": ex.reasoning_source, "reasoning_len": len(ex.reasoning),
+        "content_len": len(ex.content), "finish_reason": ex.finish_reason,
+        "prompt_tokens": _usage_int(usage, "prompt_tokens"),
+        "completion_tokens": _usage_int(usage, "completion_tokens"),
+        "reasoning_tokens": _usage_int(usage, "completion_tokens_details", "reasoning_tokens"),
+        "usage_json": orjson.dumps(usage).decode() if usage is not None else None,
+        "token_ids_json": token_ids, "model": ex.model, "system_fingerprint": ex.system_fingerprint,
+        "response_id": ex.response_id,
+        "extra_json": orjson.dumps(raw, option=orjson.OPT_NON_STR_KEYS).decode() if raw else None,
+    }
+
+
+class SeriesAccumulator:
+    """Per-interval counters of one writer (run, worker), upserted per bucket into ``series``.
+
+    The worker keeps recent buckets in memory; a watcher, whose records may carry old timestamps
+    and which may restart, seeds the buckets it touches from their stored rows first (``load``)."""
+
+    def __init__(self, run_id: int, worker_id: int) -> None:
+        self.run_id = run_id
+        self.worker_id = worker_id
+        self.buckets: dict[tuple[str, int], _Bucket] = {}
+
+    def bucket(self, endpoint: str, t: float) -> _Bucket:
+        bt = int(t // SERIES_WIDTH_S) * SERIES_WIDTH_S
+        key = (endpoint, bt)
+        b = self.buckets.get(key)
+        if b is None:
+            b = _Bucket(self.run_id, self.worker_id, endpoint, bt)
+            self.buckets[key] = b
+        return b
+
+    def load(self, conn: Connection, keys: set[tuple[str, int]]) -> None:
+        """Replace the in-memory buckets by the stored rows for these (endpoint, bucket start) keys."""
+        self.buckets = {k: _Bucket(self.run_id, self.worker_id, k[0], k[1]) for k in keys}
+        ts = sorted({k[1] for k in keys})
+        for i in range(0, len(ts), 500):
+            chunk = ",".join(str(int(t)) for t in ts[i:i + 500])
+            for row in conn.execute(
+                text(f"SELECT * FROM series WHERE run_id = :r AND worker_id = :w AND t IN ({chunk})"),
+                {"r": self.run_id, "w": self.worker_id},
+            ).mappings():
+                b = self.buckets.get((row["endpoint"], row["t"]))
+                if b is None:
+                    continue
+                for c in _SERIES_COUNTERS:
+                    b.counts[c] = row[c] or 0
+                b.latency_sum = row["latency_sum"] or 0.0
+                b.lat.merge_text(row["lat_hist"])
+                b.ttft.merge_text(row["ttft_hist"])
+                b.tps.merge_text(row["tps_hist"])
+                b.sources = orjson.loads(row["sources_json"] or "{}")
+                b.inflight, b.concurrency = row["inflight"] or 0, row["concurrency"] or 0
+
+    def add(self, outcomes: list[Outcome], failures: list[AttemptFailure]) -> dict[tuple[str, int], _Bucket]:
+        touched: dict[tuple[str, int], _Bucket] = {}
+        for o in outcomes:
+            b = self.bucket(o.endpoint or "", o.finished_at)
+            touched[(b.endpoint, b.t)] = b
+            c = b.counts
+            if o.status == "pending":
+                c["cancelled"] += 1
+                continue
+            c["finished"] += 1
+            if o.status == "ok":
+                c["ok"] += 1
+            elif o.status == "timeout":
+                c["timeouts"] += 1
+            else:
+                c["errors"] += 1
+            ex = o.extracted
+            if ex is not None and o.status == "ok":
+                p, comp, r, cont = split_tokens(ex)
+                c["prompt_tokens"] += p
+                c["completion_tokens"] += comp
+                c["reasoning_tokens"] += r
+                c["content_tokens"] += cont
+                c["chunks"] += ex.n_chunks
+                if not ex.reasoning.strip():
+                    c["empty_reasoning"] += 1
+                if ex.finish_reason == "length":
+                    c["finish_length"] += 1
+                src = ex.reasoning_source or "none"
+                b.sources[src] = b.sources.get(src, 0) + 1
+                if o.latency_s is not None:
+                    b.latency_sum += o.latency_s
+                    b.lat.add(o.latency_s)
+                    gen_s = o.latency_s - (o.ttft_s or 0.0)
+                    if comp and gen_s > 0:
+                        b.tps.add(comp / gen_s)
+                if o.ttft_s is not None:
+                    b.ttft.add(o.ttft_s)
+        for f in failures:
+            b = self.bucket(f.endpoint, f.t)
+            touched[(b.endpoint, b.t)] = b
+            c = b.counts
+            c["attempts_failed"] += 1
+            if f.retried:
+                c["retries"] += 1
+            k = f.kind
+            if k in TIMEOUT_KINDS:
+                c["attempt_timeouts"] += 1
+            elif k == "dropped":
+                c["dropped"] += 1
+            elif k == "http_429":
+                c["http_429"] += 1
+            elif k == "http_5xx":
+                c["http_5xx"] += 1
+            elif k.startswith("http_"):
+                c["http_4xx"] += 1
+            else:
+                c["other_errors"] += 1
+        return touched
+
+    def forget_before(self, t: float) -> None:
+        for key in [k for k, v in self.buckets.items() if v.t < t]:
+            del self.buckets[key]
+
+    def write(self, conn: Connection, buckets: list[_Bucket]) -> None:
+        if not buckets:
+            return
+        rows = []
+        for b in buckets:
+            row: dict[str, Any] = dict(b.counts)
+            row.update({
+                "run_id": b.run_id, "worker_id": b.worker_id, "endpoint": b.endpoint, "t": b.t,
+                "width_s": SERIES_WIDTH_S, "inflight": b.inflight, "concurrency": b.concurrency,
+                "latency_sum": b.latency_sum, "lat_hist": b.lat.to_text(), "ttft_hist": b.ttft.to_text(),
+                "tps_hist": b.tps.to_text(), "sources_json": orjson.dumps(b.sources).decode(),
+            })
+            rows.append(row)
+        conn.execute(_SERIES_UPSERT, rows)
+
+
 class Writer:
     def __init__(
         self,
@@ -122,7 +287,7 @@ class Writer:
         self.claimed = 0
         self._thread = threading.Thread(target=self._main, name="synthwatch-writer", daemon=True)
         self._stop = threading.Event()
-        self._buckets: dict[tuple[str, int], _Bucket] = {}
+        self.series = SeriesAccumulator(run_id, worker_id)
         self._crashed: BaseException | None = None
         self._control_event = threading.Event()
 
@@ -259,7 +424,7 @@ class Writer:
                     [{"r": self.run_id, "t": f.t, "rec": f.record_id, "ep": f.endpoint, "k": f.kind,
                       "sc": f.status_code, "final": f.final, "msg": f.message[:4000]} for f in failures],
                 )
-            self._write_series(conn, touched)
+            self.series.write(conn, touched)
             for hook in self.hooks:
                 hook.on_flush(conn, t)
             for it in calls:
@@ -311,36 +476,7 @@ class Writer:
                 "endpoint": o.endpoint, "latency_s": o.latency_s, "ttft_s": o.ttft_s, "n_chunks": o.n_chunks,
                 "finished_at": o.finished_at, "check_flags": o.check_flags, "check_json": o.check_json,
             }
-            if ex is not None:
-                usage = ex.usage if isinstance(ex.usage, dict) else None
-                token_ids = None
-                if ex.token_ids is not None or ex.prompt_token_ids is not None:
-                    token_ids = orjson.dumps({"prompt": ex.prompt_token_ids, "completion": ex.token_ids}).decode()
-                extra = dict(ex.extra) if ex.extra else {}
-                if ex.unread_fields:
-                    extra["unread_fields"] = ex.unread_fields
-                if ex.duplicate_fields:
-                    extra["duplicate_fields"] = ex.duplicate_fields
-                if ex.problems:
-                    extra["problems"] = ex.problems
-                row.update({
-                    "reasoning": ex.reasoning, "content": ex.content, "content_null": ex.content_was_null,
-                    "reasoning_source": ex.reasoning_source, "reasoning_len": len(ex.reasoning),
-                    "content_len": len(ex.content), "finish_reason": ex.finish_reason,
-                    "prompt_tokens": _usage_int(usage, "prompt_tokens"),
-                    "completion_tokens": _usage_int(usage, "completion_tokens"),
-                    "reasoning_tokens": _usage_int(usage, "completion_tokens_details", "reasoning_tokens"),
-                    "usage_json": orjson.dumps(usage).decode() if usage is not None else None,
-                    "token_ids_json": token_ids, "model": ex.model, "system_fingerprint": ex.system_fingerprint,
-                    "response_id": ex.response_id,
-                    "extra_json": orjson.dumps(extra, option=orjson.OPT_NON_STR_KEYS).decode() if extra else None,
-                })
-            else:
-                row.update({k: None for k in (
-                    "reasoning", "content", "reasoning_source", "reasoning_len", "content_len", "finish_reason",
-                    "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json",
-                    "model", "system_fingerprint", "response_id", "extra_json")})
-                row["content_null"] = False
+            row.update(record_columns(ex))
             final_rows.append(row)
         owned = self._owned(conn, [r["id"] for r in final_rows] + [r["id"] for r in back_rows])
         if len(owned) != len(final_rows) + len(back_rows):
@@ -377,105 +513,22 @@ class Writer:
 
     # ------------------------------------------------------------ series
 
-    def _bucket(self, endpoint: str, t: float) -> _Bucket:
-        bt = int(t // SERIES_WIDTH_S) * SERIES_WIDTH_S
-        key = (endpoint, bt)
-        b = self._buckets.get(key)
-        if b is None:
-            b = _Bucket(self.run_id, self.worker_id, endpoint, bt)
-            self._buckets[key] = b
-        return b
-
     def _accumulate(self, outcomes: list[Outcome], failures: list[AttemptFailure]) -> list[_Bucket]:
-        touched: dict[tuple[str, int], _Bucket] = {}
-        for o in outcomes:
-            if o.status == "pending":
-                b = self._bucket(o.endpoint or "", o.finished_at)
-                b.counts["cancelled"] += 1
-                touched[(b.endpoint, b.t)] = b
-                continue
-            b = self._bucket(o.endpoint or "", o.finished_at)
-            touched[(b.endpoint, b.t)] = b
-            c = b.counts
-            c["finished"] += 1
-            if o.status == "ok":
-                c["ok"] += 1
-            elif o.status == "timeout":
-                c["timeouts"] += 1
-            else:
-                c["errors"] += 1
-            ex = o.extracted
-            if ex is not None and o.status == "ok":
-                p, comp, r, cont = split_tokens(ex)
-                c["prompt_tokens"] += p
-                c["completion_tokens"] += comp
-                c["reasoning_tokens"] += r
-                c["content_tokens"] += cont
-                c["chunks"] += ex.n_chunks
-                if not ex.reasoning.strip():
-                    c["empty_reasoning"] += 1
-                if ex.finish_reason == "length":
-                    c["finish_length"] += 1
-                src = ex.reasoning_source or "none"
-                b.sources[src] = b.sources.get(src, 0) + 1
-                if o.latency_s is not None:
-                    b.latency_sum += o.latency_s
-                    b.lat.add(o.latency_s)
-                    gen_s = o.latency_s - (o.ttft_s or 0.0)
-                    if comp and gen_s > 0:
-                        b.tps.add(comp / gen_s)
-                if o.ttft_s is not None:
-                    b.ttft.add(o.ttft_s)
-        for f in failures:
-            b = self._bucket(f.endpoint, f.t)
-            touched[(b.endpoint, b.t)] = b
-            c = b.counts
-            c["attempts_failed"] += 1
-            if f.retried:
-                c["retries"] += 1
-            k = f.kind
-            if k in TIMEOUT_KINDS:
-                c["attempt_timeouts"] += 1
-            elif k == "dropped":
-                c["dropped"] += 1
-            elif k == "http_429":
-                c["http_429"] += 1
-            elif k == "http_5xx":
-                c["http_5xx"] += 1
-            elif k.startswith("http_"):
-                c["http_4xx"] += 1
-            else:
-                c["other_errors"] += 1
+        touched = self.series.add(outcomes, failures)
         # the gauge row (endpoint "") is refreshed on every flush so the in-flight chart is live
-        g = self._bucket("", time.time())
+        t = time.time()
+        g = self.series.bucket("", t)
         if self.gauges is not None:
             inflight, conc, per_ep, _ = self.gauges()
             g.inflight, g.concurrency = inflight, conc
             for ep, n in per_ep.items():
-                eb = self._bucket(ep, time.time())
+                eb = self.series.bucket(ep, t)
                 eb.inflight = n
                 touched[(eb.endpoint, eb.t)] = eb
         touched[("", g.t)] = g
         # keep memory bounded: buckets older than two minutes will not change again
-        horizon = time.time() - 120
-        for key in [k for k, v in self._buckets.items() if v.t < horizon]:
-            del self._buckets[key]
+        self.series.forget_before(t - 120)
         return list(touched.values())
-
-    def _write_series(self, conn: Connection, buckets: list[_Bucket]) -> None:
-        if not buckets:
-            return
-        rows = []
-        for b in buckets:
-            row: dict[str, Any] = dict(b.counts)
-            row.update({
-                "run_id": b.run_id, "worker_id": b.worker_id, "endpoint": b.endpoint, "t": b.t,
-                "width_s": SERIES_WIDTH_S, "inflight": b.inflight, "concurrency": b.concurrency,
-                "latency_sum": b.latency_sum, "lat_hist": b.lat.to_text(), "ttft_hist": b.ttft.to_text(),
-                "tps_hist": b.tps.to_text(), "sources_json": orjson.dumps(b.sources).decode(),
-            })
-            rows.append(row)
-        conn.execute(_SERIES_UPSERT, rows)
 
 
 def _describe_db_error(exc: DBAPIError) -> str:
