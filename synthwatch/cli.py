@@ -16,6 +16,7 @@ COMMANDS = (
     "synthwatch.commands.export",
     "synthwatch.commands.watch",
     "synthwatch.commands.control",
+    "synthwatch.commands.checks",
     "synthwatch.commands.db",
 )
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 REASONING_MODES = ("auto", "reasoning", "reasoning_content", "reasoning_details", "thinking", "inline", "none")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NESTED_PROBLEM = re.compile(r"^[A-Za-z0-9_.\[\]]+: ")
 
 
 class ConfigError(Exception):
@@ -146,6 +147,22 @@ class RunConfig(_Strict):
                 raise ValueError("run name must be 1-200 printable characters")
         return v
 
+    @field_validator("checks")
+    @classmethod
+    def _check_checks(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # validated wherever a config is built (CLI, UI form, resume), not only when a worker starts
+        from .checks import CheckSettings
+
+        try:
+            CheckSettings.model_validate(v or {})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}"
+                for e in exc.errors()
+            )
+            raise ValueError(problems) from None
+        return v
+
     @model_validator(mode="after")
     def _check_endpoint_labels(self) -> RunConfig:
         labels = [e.label for e in self.endpoints]
@@ -165,6 +182,12 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
+        if err["type"] == "value_error" and msg.startswith("Value error, "):
+            msg = msg.removeprefix("Value error, ")
+            if _NESTED_PROBLEM.match(msg):
+                # a validator that checked a nested table reports "sub.path: problem; ..."
+                lines.extend(f"  {loc}.{part}" for part in msg.split("; "))
+                continue
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 

@@ -6,8 +6,11 @@ migrations first, so the schema is always the migrations' schema.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,10 +109,30 @@ def migrate(url: str) -> None:
         from alembic import command
 
         try:
-            command.upgrade(alembic_config(url), "head")
+            with _migration_lock(url):
+                command.upgrade(alembic_config(url), "head")
         except Exception as exc:
             raise DatabaseError(f"cannot open or migrate database {safe_url(url)}: {exc}") from exc
         _migrated.add(url)
+
+
+@contextlib.contextmanager
+def _migration_lock(url: str) -> Iterator[None]:
+    """One migrating process at a time per SQLite file (a worker and the dashboard often start together).
+
+    Alembic runs SQLite DDL outside a transaction, so two processes would both create the tables.
+    PostgreSQL takes an advisory lock in migrations/env.py instead."""
+    if not is_sqlite(url):
+        yield
+        return
+    path = url.split("sqlite:///", 1)[-1]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path + ".migrate-lock", "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def safe_url(url: str) -> str:

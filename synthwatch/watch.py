@@ -103,13 +103,10 @@ def watch_config(name: str, path: str, *, model: str | None = None, expect_reaso
 
 
 def check_hooks(engine: Engine, run_id: int, config: Any) -> list[WriterHook]:
-    """The data-quality hooks (synthwatch.checks) when that module exists."""
-    try:
-        from . import checks  # type: ignore[attr-defined, unused-ignore]
-    except ImportError:
-        return []
-    factory = getattr(checks, "writer_hooks", None)
-    return list(factory(engine, run_id, config)) if factory else []
+    """The same data-quality hooks a generation run gets."""
+    from .checks import writer_hooks
+
+    return list(writer_hooks(engine, run_id, config))
 
 
 def open_run(engine: Engine, name: str, config: Any, *, status_message: str) -> tuple[int, bool]:

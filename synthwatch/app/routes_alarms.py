@@ -1,7 +1,280 @@
-"""Routes: alarms."""
+"""Routes: the alarm banner (every page of a run), alarms and check rates (JSON), check settings.
+
+The banner and the checks table read only ``alarm`` and ``check_stat`` rows (small, indexed);
+the only writes are acknowledgements and settings (short transactions on the write engine).
+A recompute scans the run's records, so it runs in a background thread and the POST returns
+at once.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import logging
+import threading
+from typing import Any
 
+import orjson
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from sqlalchemy.engine import Connection, Engine
+
+from .. import store
+from ..alarms import DEFAULT_RULES, AlarmNotFound, acknowledge, banner_alarms, effective_rules, list_alarms
+from ..checks import CHECK_INFO, CHECK_NAMES, ChecksConfigError, parse_settings, recompute, save_settings
+from .deps import ReadConn, WriteEngine, render
+
+log = logging.getLogger("synthwatch.app.alarms")
 router = APIRouter()
+
+BANNER_POLL_S = 2
+_recomputing: set[int] = set()
+_recompute_lock = threading.Lock()
+_last_recompute: dict[int, dict[str, Any]] = {}
+
+
+def _run(conn: Connection, run_id: int) -> dict[str, Any]:
+    try:
+        return store.run_row(conn, run_id)
+    except store.NotFound:
+        raise HTTPException(404, f"no run {run_id}") from None
+
+
+def _live(run: dict[str, Any]) -> bool:
+    return run.get("status") in store.LIVE_STATUSES
+
+
+def _config(run: dict[str, Any]) -> dict[str, Any]:
+    try:
+        cfg = orjson.loads(run.get("config_json") or "{}")
+    except orjson.JSONDecodeError:
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
+    """One data function for the banner fragment and the JSON list."""
+    run = _run(conn, run_id)
+    return {"run": {"id": run["id"], "name": run["name"], "status": run["status"]},
+            "alarms": banner_alarms(conn, run_id), "live": _live(run), "poll_s": BANNER_POLL_S}
+
+
+def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
+    from ..checks import check_rates
+
+    run = _run(conn, run_id)
+    raw = _config(run).get("checks") or {}
+    try:
+        settings = parse_settings(raw)
+        settings_error = None
+    except ChecksConfigError as exc:
+        settings = parse_settings({})
+        settings_error = str(exc)
+    rules = effective_rules(settings.rules)
+    return {
+        "run": {"id": run["id"], "name": run["name"], "status": run["status"]},
+        "live": _live(run),
+        "checks": check_rates(conn, run_id),
+        "rules": [rules[n] for n in CHECK_NAMES],
+        "settings": settings,
+        "settings_error": settings_error,
+        "disabled": set(settings.disabled),
+        "recomputing": run_id in _recomputing,
+        "last_recompute": _last_recompute.get(run_id),
+        "poll_s": BANNER_POLL_S,
+    }
+
+
+# ------------------------------------------------------------------------------------ banner
+
+
+@router.get("/runs/{run_id}/alarms/banner", include_in_schema=False)
+def banner(request: Request, run_id: int, conn: ReadConn) -> Response:
+    return render(request, "_alarms_banner.html", banner_context(conn, run_id))
+
+
+@router.post("/runs/{run_id}/alarms/{alarm_id}/ack", include_in_schema=False)
+def ack_form(request: Request, run_id: int, alarm_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
+    try:
+        acknowledge(engine, run_id, alarm_id)
+    except AlarmNotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    conn.rollback()  # see the acknowledgement just written
+    if request.headers.get("HX-Request") == "true":
+        return render(request, "_alarms_banner.html", banner_context(conn, run_id))
+    return RedirectResponse(f"/runs/{run_id}/checks", status_code=303)
+
+
+# ------------------------------------------------------------------------------------ checks page
+
+
+@router.get("/runs/{run_id}/checks", include_in_schema=False)
+def checks_page(request: Request, run_id: int, conn: ReadConn) -> Response:
+    ctx = checks_context(conn, run_id)
+    ctx["history"] = list_alarms(conn, run_id, limit=100)
+    ctx["saved"] = request.query_params.get("saved") == "1"
+    ctx["form_error"] = None
+    return render(request, "checks_settings.html", ctx)
+
+
+@router.get("/runs/{run_id}/checks/table", include_in_schema=False)
+def checks_table(request: Request, run_id: int, conn: ReadConn) -> Response:
+    return render(request, "_checks_table.html", checks_context(conn, run_id))
+
+
+def _form_to_settings(form: Any, current: dict[str, Any]) -> dict[str, Any]:
+    """The settings form (one row per rule) -> a `[checks]` table; bad numbers raise ValueError naming the field."""
+    raw = dict(current)
+    rules: dict[str, Any] = dict(raw.get("rules") or {})
+    disabled: list[str] = []
+    for name in CHECK_NAMES:
+        ov = dict(rules.get(name) or {})
+        for fld, conv in (("threshold", float), ("window", int), ("min_records", int)):
+            v = str(form.get(f"{fld}__{name}", "")).strip()
+            if v == "":
+                continue
+            try:
+                value = conv(v.rstrip("%")) / (100 if fld == "threshold" and v.endswith("%") else 1)
+            except ValueError:
+                raise ValueError(f"{name} {fld}: {v!r} is not a number") from None
+            if value != getattr(DEFAULT_RULES[name], fld):
+                ov[fld] = value
+            else:
+                ov.pop(fld, None)
+        for fld in ("enabled", "auto_pause"):
+            on = form.get(f"{fld}__{name}") is not None
+            if on != getattr(DEFAULT_RULES[name], fld):
+                ov[fld] = on
+            else:
+                ov.pop(fld, None)
+        if form.get(f"computed__{name}") is None:
+            disabled.append(name)
+        if ov:
+            rules[name] = ov
+        else:
+            rules.pop(name, None)
+    raw["rules"] = rules
+    raw["disabled"] = disabled
+    canary = dict(raw.get("canary") or {})
+    every = str(form.get("canary_every_n", "")).strip()
+    if every:
+        try:
+            canary["every_n"] = int(every)
+        except ValueError:
+            raise ValueError(f"canary every_n: {every!r} is not a whole number") from None
+    raw["canary"] = canary
+    webhook = dict(raw.get("webhook") or {})
+    url = str(form.get("webhook_url", "")).strip()
+    if url:
+        webhook["url"] = url
+    else:
+        webhook.pop("url", None)
+    raw["webhook"] = webhook
+    return raw
+
+
+@router.post("/runs/{run_id}/checks/settings", include_in_schema=False)
+async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
+    form = await request.form()
+    run = _run(conn, run_id)
+    conn.rollback()
+    try:
+        raw = _form_to_settings(form, _config(run).get("checks") or {})
+        save_settings(engine, run_id, raw, actor="ui")
+    except (ValueError, ChecksConfigError) as exc:
+        ctx = checks_context(conn, run_id)
+        ctx.update(history=list_alarms(conn, run_id, limit=100), saved=False, form_error=str(exc))
+        return render(request, "checks_settings.html", ctx, status_code=400)
+    return RedirectResponse(f"/runs/{run_id}/checks?saved=1", status_code=303)
+
+
+def start_recompute(engine: Engine, run_id: int) -> bool:
+    """Start a recompute in a background thread; False when one is already running for this run."""
+    with _recompute_lock:
+        if run_id in _recomputing:
+            return False
+        _recomputing.add(run_id)
+
+    def work() -> None:
+        try:
+            _last_recompute[run_id] = recompute(engine, run_id)
+        except Exception as exc:  # reported on the page, never lost in a thread
+            log.exception("recompute of run %d failed", run_id)
+            _last_recompute[run_id] = {"error": f"{exc.__class__.__name__}: {exc}"}
+        finally:
+            with _recompute_lock:
+                _recomputing.discard(run_id)
+
+    threading.Thread(target=work, name=f"synthwatch-recompute-{run_id}", daemon=True).start()
+    return True
+
+
+@router.post("/runs/{run_id}/checks/recompute", include_in_schema=False)
+def recompute_form(run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
+    _run(conn, run_id)
+    start_recompute(engine, run_id)
+    return RedirectResponse(f"/runs/{run_id}/checks", status_code=303)
+
+
+# ------------------------------------------------------------------------------------ JSON API
+
+
+def _jsonable_rule(rule: Any) -> dict[str, Any]:
+    return {k: getattr(rule, k) for k in rule.__slots__}
+
+
+@router.get("/api/runs/{run_id}/alarms", tags=["alarms"])
+def api_alarms(run_id: int, conn: ReadConn) -> dict[str, Any]:
+    """Every alarm of the run (newest first) and the ones the banner shows (active, not acknowledged)."""
+    ctx = banner_context(conn, run_id)
+    return {"run_id": run_id, "banner": ctx["alarms"], "alarms": list_alarms(conn, run_id)}
+
+
+@router.post("/api/runs/{run_id}/alarms/{alarm_id}/ack", tags=["alarms"])
+def api_ack(run_id: int, alarm_id: int, engine: WriteEngine) -> dict[str, Any]:
+    try:
+        return acknowledge(engine, run_id, alarm_id, actor="api")
+    except AlarmNotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+@router.get("/api/runs/{run_id}/checks", tags=["alarms"])
+def api_checks(run_id: int, conn: ReadConn) -> dict[str, Any]:
+    """Per-check rates (whole run and rolling window), the effective rules and the check settings."""
+    ctx = checks_context(conn, run_id)
+    return {
+        "run_id": run_id,
+        "checks": ctx["checks"],
+        "rules": {r.name: _jsonable_rule(r) for r in ctx["rules"]},
+        "settings": ctx["settings"].model_dump(mode="json"),
+        "settings_error": ctx["settings_error"],
+        "recomputing": ctx["recomputing"],
+        "last_recompute": ctx["last_recompute"],
+        "descriptions": CHECK_INFO,
+    }
+
+
+@router.post("/api/runs/{run_id}/checks/settings", tags=["alarms"])
+async def api_settings(request: Request, run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
+    """Replace the run's `[checks]` table (JSON object, same keys as the config file)."""
+    _run(conn, run_id)
+    conn.rollback()
+    try:
+        raw = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        return JSONResponse({"detail": f"body is not valid JSON: {exc}"}, status_code=400)
+    if not isinstance(raw, dict):
+        return JSONResponse({"detail": "body must be a JSON object (the [checks] table)"}, status_code=400)
+    try:
+        settings = save_settings(engine, run_id, raw, actor="api")
+    except ChecksConfigError as exc:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+    return JSONResponse({"run_id": run_id, "settings": settings.model_dump(mode="json")})
+
+
+@router.post("/api/runs/{run_id}/checks/recompute", tags=["alarms"], status_code=202)
+def api_recompute(run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
+    """Re-run every check on the run's records with its current settings (background; poll /checks)."""
+    _run(conn, run_id)
+    started = start_recompute(engine, run_id)
+    return JSONResponse({"run_id": run_id, "started": started,
+                         "detail": "recompute started" if started else "a recompute is already running"},
+                        status_code=202)

@@ -170,13 +170,18 @@ def default_name(config: Any) -> str:
 
 def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int, bool]:
     """Create the run and load its prompts, or find it to resume. Returns (run_id, resumed)."""
+    from sqlalchemy import text
+
     from ..datasets import DatasetError, DatasetSpec, load_dataset
     from ..store import create_run, find_run_id, insert_prompts, write_begin
 
     with engine.connect() as conn:
         existing = find_run_id(conn, config.name)
+        kind = conn.execute(text("SELECT kind FROM run WHERE id = :r"), {"r": existing}).scalar()
         conn.rollback()
     if existing is not None:
+        if kind != "generate":
+            raise CliError(f"run {config.name!r} is a {kind} run (synthwatch {kind}); choose another --name")
         return existing, True
     d = config.dataset
     spec = DatasetSpec(
@@ -184,6 +189,12 @@ def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int
         conversations_field=d.conversations_field, prompt_field=d.prompt_field, id_field=d.id_field,
         system_prompt=d.system_prompt, shuffle=d.shuffle, seed=d.seed, limit=d.limit, on_bad_line=d.on_bad_line,
     )
+    from ..checks import ChecksConfigError, parse_settings, with_canaries
+
+    try:
+        check_settings = parse_settings(config.checks)
+    except ChecksConfigError as exc:
+        raise CliError(str(exc)) from None
     try:
         loaded = load_dataset(spec)
     except DatasetError as exc:
@@ -195,10 +206,8 @@ def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int
             print(f"    {bad}", file=out)
     with engine.connect() as conn, write_begin(conn):
         run_id = create_run(conn, config.name, config)
-        insert_prompts(conn, run_id, loaded.prompts, seed=d.seed)
+        insert_prompts(conn, run_id, with_canaries(loaded.prompts, check_settings), seed=d.seed)
         if loaded.bad_lines:
-            from sqlalchemy import text
-
             conn.execute(
                 text("INSERT INTO ingest_error (run_id, path, line, reason, t) VALUES (:r, :p, :l, :reason, :t)"),
                 [{"r": run_id, "p": b.file, "l": b.line, "reason": b.reason, "t": time.time()}
@@ -298,8 +307,14 @@ def handle(a: argparse.Namespace) -> int:
     print(f"{verb} run {config.name!r} (id {run_id}) in {safe_url(str(engine.url))}", file=out)
     print(f"dashboard: {dashboard_hint(a.db)}  then open http://127.0.0.1:8000/runs/{run_id}", file=out)
     progress = Progress(config.name, json_lines=a.log_json, quiet=a.quiet)
+    from ..checks import ChecksConfigError, writer_hooks
+
     try:
-        worker = RunWorker(engine, run_id, config, join=bool(a.join), hooks=[], on_tick=progress.tick)
+        hooks = writer_hooks(engine, run_id, config)
+    except ChecksConfigError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        worker = RunWorker(engine, run_id, config, join=bool(a.join), hooks=hooks, on_tick=progress.tick)
     except MissingApiKey as exc:
         raise CliError(str(exc)) from None
 

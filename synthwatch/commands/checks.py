@@ -1,0 +1,101 @@
+"""`synthwatch checks`: show a run's check rates and alarms; change its check settings; recompute."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..cli import CliError
+from ._common import add_db_arg
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "checks",
+        help="data-quality checks of a run: rates, alarms, settings, recompute",
+        description="Without options: print the run's check rates and active alarms. --config replaces the "
+        "run's [checks] settings (TOML file with a [checks] table, same keys as docs/checks.md); --recompute "
+        "re-runs every check on every stored record with the current settings.",
+    )
+    add_db_arg(p)
+    p.add_argument("run", help="run name or id")
+    p.add_argument("--config", help="TOML file whose [checks] table becomes the run's check settings")
+    p.add_argument("--recompute", action="store_true", help="re-check every stored record and rebuild rates/alarms")
+    p.add_argument("--ack", type=int, metavar="ALARM_ID", help="acknowledge an alarm (hides it from the banner)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=handle)
+
+
+def handle(a: argparse.Namespace) -> int:
+    from ..alarms import AlarmNotFound, acknowledge, banner_alarms
+    from ..checks import ChecksConfigError, check_rates, recompute, save_settings
+    from ..config import ConfigError, load_toml
+    from ..db import DatabaseError, open_engine
+    from ..store import NotFound, run_row
+
+    try:
+        engine = open_engine(a.db)
+    except DatabaseError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        with engine.connect() as conn:
+            run = run_row(conn, a.run)
+    except NotFound as exc:
+        raise CliError(str(exc)) from None
+    run_id = int(run["id"])
+    out = sys.stdout
+    if a.config:
+        try:
+            data = load_toml(a.config)
+        except ConfigError as exc:
+            raise CliError(str(exc)) from None
+        unknown = sorted(set(data) - {"checks"})
+        if "checks" not in data:
+            raise CliError(f"{a.config}: no [checks] table")
+        if unknown:
+            raise CliError(f"{a.config}: only a [checks] table is read here; unexpected keys: {', '.join(unknown)}")
+        try:
+            save_settings(engine, run_id, data["checks"], actor="cli")
+        except ChecksConfigError as exc:
+            raise CliError(f"{a.config}: {exc}") from None
+        print(f"check settings of run {run['name']!r} replaced from {a.config}", file=sys.stderr)
+    if a.ack is not None:
+        try:
+            acknowledge(engine, run_id, a.ack, actor="cli")
+        except AlarmNotFound as exc:
+            raise CliError(str(exc)) from None
+    summary: dict[str, Any] | None = None
+    if a.recompute:
+        try:
+            summary = recompute(engine, run_id)
+        except ChecksConfigError as exc:
+            raise CliError(str(exc)) from None
+        print(f"recomputed {summary['records']} records in {summary['seconds']} s", file=sys.stderr)
+    with engine.connect() as conn:
+        rates = check_rates(conn, run_id)
+        alarms = banner_alarms(conn, run_id)
+    if a.json:
+        json.dump({"run_id": run_id, "checks": rates, "alarms": alarms, "recompute": summary}, out, indent=1)
+        out.write("\n")
+        return 0
+    print(f"{'check':<26} {'last window':>18} {'whole run':>20}  example", file=out)
+    for r in rates:
+        if not r["n_total"]:
+            continue
+        win = f"{r['win_fail']}/{r['win_total']} ({r['win_rate']:.1%})" if r["win_total"] else "-"
+        whole = f"{r['n_fail']}/{r['n_total']} ({r['rate']:.1%})"
+        ex = f"#{r['example_record_id']}" if r["n_fail"] and r["example_record_id"] else ""
+        print(f"{r['check_name']:<26} {win:>18} {whole:>20}  {ex}", file=out)
+    if alarms:
+        print(f"\n{len(alarms)} active alarm(s):", file=out)
+        for al in alarms:
+            print(f"  [{al['severity']}] #{al['id']} {al['title']} ({al['count']} records)"
+                  f"{' - run auto-paused' if al['auto_paused'] else ''}", file=out)
+            print(f"      {al['message']}", file=out)
+            if al["fix"]:
+                print(f"      fix: {al['fix']}", file=out)
+    else:
+        print("\nno active alarms", file=out)
+    return 0

