@@ -1,0 +1,131 @@
+"""Cross-site requests, token auth, loopback binding, headers: against a real server."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+
+from conftest import popen_cli, run_cli
+from synthwatch.app.main import create_app
+from synthwatch.settings import Settings
+
+UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+def _walk(routes: list, prefix: str = "") -> list[tuple[str, str]]:  # type: ignore[type-arg]
+    out = []
+    for r in routes:
+        if isinstance(r, APIRoute):
+            for m in sorted(r.methods & UNSAFE):
+                out.append((m, prefix + re.sub(r"\{[^}]+\}", "1", r.path)))
+        elif hasattr(r, "original_router"):  # FastAPI keeps included routers as lazy wrappers
+            ctx = getattr(r, "include_context", None)
+            out += _walk(r.original_router.routes, prefix + (getattr(ctx, "prefix", "") or ""))
+    return out
+
+
+def _unsafe_routes(db: str) -> list[tuple[str, str]]:
+    return _walk(create_app(db, Settings(db=db)).routes)
+
+
+def test_every_state_changing_endpoint_refuses_cross_site_requests(live_app, db_path) -> None:  # type: ignore[no-untyped-def]
+    srv = live_app()
+    routes = _unsafe_routes(str(db_path))
+    assert len(routes) >= 5, routes  # controls, flags, exports, start run ...
+    hostile = [
+        {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"},
+        {"Origin": "http://evil.example"},  # older browsers: no Sec-Fetch-Site
+        {"Sec-Fetch-Site": "same-site"},
+        {"Origin": "null"},
+    ]
+    for method, path in routes:
+        for headers in hostile:
+            r = httpx.request(method, srv.url + path, headers=headers, data={"value": "1"}, timeout=10)
+            assert r.status_code == 403, (method, path, headers, r.status_code, r.text[:200])
+            assert "cross-site request refused" in r.text
+
+
+def test_same_origin_control_is_accepted(live_app, engine) -> None:  # type: ignore[no-untyped-def]
+    from synthwatch import store
+    from synthwatch.config import RunConfig
+
+    cfg = RunConfig.model_validate({"dataset": {"path": "x.jsonl"}, "endpoints": [{"base_url": "http://127.0.0.1:9/v1"}],
+                                    "model": "m"})
+    with engine.connect() as conn, store.write_begin(conn):
+        rid = store.create_run(conn, "sec", cfg)
+    srv = live_app()
+    r = httpx.post(f"{srv.url}/api/runs/{rid}/control", json={"action": "pause"},
+                   headers={"Origin": srv.url, "Sec-Fetch-Site": "same-origin"}, timeout=10)
+    assert r.status_code == 200, r.text
+    with engine.connect() as conn:
+        assert store.run_row(conn, rid)["desired"] == "pause"
+
+
+def test_security_headers_and_foreign_host_refused(live_app) -> None:  # type: ignore[no-untyped-def]
+    srv = live_app()
+    r = httpx.get(srv.url + "/runs", timeout=10)
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    assert r.headers["x-content-type-options"] == "nosniff"
+    # DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends Host: evil.example
+    r = httpx.get(srv.url + "/runs", headers={"Host": "evil.example:8000"}, timeout=10)
+    assert r.status_code == 421
+
+
+def test_token_required_on_every_page_and_api_call(live_app) -> None:  # type: ignore[no-untyped-def]
+    srv = live_app(auth_token="s3cret-token")
+    assert httpx.get(srv.url + "/api/runs", timeout=10).status_code == 401
+    assert httpx.get(srv.url + "/runs", timeout=10, follow_redirects=False).status_code == 303
+    assert httpx.get(srv.url + "/api/runs", headers={"Authorization": "Bearer wrong"}, timeout=10).status_code == 401
+    assert httpx.get(srv.url + "/api/runs", headers={"Authorization": "Bearer s3cret-token"}, timeout=10).status_code == 200
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        r = c.post("/login", data={"token": "s3cret-token"}, headers={"Origin": srv.url})
+        assert r.status_code == 303 and "synthwatch_token" in r.headers["set-cookie"]
+        assert "httponly" in r.headers["set-cookie"].lower()
+        assert c.get("/runs").status_code == 200
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_refuses_non_loopback_without_token(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    proc = run_cli("serve", "--db", str(tmp_path / "x.db"), "--host", "0.0.0.0", "--port", str(_free_port()),
+                   timeout=30)
+    assert proc.returncode == 2
+    assert "--auth-token" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("extra", [["--insecure"], ["--auth-token", "tok"]])
+def test_serve_off_loopback_with_token_or_insecure(tmp_path, extra) -> None:  # type: ignore[no-untyped-def]
+    port = _free_port()
+    proc = popen_cli("serve", "--db", str(tmp_path / "x.db"), "--host", "0.0.0.0", "--port", str(port), *extra)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/api/runs", timeout=2,
+                              headers={"Authorization": "Bearer tok"})
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[1]
+                time.sleep(0.2)
+        assert r.status_code == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    if extra == ["--insecure"]:
+        assert "WARNING" in err and "no authentication" in err
+
+
+def test_serve_binds_loopback_by_default(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from synthwatch.settings import Settings as S
+
+    assert S().host == "127.0.0.1"
