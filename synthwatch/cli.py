@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except CliError as exc:
-        print(f"synthwatch {args.command}: error: {exc}", file=sys.stderr)
+        print(f"synthwatch {args.command}: error: {exc}", file=sys.stderr)  # noqa: T201  (the CLI speaks)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -8,7 +8,7 @@ text produced by orjson so the worker's hot path never builds ORM objects.
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, Text, UniqueConstraint
+from sqlalchemy import Column, Index, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 RUN_STATUSES = ("created", "running", "paused", "stopping", "stopped", "completed", "failed")
@@ -54,6 +54,13 @@ class Record(SQLModel, table=True):
         Index("ix_record_sample", "run_id", "status", "rnd"),
         Index("ix_record_finished", "run_id", "finished_at"),
         Index("ix_record_worker", "worker_id", "status"),
+        # review (migration 0002_review): sampling modes and the records table are answered from indexes
+        Index("ix_record_review", "run_id", "status", "review", "rnd"),
+        Index("ix_record_failing", "run_id", "status", "rnd", "check_flags",
+              sqlite_where=text("check_flags != 0"), postgresql_where=text("check_flags != 0")),
+        Index("ix_record_filter", "run_id", "id", "status", "finish_reason", "review", "review_reason",
+              "reasoning_source", "endpoint", "check_flags", "reasoning_len", "content_len", "completion_tokens",
+              "latency_s"),
     )
 
     id: int | None = Field(default=None, primary_key=True)

@@ -230,8 +230,8 @@ def release_dead_claims(conn: Connection, run_id: int, stale_after_s: float) -> 
     t = now()
     host = socket.gethostname()
     dead: list[int] = []
-    for wid, whost, pid, hb, status in conn.execute(
-        text("SELECT id, host, pid, heartbeat_at, status FROM worker WHERE run_id = :r AND status = 'running'"),
+    for wid, whost, pid, hb in conn.execute(
+        text("SELECT id, host, pid, heartbeat_at FROM worker WHERE run_id = :r AND status = 'running'"),
         {"r": run_id},
     ):
         if (whost == host and pid != os.getpid() and not _pid_alive(pid)) or hb < t - stale_after_s:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
 import orjson
 import pytest
 from sqlalchemy import text
+from workerkit import Background, answer_ok, counts, make_config, records, run_row, run_to_end, wait_for
 
 from synthwatch import store
-from synthwatch.workers.engine import RunWorker
-from workerkit import Background, answer_ok, counts, make_config, records, run_row, run_to_end, wait_for
 
 MODES = [
     # (simulator reasoning_field, expected source)
@@ -236,7 +234,7 @@ def test_resume_does_not_redo_ok_records(any_engine, sim, prompts) -> None:  # t
     assert final == "completed" and counts(any_engine, run_id) == {"ok": 10, "pending": 20}
     first = {r["id"]: r["response_id"] for r in records(any_engine, run_id, "status = 'ok'")}
     config2 = make_config(url, prompts(30, "other.jsonl"), cap=25)
-    assert asyncio.run(RunWorker(any_engine, run_id, config2).main()) == "completed"
+    assert run_to_end(any_engine, config2, run_id=run_id)[1] == "completed"
     after = {r["id"]: r["response_id"] for r in records(any_engine, run_id, "status = 'ok'")}
     assert len(after) == 25
     assert all(after[i] == rid for i, rid in first.items())

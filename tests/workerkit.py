@@ -39,11 +39,10 @@ def create(engine: Any, config: RunConfig) -> int:
     return run_id
 
 
-def run_to_end(engine: Any, config: RunConfig, timeout_s: float = 60) -> tuple[int, str]:
-    run_id = create(engine, config)
-    worker = RunWorker(engine, run_id, config)
-    final = asyncio.run(asyncio.wait_for(worker.main(), timeout_s))
-    return run_id, final
+def run_to_end(engine: Any, config: RunConfig, timeout_s: float = 60, run_id: int | None = None) -> tuple[int, str]:
+    # in its own thread and loop: Playwright's sync API leaves a loop running in the main thread
+    bg = Background(engine, config, run_id).start()
+    return bg.run_id, bg.join(timeout_s)
 
 
 class Background:

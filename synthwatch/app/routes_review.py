@@ -1,7 +1,527 @@
-"""Routes: review."""
+"""Routes: review samples (random viewer), the token view, flags, the records table, and their JSON API.
+
+Pages and their htmx fragments share one data function each (``_viewer_context``, ``_records_context``,
+``_tokens_context``, ``_flag_context``); fragments are the ``_``-prefixed templates. Model text reaches the
+templates only as escaped segments (review.segments), never marked safe.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import weakref
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+import orjson
+from fastapi import APIRouter, Body, Form, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+
+from .. import review, store
+from ..review import Filters, ReviewError
+from .deps import HX, ReadConn, ReadEngine, WriteEngine, render
 
 router = APIRouter()
+
+MAX_CHIPS = 20_000
+
+
+def _run_or_404(conn: Any, run_id: int) -> dict[str, Any]:
+    try:
+        run = store.run_row(conn, run_id)
+    except store.NotFound:
+        raise HTTPException(404, f"no run with id {run_id} in this database") from None
+    try:
+        run["config"] = orjson.loads(run.get("config_json") or "{}")
+    except orjson.JSONDecodeError:
+        run["config"] = {}
+    return run
+
+
+def _record_or_404(conn: Any, run_id: int, record_id: int) -> dict[str, Any]:
+    try:
+        return review.get_record(conn, run_id, record_id)
+    except review.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+def _filters(params: Any) -> Filters:
+    try:
+        return Filters.from_params(params)
+    except ReviewError as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+def _bad(exc: Exception) -> HTTPException:
+    return HTTPException(400, str(exc))
+
+
+def _qs(params: dict[str, Any]) -> str:
+    clean = {k: v for k, v in params.items() if v not in (None, "")}
+    return ("?" + urlencode(clean)) if clean else ""
+
+
+def _sample_params(request: Request) -> dict[str, str]:
+    q = request.query_params
+    return {k: q[k] for k in ("mode", "minutes", "check") if q.get(k)}
+
+
+def _float_param(request: Request, name: str, default: float) -> float:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise HTTPException(400, f"{name}: not a number: {raw[:40]!r}") from None
+
+
+def _int_param(request: Request, name: str) -> int | None:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise HTTPException(400, f"{name}: not a whole number: {raw[:40]!r}") from None
+
+
+# ------------------------------------------------------------------------------------------- samples
+
+
+def _pick(request: Request, conn: Any, run_id: int) -> int | None:
+    q = request.query_params
+    try:
+        return review.sample(conn, run_id, q.get("mode") or "all", minutes=_float_param(request, "minutes", 10.0),
+                             check=q.get("check") or None, exclude=_int_param(request, "exclude"))
+    except ReviewError as exc:
+        raise _bad(exc) from None
+
+
+@router.get("/runs/{run_id}/sample", include_in_schema=False)
+def sample_page(request: Request, run_id: int, conn: ReadConn) -> Response:
+    run = _run_or_404(conn, run_id)
+    rid = _pick(request, conn, run_id)
+    params = _sample_params(request)
+    if rid is None:
+        return render(request, "viewer.html", {
+            "run": run, "rec": None, "mode": params.get("mode", "all"), "sample_params": params,
+            "modes": review.SAMPLE_MODES, "check_names": list(review.check_bits()),
+        })
+    return RedirectResponse(f"/runs/{run_id}/records/{rid}{_qs(params)}", status_code=303)
+
+
+@router.get("/api/runs/{run_id}/sample", tags=["review"])
+def sample_api(request: Request, run_id: int, conn: ReadConn) -> Any:
+    """A random record of the run: mode=all|recent|failing|unreviewed|flagged (minutes=, check=, exclude=)."""
+    _run_or_404(conn, run_id)
+    rid = _pick(request, conn, run_id)
+    if rid is None:
+        return {"record": None}
+    return {"record": review.record_json(_record_or_404(conn, run_id, rid))}
+
+
+# -------------------------------------------------------------------------------------------- viewer
+
+
+def _text_block(value: str | None, ws: bool) -> dict[str, Any]:
+    return {
+        "empty": review.emptiness(value),
+        "segments": review.segments(value or "", whitespace=ws),
+        "chars": len(value or ""),
+        "invisible": review.count_invisible(value),
+    }
+
+
+def _prompt_blocks(prompt_json: str, ws: bool) -> list[dict[str, Any]]:
+    try:
+        messages = orjson.loads(prompt_json)
+    except orjson.JSONDecodeError:
+        return [{"role": "raw", **_text_block(prompt_json, ws)}]
+    if not isinstance(messages, list):
+        messages = [messages]
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            out.append({"role": "?", **_text_block(str(m), ws)})
+            continue
+        content = m.get("content", m.get("value"))
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        elif content is not None and not isinstance(content, str):
+            content = orjson.dumps(content).decode()
+        out.append({"role": str(m.get("role", m.get("from", "?"))), **_text_block(content, ws)})
+    return out
+
+
+def _flag_context(conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
+    return {"run": run, "rec": rec, "flags": review.flag_history(conn, rec["id"]), "reasons": review.REASONS,
+            "reason_labels": review.REASON_LABELS}
+
+
+def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
+    ws = False  # whitespace is made visible in the browser (review.js), without a reload
+    params = _sample_params(request)
+    f = _filters(request.query_params)
+    in_set = f.active or "sort" in request.query_params or request.query_params.get("from") == "records"
+    prev_id = next_id = None
+    if in_set:
+        try:
+            prev_id, next_id = review.neighbours(conn, run["id"], f, rec)
+        except ReviewError as exc:
+            raise _bad(exc) from None
+    filter_qs = _qs({**f.params(), "from": "records"})
+    sample_qs = _qs({**params, "exclude": rec["id"]})
+    attempts: list[Any] = []
+    if rec.get("attempts_json"):
+        try:
+            attempts = orjson.loads(rec["attempts_json"])
+        except orjson.JSONDecodeError:
+            attempts = []
+    return {
+        **_flag_context(conn, run, rec),
+        "ws": ws,
+        "mode": params.get("mode", "all"),
+        "sample_params": params,
+        "modes": review.SAMPLE_MODES,
+        "check_names": list(review.check_bits()),
+        "prompt": _prompt_blocks(rec["prompt_json"], ws),
+        "reasoning": _text_block(rec["reasoning"], ws),
+        "content": _text_block(rec["content"], ws),
+        "failed": review.failed_checks(rec["check_flags"]),
+        "attempt_list": attempts if isinstance(attempts, list) else [],
+        "raw": review.raw_fields(rec),
+        "in_set": in_set,
+        "prev_url": f"/runs/{run['id']}/records/{prev_id}{filter_qs}" if prev_id else None,
+        "next_url": f"/runs/{run['id']}/records/{next_id}{filter_qs}" if next_id else None,
+        "records_url": f"/runs/{run['id']}/records{_qs(f.params())}",
+        "sample_url": f"/runs/{run['id']}/sample{sample_qs}",
+        "tokens_url": f"/runs/{run['id']}/records/{rec['id']}/tokens",
+    }
+
+
+@router.get("/runs/{run_id}/records/{record_id:int}", include_in_schema=False)
+def viewer_page(request: Request, run_id: int, record_id: int, conn: ReadConn) -> Response:
+    run = _run_or_404(conn, run_id)
+    rec = _record_or_404(conn, run_id, record_id)
+    return render(request, "viewer.html", _viewer_context(request, conn, run, rec))
+
+
+@router.get("/api/runs/{run_id}/records/{record_id:int}", tags=["review"])
+def record_api(run_id: int, record_id: int, conn: ReadConn) -> Any:
+    """One record with its JSON columns decoded and its flag history."""
+    _run_or_404(conn, run_id)
+    rec = _record_or_404(conn, run_id, record_id)
+    return {"record": review.record_json(rec), "flags": review.flag_history(conn, record_id)}
+
+
+# --------------------------------------------------------------------------------------------- flags
+
+
+def _form_or_json(data: dict[str, Any], name: str) -> str | None:
+    value = data.get(name)
+    return None if value in (None, "") else str(value)
+
+
+@router.post("/runs/{run_id}/records/{record_id:int}/flag", include_in_schema=False)
+def flag_form(request: Request, run_id: int, record_id: int, conn: ReadConn, write: WriteEngine, hx: HX,
+              verdict: Annotated[str, Form()] = "", reason: Annotated[str, Form()] = "",
+              note: Annotated[str, Form()] = "") -> Response:
+    run = _run_or_404(conn, run_id)
+    try:
+        review.flag(write, run_id, record_id, verdict, reason or None, note or None)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    except review.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    return _after_flag(request, conn, run, record_id, hx)
+
+
+@router.post("/runs/{run_id}/records/{record_id:int}/undo", include_in_schema=False)
+def undo_form(request: Request, run_id: int, record_id: int, conn: ReadConn, write: WriteEngine,
+              hx: HX) -> Response:
+    run = _run_or_404(conn, run_id)
+    _record_or_404(conn, run_id, record_id)
+    try:
+        review.undo(write, run_id, record_id)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    return _after_flag(request, conn, run, record_id, hx)
+
+
+def _after_flag(request: Request, conn: Any, run: dict[str, Any], record_id: int, hx: bool) -> Response:
+    conn.rollback()  # a fresh read snapshot that sees the write
+    rec = _record_or_404(conn, run["id"], record_id)
+    if hx:
+        return render(request, "_viewer_flag.html", _flag_context(conn, run, rec))
+    return RedirectResponse(f"/runs/{run['id']}/records/{record_id}", status_code=303)
+
+
+@router.post("/api/runs/{run_id}/records/{record_id:int}/flag", tags=["review"])
+def flag_api(run_id: int, record_id: int, conn: ReadConn, write: WriteEngine,
+             body: dict[str, Any] = Body(..., examples=[{"verdict": "bad", "reason": "truncated", "note": ""}])
+             ) -> Any:
+    """Flag a record good or bad (reason: empty_reasoning, truncated, wrong_format, wrong_answer,
+    wrong_language, repetition, other; optional note)."""
+    _run_or_404(conn, run_id)
+    try:
+        return review.flag(write, run_id, record_id, str(body.get("verdict", "")), _form_or_json(body, "reason"),
+                           _form_or_json(body, "note"))
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    except review.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+@router.post("/api/runs/{run_id}/records/{record_id:int}/undo", tags=["review"])
+def undo_api(run_id: int, record_id: int, conn: ReadConn, write: WriteEngine) -> Any:
+    """Undo the latest flag on a record; it gets its previous verdict back."""
+    _run_or_404(conn, run_id)
+    _record_or_404(conn, run_id, record_id)
+    try:
+        return review.undo(write, run_id, record_id)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+
+
+@router.post("/api/runs/{run_id}/flags/undo", tags=["review"])
+def undo_last_api(run_id: int, conn: ReadConn, write: WriteEngine) -> Any:
+    """Undo the run's latest flag action (a bulk flag is one action)."""
+    _run_or_404(conn, run_id)
+    try:
+        return review.undo(write, run_id, None)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+
+
+def _bulk_args(data: dict[str, Any]) -> tuple[str, str | None, str | None]:
+    verdict = str(data.get("verdict") or "")
+    reason, note = _form_or_json(data, "reason"), _form_or_json(data, "note")
+    try:
+        review._validate_flag(verdict, reason, note)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    return verdict, reason, note
+
+
+@router.post("/runs/{run_id}/flags/bulk", include_in_schema=False)
+async def bulk_form(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine) -> Response:
+    """Preview (no max_id) or apply (max_id from the preview) a bulk flag; the filter comes as form fields."""
+    form = {k: str(v) for k, v in (await request.form()).items()}
+    run = _run_or_404(conn, run_id)
+    f = _filters(form)  # the filter's own fields; the verdict comes as flag_* (a filter has a reason field too)
+    verdict, reason, note = _bulk_args({k.removeprefix("flag_"): v for k, v in form.items() if k.startswith("flag_")})
+    ctx: dict[str, Any] = {"run": run, "f": f, "verdict": verdict, "reason": reason, "note": note,
+                           "reason_labels": review.REASON_LABELS}
+    try:  # database work off the event loop
+        if form.get("undo_bulk"):
+            ctx["undone"] = await run_in_threadpool(review.undo_bulk, write, run_id, form["undo_bulk"])
+        elif not form.get("max_id"):
+            ctx["preview"] = await run_in_threadpool(review.bulk_preview, conn, run_id, f)
+        else:
+            ctx["result"] = await run_in_threadpool(review.bulk_flag, read, write, run_id, f, verdict, reason, note,
+                                                    _to_int(form["max_id"], "max_id"))
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    return render(request, "_records_bulk.html", ctx)
+
+
+def _to_int(raw: Any, name: str) -> int:
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        raise HTTPException(400, f"{name}: not a whole number: {str(raw)[:40]!r}") from None
+
+
+@router.post("/api/runs/{run_id}/flags/bulk", tags=["review"])
+def bulk_api(run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine,
+             body: dict[str, Any] = Body(..., examples=[{"filters": {"finish_reason": "length"}, "verdict": "bad",
+                                                         "reason": "truncated"}])) -> Any:
+    """Flag every record matching `filters` (the records-table query parameters). Without `max_id` it only
+    previews: {count, max_id}; send the same request with that max_id to apply it."""
+    _run_or_404(conn, run_id)
+    filters = body.get("filters") or {}
+    if not isinstance(filters, dict):
+        raise HTTPException(400, "filters: must be an object of records-table query parameters")
+    f = _filters(filters)
+    verdict, reason, note = _bulk_args(body)
+    try:
+        if body.get("max_id") is None:
+            return {"preview": review.bulk_preview(conn, run_id, f)}
+        return review.bulk_flag(read, write, run_id, f, verdict, reason, note, _to_int(body["max_id"], "max_id"))
+    except ReviewError as exc:
+        raise _bad(exc) from None
+
+
+# ------------------------------------------------------------------------------------------- records
+
+
+def _records_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
+    q = request.query_params
+    f = _filters(q)
+    try:
+        pg = review.page(conn, run["id"], f, after=q.get("after") or None, before=q.get("before") or None)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    base = f.params()
+    return {
+        "run": run, "f": f, "page": pg, "fq": _qs({**base, "from": "records"}),
+        "next_url": f"/runs/{run['id']}/records{_qs({**base, 'after': pg.next_cursor})}" if pg.next_cursor else None,
+        "prev_url": f"/runs/{run['id']}/records{_qs({**base, 'before': pg.prev_cursor})}" if pg.prev_cursor else None,
+        "count_url": f"/runs/{run['id']}/records/count{_qs(base)}",
+        "statuses": review.STATUSES, "flags": review.FLAG_FILTERS, "reasons": review.REASONS,
+        "sorts": review.SORTS, "fields": review.SEARCH_FIELDS, "check_names": list(review.check_bits()),
+        "finish_reasons": review.distinct_values(conn, run["id"], "finish_reason"),
+        "endpoints": review.distinct_values(conn, run["id"], "endpoint"),
+        "sources": review.distinct_values(conn, run["id"], "reasoning_source"),
+        "search_ok": conn.dialect.name == "sqlite",
+    }
+
+
+@router.get("/runs/{run_id}/records", include_in_schema=False)
+def records_page(request: Request, run_id: int, conn: ReadConn, hx: HX) -> Response:
+    run = _run_or_404(conn, run_id)
+    ctx = _records_context(request, conn, run)
+    if hx and request.headers.get("HX-Target") == "records-table":
+        return render(request, "_records_table.html", ctx)
+    return render(request, "records.html", ctx)
+
+
+@router.get("/runs/{run_id}/records/count", include_in_schema=False)
+def records_count_fragment(request: Request, run_id: int, conn: ReadConn) -> Response:
+    run = _run_or_404(conn, run_id)
+    f = _filters(request.query_params)
+    try:
+        n, capped = review.count(conn, run_id, f)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    return render(request, "_records_count.html", {"run": run, "n": n, "capped": capped})
+
+
+@router.get("/api/runs/{run_id}/records", tags=["review"])
+def records_api(request: Request, run_id: int, conn: ReadConn) -> Any:
+    """A page of records (filters: status, check, flag, reason, finish_reason, endpoint, reasoning_source,
+    reasoning_len_min/max, content_len_min/max, completion_tokens_min/max, q (+ field), sort, order; pagination:
+    after / before cursors, limit)."""
+    _run_or_404(conn, run_id)
+    q = request.query_params
+    f = _filters(q)
+    try:
+        pg = review.page(conn, run_id, f, after=q.get("after") or None, before=q.get("before") or None,
+                         limit=_int_param(request, "limit") or review.PAGE_SIZE)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    return {"records": pg.rows, "next_cursor": pg.next_cursor, "prev_cursor": pg.prev_cursor,
+            "filters": f.params(), "elapsed_ms": round(pg.elapsed_ms, 2)}
+
+
+@router.get("/api/runs/{run_id}/records/count", tags=["review"])
+def records_count_api(request: Request, run_id: int, conn: ReadConn) -> Any:
+    """How many records match the filters (stops counting at 100,000: capped=true)."""
+    _run_or_404(conn, run_id)
+    f = _filters(request.query_params)
+    try:
+        n, capped = review.count(conn, run_id, f)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    return {"count": n, "capped": capped}
+
+
+# -------------------------------------------------------------------------------------------- tokens
+
+
+def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
+    from .. import tokens  # transformers is heavy: imported on first use
+
+    cfg = run.get("config") or {}
+    tk = cfg.get("tokenizer") or {}
+    rs = cfg.get("reasoning") or {}
+    q = request.query_params
+    tried = (q.get("tokenizer") or "").strip()
+    tried_template = (q.get("chat_template") or "").strip() or None
+    ctx: dict[str, Any] = {"run": run, "rec": rec, "configured": bool(tk.get("name_or_path")), "tried": tried,
+                           "tried_template": tried_template or "", "error": None, "r": None,
+                           "tokens_url": f"/runs/{run['id']}/records/{rec['id']}/tokens"}
+    if tried:
+        site = request.headers.get("sec-fetch-site")
+        if site not in (None, "same-origin", "none"):
+            raise HTTPException(403, "a tokenizer to try can be given from this dashboard's own pages only")
+        # Trying one never runs its code: trust_remote_code comes only from the run's own configuration.
+        spec = tokens.TokenizerSpec(tried, chat_template=tried_template,
+                                    think_open=rs.get("think_open") or "<think>",
+                                    think_close=rs.get("think_close") or "</think>")
+    elif tk.get("name_or_path"):
+        spec = tokens.TokenizerSpec(str(tk["name_or_path"]), chat_template=tk.get("chat_template") or None,
+                                    trust_remote_code=bool(tk.get("trust_remote_code")),
+                                    think_open=rs.get("think_open") or "<think>",
+                                    think_close=rs.get("think_close") or "</think>")
+    else:
+        return ctx
+    ctx["spec"] = spec
+    ids: dict[str, Any] = {}
+    if rec.get("token_ids_json"):
+        try:
+            ids = orjson.loads(rec["token_ids_json"]) or {}
+        except orjson.JSONDecodeError:
+            ids = {}
+    try:
+        messages = orjson.loads(rec["prompt_json"])
+        lt = tokens.load_tokenizer(spec)
+        r = tokens.render_record(
+            lt, messages, rec.get("reasoning") or "", rec.get("content") or "",
+            usage_completion_tokens=rec.get("completion_tokens"),
+            server_prompt_ids=ids.get("prompt"), server_completion_ids=ids.get("completion"),
+        )
+    except tokens.TokenizerError as exc:
+        ctx["error"] = str(exc)
+        return ctx
+    except orjson.JSONDecodeError as exc:
+        ctx["error"] = f"the record's prompt is not valid JSON: {exc}"
+        return ctx
+    show_all = q.get("all") == "1"
+    shown = r.chips if show_all else r.chips[:MAX_CHIPS]
+    ctx.update({
+        "r": r, "lt": lt, "chips": _chip_views(lt, shown), "hidden_chips": len(r.chips) - len(shown),
+        "server_ids": ids, "all_url": f"/runs/{run['id']}/records/{rec['id']}/tokens{_qs({**dict(q), 'all': '1'})}",
+    })
+    return ctx
+
+
+_CHIP_WS = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "␍"})
+# Per loaded tokenizer: token id -> (shown text, hover title). A token looks the same in every record.
+_CHIP_CACHE: weakref.WeakKeyDictionary[Any, dict[int, tuple[str, str]]] = weakref.WeakKeyDictionary()
+
+
+def _chip_views(lt: Any, chips: list[Any]) -> list[tuple[str, str, str]]:
+    """(shown text, css classes, hover title) per token chip; the template escapes all three."""
+    cache = _CHIP_CACHE.setdefault(lt, {})
+    out = []
+    for c in chips:
+        seen = cache.get(c.id)
+        if seen is None:
+            shown = "".join(m if k != "t" else m.translate(_CHIP_WS) for k, m in review.segments(c.text)) or "∅"
+            seen = cache[c.id] = (shown, f"id {c.id} · {c.kind} · bytes {c.raw_bytes or '–'} · piece {c.piece!r}")
+        classes = f"chip k-{c.kind}" + (" asst" if c.in_assistant else "") + (" differs" if c.differs else "")
+        out.append((seen[0], classes, seen[1]))
+    return out
+
+
+@router.get("/runs/{run_id}/records/{record_id:int}/tokens", include_in_schema=False)
+def tokens_page(request: Request, run_id: int, record_id: int, conn: ReadConn, hx: HX) -> Response:
+    run = _run_or_404(conn, run_id)
+    rec = _record_or_404(conn, run_id, record_id)
+    ctx = _tokens_context(request, conn, run, rec)
+    return render(request, "_tokens.html" if hx else "tokens.html", ctx)
+
+
+@router.get("/api/runs/{run_id}/records/{record_id:int}/tokens", tags=["review"])
+def tokens_api(request: Request, run_id: int, record_id: int, conn: ReadConn) -> Any:
+    """The record as training sees it: chips (id, text, piece, raw_bytes, kind, in_assistant, differs), totals,
+    loss mask and integrity warnings; tokenizer from the run's config (or ?tokenizer=NAME_OR_PATH)."""
+    run = _run_or_404(conn, run_id)
+    rec = _record_or_404(conn, run_id, record_id)
+    ctx = _tokens_context(request, conn, run, rec)
+    if ctx["r"] is None:
+        detail = ctx["error"] or ("this run has no tokenizer configured: set [tokenizer] name_or_path in the run "
+                                  "config, or pass ?tokenizer=NAME_OR_PATH")
+        return JSONResponse({"detail": detail}, status_code=400 if ctx["error"] else 409)
+    return ctx["r"].as_dict()

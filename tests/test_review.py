@@ -1,0 +1,327 @@
+"""Review: sampling modes, filters + keyset pages, full-text search, flags/undo/bulk, the viewer's HTML."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from sqlalchemy import text
+
+from synthwatch import review, store
+from synthwatch.review import Filters, ReviewError
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def add_run(engine: Any, name: str = "review-run", config: dict[str, Any] | None = None) -> int:
+    with engine.connect() as conn, store.write_begin(conn):
+        return store.create_run(conn, name, None, snapshot=config or {})
+
+
+def add_record(engine: Any, run_id: int, idx: int, *, status: str = "ok", prompt: str | None = None,
+               reasoning: str | None = "Let me think. 2 + 2 = 4.", content: str | None = "The answer is 4.",
+               **cols: Any) -> int:
+    """A finished record written the way the worker's writer leaves it (real SQL, real triggers)."""
+    row: dict[str, Any] = {
+        "run_id": run_id, "idx": idx, "rnd": random.random(), "status": status,
+        "prompt_json": orjson.dumps([{"role": "user", "content": prompt or f"What is {idx} + 2?"}]).decode(),
+        "reasoning": reasoning, "content": content, "content_null": False, "attempts": 1,
+        "check_flags": 0, "reasoning_source": "reasoning" if reasoning else "none",
+        "reasoning_len": len(reasoning) if reasoning is not None else None,
+        "content_len": len(content) if content is not None else None,
+        "finish_reason": "stop" if status == "ok" else None, "endpoint": "127.0.0.1:1",
+        "finished_at": time.time() if status in ("ok", "error", "timeout") else None,
+        "latency_s": 0.5, "completion_tokens": 40,
+    }
+    row.update(cols)
+    names = ", ".join(row)
+    with engine.connect() as conn, store.write_begin(conn):
+        return int(conn.execute(text(f"INSERT INTO record ({names}) VALUES ({', '.join(':' + k for k in row)})"
+                                     " RETURNING id"), row).scalar_one())
+
+
+def ids_of(rows: list[dict[str, Any]]) -> list[int]:
+    return [r["id"] for r in rows]
+
+
+# ---------------------------------------------------------------------------------------- full text
+
+
+def test_fts_follows_the_worker(engine: Any, sim: Any, prompts: Any) -> None:
+    """A real worker run: finished records are searchable, pending ones are not indexed, updates re-index."""
+    from workerkit import Background, make_config
+
+    url = sim()
+    # in a thread with its own event loop: a Playwright test earlier in the session leaves a loop running here
+    worker = Background(engine, make_config(url, prompts(12), cap=8, concurrency=2)).start()
+    assert worker.join(60) in ("completed", "stopped")
+    run_id = worker.run_id
+    with engine.connect() as conn:
+        indexed = conn.execute(text("SELECT count(*) FROM record_fts_docsize")).scalar_one()
+        finished = conn.execute(text("SELECT count(*) FROM record WHERE reasoning IS NOT NULL OR content IS NOT NULL"
+                                     )).scalar_one()
+        pending = conn.execute(text("SELECT count(*) FROM record WHERE status = 'pending'")).scalar_one()
+        assert indexed == finished >= 8 and pending >= 1
+        # every simulator answer says "The answer is"
+        pg = review.page(conn, run_id, Filters(q="answer", field="content"), limit=100)
+        assert len(pg.rows) == finished
+        some = pg.rows[0]["id"]
+    with engine.connect() as conn, store.write_begin(conn):
+        conn.execute(text("UPDATE record SET content = 'zyxwvut quokka' WHERE id = :i"), {"i": some})
+    with engine.connect() as conn:
+        assert ids_of(review.page(conn, run_id, Filters(q="quokka")).rows) == [some]
+        assert some not in ids_of(review.page(conn, run_id, Filters(q="answer", field="content"), limit=100).rows)
+        # prompts are searchable too, and the field restriction holds
+        assert review.page(conn, run_id, Filters(q="What", field="prompt"), limit=100).rows
+        assert not review.page(conn, run_id, Filters(q="quokka", field="reasoning")).rows
+        assert conn.execute(text("INSERT INTO record_fts(record_fts, rank) VALUES ('integrity-check', 0)")) is not None
+
+
+def test_search_text_is_never_fts_syntax(engine: Any) -> None:
+    run_id = add_run(engine)
+    target = add_record(engine, run_id, 0, content='He said "NOT (this)" AND near: x* -y')
+    add_record(engine, run_id, 1, content="something else")
+    with engine.connect() as conn:
+        for q in ['"NOT', "(this)", "AND near:", "x*", "-y", 'said "NOT']:
+            assert target in ids_of(review.page(conn, run_id, Filters(q=q)).rows), q
+        assert ids_of(review.page(conn, run_id, Filters(q="somethi*")).rows) == [target + 1]
+    with pytest.raises(ReviewError, match="nothing to search"):
+        review.fts_query("   ")
+
+
+# ------------------------------------------------------------------------------------------ sampling
+
+
+def test_sampling_modes(engine: Any) -> None:
+    run_id = add_run(engine)
+    other = add_run(engine, "other-run")
+    add_record(engine, other, 0)
+    # sampling takes the first record at or after a random rnd: evenly spaced keys make every record likely
+    spaced = iter((k + 0.5) / 14 for k in range(14))
+    plain = [add_record(engine, run_id, i, rnd=next(spaced)) for i in range(6)]
+    failing = [add_record(engine, run_id, 10 + i, check_flags=1 << i, rnd=next(spaced)) for i in range(3)]
+    good = add_record(engine, run_id, 20, review="good", reviewed_at=1.0, rnd=next(spaced))
+    bad_err = add_record(engine, run_id, 21, status="error", review="bad", reasoning=None, content=None,
+                         rnd=next(spaced))
+    old = add_record(engine, run_id, 22, finished_at=time.time() - 3600, rnd=next(spaced))
+    add_record(engine, run_id, 23, status="pending", reasoning=None, content=None, finished_at=None)
+    ok_all = {*plain, *failing, good, old}
+    rng = random.Random(5)
+
+    def draws(mode: str, **kw: Any) -> set[int]:
+        with engine.connect() as conn:
+            return {review.sample(conn, run_id, mode, rng=rng, **kw) for _ in range(200)}  # type: ignore[misc]
+
+    assert draws("all") == ok_all
+    assert draws("unreviewed") == ok_all - {good}
+    assert draws("flagged") == {good, bad_err}
+    assert draws("failing") == set(failing)
+    assert draws("failing", check="empty_reasoning") == {failing[0]}  # bit 1 << 0 in synthwatch.checks
+    with engine.connect() as conn:
+        assert ids_of(review.page(conn, run_id, Filters(check="empty_content")).rows) == [failing[1]]
+    assert draws("recent", minutes=10) == ok_all - {old}
+    assert draws("recent", minutes=120) == ok_all
+    with engine.connect() as conn:
+        assert review.sample(conn, other, "flagged") is None
+        assert review.sample(conn, other, "failing") is None
+        # exclude: never the record being looked at when another exists
+        assert all(review.sample(conn, run_id, "failing", exclude=failing[0], rng=rng) != failing[0]
+                   for _ in range(30))
+        with pytest.raises(ReviewError, match="unknown sampling mode 'bogus'"):
+            review.sample(conn, run_id, "bogus")
+
+
+# ------------------------------------------------------------------------------------ filters, pages
+
+
+def test_filters_and_keyset_pages(engine: Any) -> None:
+    run_id = add_run(engine)
+    ids = []
+    for i in range(130):
+        ids.append(add_record(
+            engine, run_id, i, reasoning="r" * (i % 7), finish_reason="length" if i % 5 == 0 else "stop",
+            endpoint="a" if i % 2 else "b", check_flags=1 if i % 3 == 0 else 0,
+            review="bad" if i % 11 == 0 else None, review_reason="truncated" if i % 11 == 0 else None,
+        ))
+    with engine.connect() as conn:
+        # newest first, pages of 50, forward and back
+        p1 = review.page(conn, run_id, Filters(), limit=50)
+        p2 = review.page(conn, run_id, Filters(), after=p1.next_cursor, limit=50)
+        p3 = review.page(conn, run_id, Filters(), after=p2.next_cursor, limit=50)
+        assert ids_of(p1.rows + p2.rows + p3.rows) == ids[::-1]
+        assert p3.next_cursor is None and p1.prev_cursor is None
+        back = review.page(conn, run_id, Filters(), before=p3.prev_cursor, limit=50)
+        assert ids_of(back.rows) == ids_of(p2.rows)
+
+        def all_ids(f: Filters) -> list[int]:
+            out, cur = [], None
+            while True:
+                pg = review.page(conn, run_id, f, after=cur, limit=17)
+                out += ids_of(pg.rows)
+                if not pg.next_cursor:
+                    return out
+                cur = pg.next_cursor
+
+        def expect(pred: Any) -> list[int]:
+            return [rid for i, rid in enumerate(ids) if pred(i)][::-1]
+
+        assert all_ids(Filters(finish_reason="length")) == expect(lambda i: i % 5 == 0)
+        assert all_ids(Filters(endpoint="a", check="any")) == expect(lambda i: i % 2 and i % 3 == 0)
+        assert all_ids(Filters(flag="bad", reason="truncated")) == expect(lambda i: i % 11 == 0)
+        # few flagged / failing records: read from their own small index, same answers in the same order
+        assert review._sparse_index(conn, run_id, Filters(flag="bad"))[0] == "ix_record_review"
+        assert all_ids(Filters(flag="bad")) == expect(lambda i: i % 11 == 0)
+        assert all_ids(Filters(flag="flagged", order="asc")) == expect(lambda i: i % 11 == 0)[::-1]
+        assert review._sparse_index(conn, run_id, Filters(check="any"))[0] == "ix_record_failing"
+        assert all_ids(Filters(check="any", status="ok")) == expect(lambda i: i % 3 == 0)
+        assert review.count(conn, run_id, Filters(flag="bad")) == (len(expect(lambda i: i % 11 == 0)), False)
+        assert all_ids(Filters(flag="unreviewed", reasoning_len_max=0)) == expect(lambda i: i % 7 == 0 and i % 11)
+        assert all_ids(Filters(reasoning_len_min=3, reasoning_len_max=4)) == expect(lambda i: i % 7 in (3, 4))
+        # sorted by reasoning length (ties by id), both directions, across pages
+        asc = all_ids(Filters(sort="reasoning_len", order="asc"))
+        assert asc == [rid for _, rid in sorted(((i % 7, rid) for i, rid in enumerate(ids)))]
+        desc = all_ids(Filters(sort="reasoning_len", order="desc"))
+        assert desc == asc[::-1]
+        assert review.count(conn, run_id, Filters(finish_reason="length")) == (26, False)
+        assert review.count(conn, run_id, Filters(), cap=100) == (100, True)
+        # neighbours in the filtered set
+        f = Filters(finish_reason="length")
+        order = all_ids(f)
+        row = review.get_record(conn, run_id, order[3])
+        assert review.neighbours(conn, run_id, f, row) == (order[2], order[4])
+        # the page query walks the narrow filter index (no table rows, no temp sort for id order)
+        plan = " ".join(str(r[-1]) for r in conn.execute(text(
+            "EXPLAIN QUERY PLAN SELECT id FROM record INDEXED BY ix_record_filter WHERE run_id = 1"
+            " AND finish_reason = 'x' AND id < 5 ORDER BY id DESC LIMIT 50")))
+        assert "COVERING INDEX ix_record_filter" in plan and "TEMP B-TREE" not in plan
+
+
+def test_filter_params_are_validated() -> None:
+    assert Filters.from_params({"status": "ok", "reasoning_len_max": "0", "q": " "}).params() == {
+        "status": "ok", "reasoning_len_max": "0"}
+    for params, message in [
+        ({"status": "bogus"}, "status: unknown value 'bogus'"),
+        ({"reasoning_len_min": "ten"}, "reasoning_len_min: not a whole number"),
+        ({"content_len_max": "-1"}, "content_len_max: must be >= 0"),
+        ({"sort": "prompt"}, "sort: unknown value"),
+        ({"check": "no_such_check"}, "check: unknown check"),
+    ]:
+        with pytest.raises(ReviewError, match=message):
+            Filters.from_params(params)
+    with pytest.raises(ReviewError, match="cursor: malformed"):
+        review.Cursor.decode("x~y", Filters(sort="latency_s"))
+
+
+# ---------------------------------------------------------------------------------------- flags (HTTP)
+
+
+def test_flag_undo_and_bulk_over_http(engine: Any, live_app: Any) -> None:
+    run_id = add_run(engine)
+    other = add_run(engine, "other-run")
+    foreign = add_record(engine, other, 0)
+    recs = [add_record(engine, run_id, i, reasoning="" if i < 4 else "thinking") for i in range(10)]
+    srv = live_app()
+    with httpx.Client(base_url=srv.url) as c:
+        r1 = recs[5]
+        assert c.post(f"/api/runs/{run_id}/records/{r1}/flag", json={"verdict": "good"}).status_code == 200
+        r = c.post(f"/api/runs/{run_id}/records/{r1}/flag",
+                   json={"verdict": "bad", "reason": "repetition", "note": "loops at the end"})
+        assert r.status_code == 200 and r.json()["reason"] == "repetition"
+        got = c.get(f"/api/runs/{run_id}/records/{r1}").json()
+        assert (got["record"]["review"], got["record"]["review_reason"]) == ("bad", "repetition")
+        assert [f["verdict"] for f in got["flags"]] == ["bad", "good"] and got["flags"][0]["note"] == "loops at the end"
+        assert c.post(f"/api/runs/{run_id}/records/{r1}/undo").json()["review"]["verdict"] == "good"
+        assert c.get(f"/api/runs/{run_id}/records/{r1}").json()["record"]["review"] == "good"
+        c.post(f"/api/runs/{run_id}/records/{r1}/undo")
+        rec = c.get(f"/api/runs/{run_id}/records/{r1}").json()["record"]
+        assert rec["review"] is None and rec["reviewed_at"] is None
+        r = c.post(f"/api/runs/{run_id}/records/{r1}/undo")
+        assert r.status_code == 400 and r.json()["detail"] == f"nothing to undo on record {r1}"
+        for body, status, message in [
+            ({"verdict": "meh"}, 400, "verdict: must be good or bad"),
+            ({"verdict": "good", "reason": "truncated"}, 400, "a reason goes with a bad verdict only"),
+            ({"verdict": "bad", "reason": "boring"}, 400, "reason: unknown reason 'boring'"),
+        ]:
+            r = c.post(f"/api/runs/{run_id}/records/{r1}/flag", json=body)
+            assert r.status_code == status and message in r.json()["detail"]
+        r = c.post(f"/api/runs/{run_id}/records/{foreign}/flag", json={"verdict": "good"})
+        assert r.status_code == 404 and f"no record {foreign} in run {run_id}" in r.json()["detail"]
+        assert c.post("/api/runs/999/records/1/flag", json={"verdict": "good"}).status_code == 404
+
+        # bulk: preview, then apply pinned to the previewed set
+        body: dict[str, Any] = {"filters": {"reasoning_len_max": "0"}, "verdict": "bad", "reason": "empty_reasoning"}
+        preview = c.post(f"/api/runs/{run_id}/flags/bulk", json=body).json()["preview"]
+        assert preview["count"] == 4
+        late = add_record(engine, run_id, 99, reasoning="")  # arrives between preview and confirmation
+        done = c.post(f"/api/runs/{run_id}/flags/bulk", json={**body, "max_id": preview["max_id"]}).json()
+        assert done["flagged"] == 4
+        flagged = c.get(f"/api/runs/{run_id}/records", params={"flag": "bad", "reason": "empty_reasoning"}).json()
+        assert sorted(ids_of(flagged["records"])) == recs[:4]
+        assert c.get(f"/api/runs/{run_id}/records/{late}").json()["record"]["review"] is None
+        # undo the run's latest action = the whole bulk flag
+        assert c.post(f"/api/runs/{run_id}/flags/undo").json()["undone"] == 4
+        assert c.get(f"/api/runs/{run_id}/records/count", params={"flag": "flagged"}).json() == {
+            "count": 0, "capped": False}
+        r = c.post(f"/api/runs/{run_id}/flags/bulk", json={"filters": {"status": "nope"}, "verdict": "bad"})
+        assert r.status_code == 400 and "status: unknown value 'nope'" in r.json()["detail"]
+
+
+def test_flags_refuse_cross_site_posts(engine: Any, live_app: Any) -> None:
+    run_id = add_run(engine)
+    rid = add_record(engine, run_id, 0)
+    srv = live_app()
+    r = httpx.post(f"{srv.url}/runs/{run_id}/records/{rid}/flag", data={"verdict": "bad"},
+                   headers={"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"})
+    assert r.status_code == 403
+    with engine.connect() as conn:
+        assert review.get_record(conn, run_id, rid)["review"] is None
+
+
+# ------------------------------------------------------------------------------------ viewer (HTML)
+
+
+def test_viewer_shows_text_literally_and_marks_the_invisible(engine: Any, live_app: Any) -> None:
+    run_id = add_run(engine)
+    rid = add_record(engine, run_id, 0, prompt="<b>hi</b>", reasoning="safe\u202etxt.exe <script>alert(1)</script>",
+                     content="", content_null=True, usage_json='{"completion_tokens": 40}',
+                     extra_json='{"top": {"kv_transfer_params": null}, "unread_fields": {"reasoning_content": "x"}}')
+    blank = add_record(engine, run_id, 1, reasoning="  \n\u200b ", content=None)
+    srv = live_app()
+    with httpx.Client(base_url=srv.url) as c:
+        html = c.get(f"/runs/{run_id}/records/{rid}").text
+        assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+        assert "&lt;b&gt;hi&lt;/b&gt;" in html
+        assert '<span class="inv">⟨U+202E RLO⟩</span>' in html and "\u202e" not in html
+        assert '<span class="empty-marker">EMPTY</span>' in html and "null in the response" in html
+        assert "kv_transfer_params" in html and "unread_fields" in html  # raw tab
+        html = c.get(f"/runs/{run_id}/records/{blank}").text
+        assert "EMPTY (only 5 whitespace/invisible characters)" in html and "EMPTY (null)" in html
+        # random sample: a redirect to a viewer; an empty mode says so
+        r = c.get(f"/runs/{run_id}/sample?mode=all")
+        assert r.status_code == 303 and r.headers["location"].startswith(f"/runs/{run_id}/records/")
+        assert 'id="no-sample"' in c.get(f"/runs/{run_id}/sample?mode=flagged").text
+        assert c.get(f"/runs/{run_id}/sample?mode=nope").status_code == 400
+        assert c.get(f"/runs/{run_id}/records?sort=prompt").status_code == 400
+        assert c.get(f"/runs/{run_id}/records/123456").status_code == 404
+        table = c.get(f"/runs/{run_id}/records?flag=unreviewed").text
+        assert f'href="/runs/{run_id}/records/{rid}?from=records"' in table.replace("flag=unreviewed&amp;", "")
+
+
+def test_segments_and_emptiness() -> None:
+    assert review.segments("a\u200db") == [("t", "a"), ("inv", "⟨U+200D ZWJ⟩"), ("t", "b")]
+    assert review.segments("a b\tc", whitespace=True) == [("t", "a"), ("ws", "·"), ("t", "b"), ("ws", "→\t"),
+                                                          ("t", "c")]
+    assert review.segments("  \n\u200b ", whitespace=True) == [("ws", "··↵\n"), ("inv", "⟨U+200B ZWSP⟩"), ("ws", "·")]
+    assert review.emptiness("") == "EMPTY" and review.emptiness(None) == "EMPTY (null)"
+    assert review.emptiness("\u2067 \n") is not None and review.emptiness("x") is None
+
+
+def test_migration_indexes_exist(db_path: Path, engine: Any) -> None:
+    with engine.connect() as conn:
+        names = {r[0] for r in conn.execute(text("SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')"))}
+    assert {"ix_record_review", "ix_record_failing", "ix_record_filter", "record_fts_ai", "record_fts_au_ins"} <= names

@@ -1,0 +1,149 @@
+"""Review in a real browser: keyboard sampling and flagging, undo, reload, bulk flag by filter, big texts."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect
+from test_review import add_record, add_run
+
+pytestmark = pytest.mark.browser
+
+
+def rec_id(page: Page) -> int:
+    return int(page.locator("#rec-id").inner_text())
+
+
+def test_keyboard_review_flag_undo_reload(page: Page, live_app: Any, engine: Any, sim: Any, prompts: Any) -> None:
+    from workerkit import Background, make_config
+
+    url = sim(token_ids="deepseek")
+    config = make_config(url, prompts(10), concurrency=4, request_token_ids=True,
+                         tokenizer={"name_or_path": "deepseek-v4"})
+    worker = Background(engine, config).start()  # its own event loop: Playwright's sync API owns this thread's
+    assert worker.join(60) == "completed"
+    run_id = worker.run_id
+    srv = live_app()
+
+    page.goto(f"{srv.url}/runs/{run_id}/sample?mode=unreviewed")
+    expect(page).to_have_url(re.compile(rf"/runs/{run_id}/records/\d+\?mode=unreviewed$"))
+    first = rec_id(page)
+    page.keyboard.press("n")
+    expect(page.locator("#rec-id")).not_to_have_text(str(first))
+    current = rec_id(page)
+    verdict = page.locator("#verdict")
+    expect(verdict).to_have_text("not reviewed")
+
+    page.keyboard.press("g")
+    expect(verdict).to_have_text("good")
+    page.keyboard.press("b")
+    expect(verdict).to_have_text("bad")
+    page.keyboard.press("3")
+    expect(verdict).to_have_text("bad · wrong format")
+    page.keyboard.press("u")
+    expect(verdict).to_have_text("bad")
+
+    # keys typed into the note are text, not commands
+    page.locator("#flag-note").fill("")
+    page.locator("#flag-note").type("g u 1 n")
+    expect(verdict).to_have_text("bad")
+    assert rec_id(page) == current
+    page.evaluate("document.activeElement.blur()")
+    page.keyboard.press("2")
+    expect(verdict).to_have_text("bad · truncated")
+
+    page.reload()
+    expect(page.locator("#verdict")).to_have_text("bad · truncated")
+    page.locator("#flag-bar details summary").click()
+    expect(page.locator("#flag-bar .flag-history li").first).to_contain_text("“g u 1 n”")
+    stored = httpx.get(f"{srv.url}/api/runs/{run_id}/records/{current}").json()
+    assert [(f["verdict"], f["reason"], f["undone_at"] is None) for f in stored["flags"]] == [
+        ("bad", "truncated", True), ("bad", "wrong_format", False), ("bad", None, True), ("good", None, True)]
+
+    # the unreviewed mode never offers it again; space also samples
+    for _ in range(4):
+        page.keyboard.press(" ")
+        expect(page.locator("#rec-id")).not_to_have_text(str(current))
+        expect(page.locator("#verdict")).to_have_text("not reviewed")
+
+    # whitespace toggle, token tab (real DeepSeek-V4 tokenizer from the run config), raw tab
+    page.keyboard.press("w")
+    expect(page.locator("#ws-state")).to_have_text("on")
+    expect(page.locator("#side-reasoning pre.text.ws-on")).to_have_count(1)
+    page.keyboard.press("n")  # the choice sticks while sampling
+    expect(page.locator("#side-reasoning pre.text.ws-on")).to_have_count(1)
+    page.keyboard.press("w")
+    expect(page.locator("#review pre.ws-on")).to_have_count(0)
+    expect(page.locator("#review span.ws")).to_have_count(0)
+    page.keyboard.press("t")
+    expect(page.locator("#chips .chip.k-think").first).to_be_visible(timeout=30_000)
+    assert page.locator("#chips .chip.k-think").first.get_attribute("title").startswith("id 128821 · think")
+    page.keyboard.press("r")
+    expect(page.locator("#raw-json")).to_contain_text('"finish_reason": "stop"')
+
+
+def test_bulk_flag_by_filter_and_step_through_it(page: Page, live_app: Any, engine: Any) -> None:
+    run_id = add_run(engine)
+    empty = [add_record(engine, run_id, i, reasoning="") for i in range(6)]
+    for i in range(6, 20):
+        add_record(engine, run_id, i)
+    srv = live_app()
+
+    page.goto(f"{srv.url}/runs/{run_id}/records?reasoning_len_max=0")
+    expect(page.locator("#records-count")).to_have_text("6 records match")
+    expect(page.locator("#records tbody tr")).to_have_count(6)
+    page.locator("#bulk summary").click()
+    page.locator("#bulk-form select[name=flag_reason]").select_option("empty_reasoning")
+    page.locator("#bulk-preview").click()
+    expect(page.locator("#bulk-count")).to_contain_text("6 records will be flagged bad · empty reasoning")
+    page.locator("#bulk-confirm").click()
+    expect(page.locator("#bulk-done")).to_contain_text("Flagged 6 records bad")
+
+    page.goto(f"{srv.url}/runs/{run_id}/records?flag=bad")
+    expect(page.locator("#records tbody tr")).to_have_count(6)
+    expect(page.locator("#records td.flag-cell").first).to_have_text("bad · empty_reasoning")
+    assert sorted(int(x) for x in page.locator("#records tbody tr").evaluate_all(
+        "rows => rows.map(r => r.dataset.recordId)")) == empty
+
+    # open a row, step through the filtered set with j / k
+    page.locator("#records tbody tr a.open").first.click()
+    expect(page.locator("#rec-id")).to_have_text(str(empty[-1]))
+    page.keyboard.press("j")
+    expect(page.locator("#rec-id")).to_have_text(str(empty[-2]))
+    page.keyboard.press("k")
+    expect(page.locator("#rec-id")).to_have_text(str(empty[-1]))
+    expect(page.locator("#verdict")).to_have_text("bad · empty reasoning")
+
+
+def test_200kb_reasoning_renders_without_freezing(page: Page, live_app: Any, engine: Any) -> None:
+    run_id = add_run(engine)
+    line = "Let me check the arithmetic again, step by step, with care: 12 × 7 = 84.\n"
+    big = (line * (200_000 // len(line) + 1))[:200_000] + "\u202e"
+    rid = add_record(engine, run_id, 0, reasoning=big)
+    srv = live_app()
+    page.goto(f"{srv.url}/runs/{run_id}/records/{rid}")
+    expect(page.locator("#side-reasoning pre")).to_be_visible()
+    # browser-side cost only (the shared test machine makes server timings noisy): parse + layout of the page
+    parse_ms = page.evaluate("() => { const n = performance.getEntriesByType('navigation')[0];"
+                             " return n.domContentLoadedEventEnd - n.responseEnd; }")
+    frame_ms = page.evaluate(NEXT_FRAMES)  # the main thread answers at once (no long task still running)
+    n_chars = page.evaluate("() => document.querySelector('#side-reasoning pre').textContent.length")
+    assert n_chars == 200_000 + len("⟨U+202E RLO⟩")
+    t0 = time.perf_counter()
+    page.keyboard.press("w")  # whitespace made visible in the page: a marker per line end
+    expect(page.locator("#side-reasoning span.ws").first).to_be_visible()
+    ws_ms = (time.perf_counter() - t0) * 1000
+    frame_ws_ms = page.evaluate(NEXT_FRAMES)
+    print(f"200 KB reasoning: parse {parse_ms:.0f} ms, next frames {frame_ms:.0f} ms; whitespace on in {ws_ms:.0f} ms,"
+          f" next frames {frame_ws_ms:.0f} ms")
+    assert parse_ms < 4000 and frame_ms < 1000 and ws_ms < 3000 and frame_ws_ms < 1000
+    page.keyboard.press("w")
+    expect(page.locator("#side-reasoning span.ws")).to_have_count(0)
+
+
+NEXT_FRAMES = ("() => new Promise(r => { const t = performance.now();"
+               " requestAnimationFrame(() => requestAnimationFrame(() => r(performance.now() - t))); })")
