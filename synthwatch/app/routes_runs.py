@@ -1,7 +1,302 @@
-"""Routes: runs."""
+"""Routes: the runs list, the live run page and its fragments, controls, starting a run, and the JSON API.
+
+Pages and their htmx fragments share one data function each (``_list_context``, ``_stats_context``,
+``_charts_context``, ``_audit_context``); fragments are the ``_``-prefixed templates.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Form, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from pydantic import BaseModel, Field
+
+from .. import stats, store
+from ..charts import run_charts
+from ..config import REASONING_MODES
+from . import launch
+from .deps import HX, ReadConn, WriteEngine, render
 
 router = APIRouter()
+
+Window = Literal["5m", "1h", "all"]
+CONTROL_LABELS = {
+    "pause": "Pause requested", "resume": "Resume requested", "stop": "Graceful stop requested",
+    "stop_now": "Immediate stop requested", "cap": "Cap set", "concurrency": "Concurrency set",
+}
+
+
+def _run_or_404(conn: Any, run_id: int) -> dict[str, Any]:
+    run = stats.get_run(conn, run_id)
+    if run is None:
+        raise HTTPException(404, f"no run with id {run_id} in this database")
+    return run
+
+
+def _limit_ms(request: Request) -> int:
+    return int(request.app.state.settings.stats_time_limit_ms)
+
+
+def _poll_ms(request: Request) -> int:
+    return int(request.app.state.settings.poll_interval_ms)
+
+
+# ------------------------------------------------------------------ data functions (pages and fragments)
+
+
+def _list_context(request: Request, conn: Any) -> dict[str, Any]:
+    try:
+        with stats.time_limit(conn, _limit_ms(request)):
+            runs = stats.list_runs(conn)
+        stale = None
+    except stats.StatsTimeout as exc:
+        runs, stale = [], str(exc)
+    return {"runs": runs, "stale": stale, "poll_ms": max(2000, _poll_ms(request))}
+
+
+def _stats_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
+    try:
+        with stats.time_limit(conn, _limit_ms(request)):
+            st = stats.run_stats(conn, run)
+        stale = None
+    except stats.StatsTimeout as exc:
+        st, stale = None, str(exc)
+    return {"run": run, "st": st, "stale": stale, "poll_ms": _poll_ms(request)}
+
+
+def _charts_context(request: Request, conn: Any, run: dict[str, Any], window: str) -> dict[str, Any]:
+    try:
+        with stats.time_limit(conn, _limit_ms(request)):
+            data = stats.timeseries(conn, run, window)
+        charts, stale = run_charts(data), None
+    except stats.StatsTimeout as exc:
+        data, charts, stale = None, [], str(exc)
+    return {"run": run, "charts": charts, "ts": data, "window": window, "windows": list(stats.WINDOWS),
+            "stale": stale, "chart_poll_ms": max(2000, _poll_ms(request))}
+
+
+def _audit_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
+    return {"run": run, "events": stats.control_events(conn, run["id"]), "audit_poll_ms": max(2000, _poll_ms(request))}
+
+
+# ------------------------------------------------------------------ pages
+
+
+@router.get("/runs", include_in_schema=False)
+def runs_page(request: Request, conn: ReadConn) -> Response:
+    return render(request, "runs.html", _list_context(request, conn))
+
+
+@router.get("/runs/table", include_in_schema=False)
+def runs_table(request: Request, conn: ReadConn) -> Response:
+    return render(request, "_runs_table.html", _list_context(request, conn))
+
+
+def _new_run_defaults() -> dict[str, str]:
+    return {"name": "", "dataset": "", "endpoints": "", "api_key_env": "", "model": "", "temperature": "",
+            "top_p": "", "max_tokens": "", "concurrency": "16", "cap": "", "timeout_s": "600", "idle_timeout_s": "60",
+            "connect_timeout_s": "10", "max_attempts": "4", "reasoning_mode": "auto", "stream": "on", "limit": ""}
+
+
+@router.get("/runs/new", include_in_schema=False)
+def new_run_form(request: Request) -> Response:
+    return render(request, "new_run.html", {"form": _new_run_defaults(), "error": None, "modes": REASONING_MODES})
+
+
+@router.post("/runs/new", include_in_schema=False)
+async def new_run_submit(request: Request) -> Response:
+    raw = await request.form()
+    form = _new_run_defaults()
+    form["stream"] = ""  # an unticked checkbox is simply absent
+    for k in launch.FORM_FIELDS:
+        v = raw.get(k)
+        if isinstance(v, str):
+            form[k] = v[:10_000]
+    try:
+        launched = await run_in_threadpool(_launch, request, form)
+    except launch.LaunchError as exc:
+        return render(request, "new_run.html", {"form": form, "error": str(exc), "modes": REASONING_MODES},
+                      status_code=400)
+    if launched.run_id is None:
+        return RedirectResponse(f"/runs?started={launched.name}", status_code=303)
+    return RedirectResponse(f"/runs/{launched.run_id}", status_code=303)
+
+
+def _launch(request: Request, form: dict[str, str]) -> launch.Launched:
+    data = launch.form_to_data(form)
+    config = launch.validate(data, request.app.state.read_engine)
+    launched = launch.start_worker(config, request.app.state.db_url)
+    launch.wait_for_run(launched, request.app.state.read_engine)
+    return launched
+
+
+@router.get("/runs/{run_id}", include_in_schema=False)
+def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m") -> Response:
+    run = _run_or_404(conn, run_id)
+    ctx = _stats_context(request, conn, run)
+    ctx.update(_charts_context(request, conn, run, window))
+    ctx.update(_audit_context(request, conn, run))
+    ctx["message"] = None
+    ctx["control_error"] = None
+    return render(request, "run.html", ctx)
+
+
+@router.get("/runs/{run_id}/stats", include_in_schema=False)
+def run_stats_fragment(request: Request, conn: ReadConn, run_id: int) -> Response:
+    run = _run_or_404(conn, run_id)
+    ctx = {**_stats_context(request, conn, run), "fragment": True}
+    if not run["live"]:  # the last render also switches off the controls and the audit log's polling
+        ctx.update(_audit_context(request, conn, run))
+    return render(request, "_run_stats.html", ctx)
+
+
+@router.get("/runs/{run_id}/charts", include_in_schema=False)
+def run_charts_fragment(request: Request, conn: ReadConn, run_id: int, window: Window = "5m") -> Response:
+    run = _run_or_404(conn, run_id)
+    return render(request, "_run_charts.html", _charts_context(request, conn, run, window))
+
+
+@router.get("/runs/{run_id}/audit", include_in_schema=False)
+def run_audit_fragment(request: Request, conn: ReadConn, run_id: int) -> Response:
+    run = _run_or_404(conn, run_id)
+    return render(request, "_run_audit.html", _audit_context(request, conn, run))
+
+
+@router.post("/runs/{run_id}/control", include_in_schema=False)
+def run_control_form(request: Request, conn: ReadConn, write: WriteEngine, hx: HX, run_id: int,
+                     action: Annotated[str, Form()], value: Annotated[str | None, Form()] = None) -> Response:
+    _run_or_404(conn, run_id)
+    error = message = None
+    status = 200
+    try:
+        applied = store.apply_control(write, run_id, action, value, actor="ui")
+        message = _describe(action, applied)
+    except store.ControlError as exc:
+        error, status = str(exc), 400
+    if not hx:
+        if error:
+            raise HTTPException(400, error)
+        return RedirectResponse(f"/runs/{run_id}", status_code=303)
+    conn.rollback()  # see the row as it is after our write
+    run = _run_or_404(conn, run_id)
+    ctx = {"run": run, "message": message, "control_error": error, "fragment": True,
+           **_audit_context(request, conn, run)}
+    return render(request, "_run_controls.html", ctx, status_code=status)
+
+
+def _describe(action: str, applied: dict[str, Any]) -> str:
+    label = CONTROL_LABELS.get(action, action)
+    if action == "cap":
+        return f"{label}: {applied.get('cap') if applied.get('cap') is not None else 'none'}"
+    if action == "concurrency":
+        return f"{label}: {applied.get('concurrency')}"
+    return f"{label}; the workers follow within a second"
+
+
+# ------------------------------------------------------------------ JSON API
+
+
+class ControlBody(BaseModel):
+    action: Literal["pause", "resume", "stop", "stop_now", "cap", "concurrency"] = Field(
+        description="pause | resume | stop (graceful: in-flight requests finish) | stop_now | cap | concurrency")
+    value: int | None = Field(None, description="The new cap (null removes it) or concurrency.")
+
+
+class StartBody(BaseModel):
+    name: str | None = None
+    dataset: str = Field(description="Path of a JSONL / Parquet file on the dashboard's machine.")
+    endpoints: list[str] = Field(min_length=1, description="OpenAI-compatible base URLs.")
+    api_key_env: str | None = None
+    model: str
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    concurrency: int | None = None
+    cap: int | None = None
+    timeout_s: float | None = None
+    idle_timeout_s: float | None = None
+    connect_timeout_s: float | None = None
+    max_attempts: int | None = None
+    reasoning_mode: str = "auto"
+    stream: bool = True
+    limit: int | None = None
+
+
+@router.get("/api/runs", tags=["runs"], summary="All runs with progress, current rates and problem badges")
+def api_runs(request: Request, conn: ReadConn) -> Any:
+    ctx = _list_context(request, conn)
+    if ctx["stale"]:
+        return JSONResponse({"detail": ctx["stale"], "stale": True}, status_code=503)
+    return {"runs": ctx["runs"]}
+
+
+@router.post("/api/runs", tags=["runs"], status_code=201,
+             summary="Start a run: validates, writes a config and launches a worker process")
+async def api_start_run(request: Request, body: StartBody) -> Any:
+    form = {k: "" if v is None else str(v) for k, v in body.model_dump().items() if k != "endpoints"}
+    form["endpoints"] = "\n".join(body.endpoints)
+    form["stream"] = "on" if body.stream else ""
+    try:
+        launched = await run_in_threadpool(_launch, request, form)
+    except launch.LaunchError as exc:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+    return {"name": launched.name, "run_id": launched.run_id, "pid": launched.pid,
+            "config_path": str(launched.config_path), "log_path": str(launched.log_path)}
+
+
+@router.get("/api/runs/{run_id}", tags=["runs"], summary="One run: counters, status, configuration, audit log")
+def api_run(conn: ReadConn, run_id: int) -> Any:
+    run = _run_or_404(conn, run_id)
+    return {**run, "control_events": stats.control_events(conn, run_id)}
+
+
+@router.get("/api/runs/{run_id}/stats", tags=["runs"],
+            summary="Live statistics: progress, ETA, rates, latency percentiles, failures, data quality")
+def api_run_stats(request: Request, conn: ReadConn, run_id: int) -> Any:
+    run = _run_or_404(conn, run_id)
+    ctx = _stats_context(request, conn, run)
+    if ctx["stale"]:
+        return JSONResponse({"detail": ctx["stale"], "stale": True}, status_code=503)
+    return ctx["st"].as_json()
+
+
+@router.get("/api/runs/{run_id}/timeseries", tags=["runs"],
+            summary="Chart data: per-bucket rates over 5m, 1h or the whole run (downsampled)")
+def api_run_timeseries(request: Request, conn: ReadConn, run_id: int,
+                       window: Annotated[Window, Query(description="5m | 1h | all")] = "5m") -> Any:
+    run = _run_or_404(conn, run_id)
+    try:
+        with stats.time_limit(conn, _limit_ms(request)):
+            return stats.timeseries(conn, run, window)
+    except stats.StatsTimeout as exc:
+        return JSONResponse({"detail": str(exc), "stale": True}, status_code=503)
+
+
+@router.get("/api/runs/{run_id}/errors", tags=["runs"], summary="Latest failed attempts (newest first)")
+def api_run_errors(conn: ReadConn, run_id: int, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> Any:
+    _run_or_404(conn, run_id)
+    return {"errors": stats.latest_errors(conn, run_id, limit)}
+
+
+@router.get("/api/runs/{run_id}/events", tags=["runs"], summary="Audit log of control actions (newest first)")
+def api_run_events(conn: ReadConn, run_id: int, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
+    _run_or_404(conn, run_id)
+    return {"events": stats.control_events(conn, run_id, limit)}
+
+
+@router.post("/api/runs/{run_id}/control", tags=["controls"],
+             summary="Pause, resume, stop (graceful or now), set the cap or the concurrency")
+def api_run_control(conn: ReadConn, write: WriteEngine, run_id: int, body: ControlBody) -> Any:
+    _run_or_404(conn, run_id)
+    if body.action in ("cap",) and body.value is not None and body.value < 1:
+        return JSONResponse({"detail": f"cap must be at least 1, got {body.value}"}, status_code=400)
+    if body.action == "concurrency" and body.value is None:
+        return JSONResponse({"detail": "concurrency needs a value"}, status_code=400)
+    try:
+        applied = store.apply_control(write, run_id, body.action, body.value, actor="api")
+    except store.ControlError as exc:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+    return {"run_id": run_id, "action": body.action, "applied": applied, "message": _describe(body.action, applied)}
+

@@ -50,7 +50,24 @@ def handle(args: argparse.Namespace) -> int:
         app = create_app(settings.db, settings)
     except DatabaseError as exc:
         raise CliError(str(exc)) from None
+    import contextlib
+    import socket
+
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # accepted connections inherit it: without, Nagle + delayed ACK add ~40 ms to every small response
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        raise CliError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+                       " (another dashboard running? choose another --port)") from None
+    port = sock.getsockname()[1]  # --port 0 picks a free port: print the real one
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    print(f"synthwatch dashboard on http://{host}:{settings.port}/", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    print(f"synthwatch dashboard on http://{host}:{port}/runs", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
+        server.run(sockets=[sock])
     return 0

@@ -1,0 +1,212 @@
+"""Starting a run from the dashboard: validate the form, write a TOML config, launch a worker process.
+
+The worker is the same ``synthwatch run`` a user would type, started detached (its own session)
+so that it outlives a dashboard restart; its output goes to a log file beside the database.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from .. import store
+from ..config import REASONING_MODES, ConfigError, RunConfig, build_config
+
+
+class LaunchError(Exception):
+    """Bad input or a worker that would not start; the message says what and where."""
+
+
+@dataclass
+class Launched:
+    name: str
+    pid: int
+    config_path: Path
+    log_path: Path
+    run_id: int | None = None
+
+
+FORM_FIELDS = ("name", "dataset", "endpoints", "api_key_env", "model", "temperature", "top_p", "max_tokens",
+               "concurrency", "cap", "timeout_s", "idle_timeout_s", "connect_timeout_s", "max_attempts",
+               "reasoning_mode", "stream", "limit")
+
+
+def _num(form: dict[str, str], key: str, kind: type[int] | type[float], label: str) -> Any:
+    raw = (form.get(key) or "").strip()
+    if not raw:
+        return None
+    try:
+        v = kind(raw)
+    except ValueError:
+        raise LaunchError(f"{label}: expected a {'whole number' if kind is int else 'number'}, got {raw!r}") from None
+    if isinstance(v, float) and not math.isfinite(v):
+        raise LaunchError(f"{label}: expected a finite number, got {raw!r}")
+    return v
+
+
+def form_to_data(form: dict[str, str]) -> dict[str, Any]:
+    """Form fields -> a RunConfig-shaped dict (only what the user filled in)."""
+    data: dict[str, Any] = {}
+    name = (form.get("name") or "").strip()
+    if name:
+        data["name"] = name
+    dataset = (form.get("dataset") or "").strip()
+    if not dataset:
+        raise LaunchError("dataset path: required (a JSONL or Parquet file on the machine running the dashboard)")
+    data["dataset"] = {"path": dataset}
+    limit = _num(form, "limit", int, "limit")
+    if limit is not None:
+        data["dataset"]["limit"] = limit
+    urls = [u.strip() for u in (form.get("endpoints") or "").replace(",", "\n").splitlines() if u.strip()]
+    if not urls:
+        raise LaunchError("endpoints: give at least one base URL, e.g. http://127.0.0.1:8001/v1")
+    key_env = (form.get("api_key_env") or "").strip() or None
+    data["endpoints"] = [{"base_url": u, **({"api_key_env": key_env} if key_env else {})} for u in urls]
+    model = (form.get("model") or "").strip()
+    if not model:
+        raise LaunchError("model: required (the model name the endpoint serves)")
+    data["model"] = model
+    data["stream"] = (form.get("stream") or "on") in ("on", "true", "1", "yes")
+    for key, path, kind, label in (
+        ("concurrency", "concurrency", int, "concurrency"),
+        ("cap", "cap", int, "cap"),
+    ):
+        v = _num(form, key, kind, label)
+        if v is not None:
+            data[path] = v
+    sampling: dict[str, Any] = {}
+    for key, skind in (("temperature", float), ("top_p", float), ("max_tokens", int)):
+        v = _num(form, key, skind, key)
+        if v is not None:
+            sampling[key] = v
+    if sampling:
+        data["sampling"] = sampling
+    timeouts: dict[str, Any] = {}
+    for key, field, label in (("timeout_s", "total_s", "total timeout"), ("idle_timeout_s", "idle_s", "idle timeout"),
+                              ("connect_timeout_s", "connect_s", "connect timeout")):
+        v = _num(form, key, float, label)
+        if v is not None:
+            timeouts[field] = v
+    if timeouts:
+        data["timeouts"] = timeouts
+    attempts = _num(form, "max_attempts", int, "max attempts")
+    if attempts is not None:
+        data["retries"] = {"max_attempts": attempts}
+    mode = (form.get("reasoning_mode") or "auto").strip()
+    if mode not in REASONING_MODES:
+        raise LaunchError(f"reasoning mode: expected one of {', '.join(REASONING_MODES)}, got {mode!r}")
+    data["reasoning"] = {"mode": mode}
+    return data
+
+
+def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None = None) -> RunConfig:
+    try:
+        config = build_config(data, "the start-a-run form")
+    except ConfigError as exc:
+        raise LaunchError(str(exc)) from None
+    path = Path(config.dataset.path).expanduser()
+    if not path.is_absolute():
+        path = (base_dir or Path.cwd()) / path
+    if not path.exists():
+        raise LaunchError(f"dataset path: {config.dataset.path!r} does not exist on the machine running the "
+                          f"dashboard (looked at {path})")
+    config.dataset.path = str(path.resolve())
+    if not config.name:
+        from ..commands.run import default_name
+
+        config.name = default_name(config)
+    with read_engine.connect() as conn:
+        if store.find_run_id(conn, config.name) is not None:
+            raise LaunchError(f"name: a run named {config.name!r} already exists; choose another name "
+                              "(or resume it from the command line with the same name)")
+    return config
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(x)}" for k, x in v.items() if x is not None) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """A RunConfig-shaped dict as TOML (inline tables: small, and exactly what tomllib reads back)."""
+    return "".join(f"{k} = {toml_value(v)}\n" for k, v in data.items() if v is not None)
+
+
+def runs_dir_for(db_url: str) -> Path:
+    if db_url.startswith("sqlite:///"):
+        return Path(db_url.split("sqlite:///", 1)[1]).parent / "runs"
+    return Path.cwd() / "synthwatch-runs"
+
+
+def _safe_stem(name: str) -> str:
+    stem = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:80].strip("-.") or "run"
+    return f"{stem}-{int(time.time())}"
+
+
+def start_worker(config: RunConfig, db_url: str, *, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> Launched:
+    """Write the config and start `synthwatch run` detached. Returns at once."""
+    folder = runs_dir_for(db_url)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = _safe_stem(config.name or "run")
+    cfg_path = folder / f"{stem}.toml"
+    log_path = folder / f"{stem}.log"
+    snapshot = config.model_dump(mode="json", exclude_none=True)
+    cfg_path.write_text(to_toml(snapshot), encoding="utf-8")
+    cmd = [sys.executable, "-m", "synthwatch", "run", "--config", str(cfg_path), "--db", db_url, "--quiet",
+           *(extra_args or [])]
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env or dict(os.environ), cwd=str(folder))
+    # reap the child when it ends (no zombie while the dashboard keeps running)
+    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+    launched = Launched(config.name or "", proc.pid, cfg_path, log_path)
+    launched._proc = proc  # type: ignore[attr-defined]
+    return launched
+
+
+def wait_for_run(launched: Launched, read_engine: Engine, timeout_s: float = 20.0) -> int | None:
+    """The new run's id once the worker has created it; LaunchError if the worker exited first."""
+    proc: subprocess.Popen[bytes] = launched._proc  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with read_engine.connect() as conn:
+            rid = store.find_run_id(conn, launched.name)
+        if rid is not None:
+            launched.run_id = int(rid)
+            return launched.run_id
+        rc = proc.poll()
+        if rc is not None and rc != 0:
+            tail = log_tail(launched.log_path)
+            raise LaunchError(f"the worker exited with code {rc} before the run started:\n{tail}")
+        time.sleep(0.1)
+    return None
+
+
+def log_tail(path: Path, n_bytes: int = 3000) -> str:
+    try:
+        data = path.read_bytes()[-n_bytes:]
+    except OSError:
+        return "(no log)"
+    return data.decode("utf-8", "replace").strip()

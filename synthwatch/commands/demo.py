@@ -1,0 +1,200 @@
+"""`synthwatch demo`: two simulated vLLM servers, two worker processes and the dashboard, in one command.
+
+Run A ("healthy") reads reasoning from wherever the server puts it (mode auto) against a server
+shaped like vLLM >= 0.16 with a few rate limits and stalls, so the charts have something to show.
+Run B ("drift") expects the older ``reasoning_content`` field; its server starts out sending both
+fields (vLLM 0.11-0.15) and, after ``--drift-after-s``, is "upgraded" to send only ``reasoning``:
+from then on every record of run B has empty reasoning while its throughput looks perfectly
+healthy. That is the silent corruption the dashboard exists to catch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ..cli import CliError
+from ._common import positive_float, positive_int
+
+DEMO_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "demo_prompts.jsonl"
+TOKENIZER = {"name_or_path": "deepseek-v4", "chat_template": "deepseek-v4"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "demo", help="start simulated endpoints, two runs and the dashboard; prints the URL",
+        description="Everything runs locally (no network). Ctrl-C stops the workers, the simulators and the "
+        "dashboard; the database stays in --dir for a later `synthwatch serve --db DIR/demo.db`.",
+    )
+    p.add_argument("--dir", default="synthwatch-demo", help="folder for the demo database, configs and logs "
+                   "(default ./synthwatch-demo)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="dashboard port on 127.0.0.1 (default 8000; a free port is used when it is busy; 0 = any)")
+    p.add_argument("--concurrency", type=positive_int, default=8, help="concurrency of each demo run (default 8)")
+    p.add_argument("--tokens-per-s", type=positive_float, default=30.0,
+                   help="simulated decode speed of each stream (default 30)")
+    p.add_argument("--drift-after-s", type=float, default=40.0,
+                   help="seconds until run B's server stops sending reasoning_content (default 40; 0 = at once)")
+    p.add_argument("--duration-s", type=positive_float, default=None,
+                   help="exit by itself after this many seconds (default: until Ctrl-C)")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="do not configure the shipped DeepSeek tokenizer on the demo runs")
+    p.set_defaults(func=handle)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the dashboard's socket: the asked port, or any free one when it is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # accepted connections inherit it: without, Nagle + delayed ACK add ~40 ms to every small response
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        if port == 0:
+            raise
+        print(f"port {port} is busy; using a free port instead", file=sys.stderr)
+        sock.bind((host, 0))
+    sock.listen(128)
+    sock.set_inheritable(False)
+    return sock
+
+
+def run_configs(base_a: str, base_b: str, *, stamp: str, concurrency: int, tokenizer: bool) -> list[dict[str, Any]]:
+    common: dict[str, Any] = {
+        "dataset": {"path": str(DEMO_PROMPTS)},
+        "model": "sim-reasoner",
+        "concurrency": concurrency,
+        "sampling": {"temperature": 0.6, "max_tokens": 4096},
+        "timeouts": {"connect_s": 5.0, "total_s": 120.0, "idle_s": 4.0},
+        "retries": {"max_attempts": 2, "backoff_base_s": 0.5, "backoff_max_s": 4.0},
+        "flush_interval_ms": 200,
+    }
+    if tokenizer:
+        common["tokenizer"] = dict(TOKENIZER)
+    return [
+        {**common, "name": f"demo-healthy-{stamp}", "endpoints": [{"base_url": base_a, "name": "vllm-a"}],
+         "reasoning": {"mode": "auto"}},
+        {**common, "name": f"demo-drift-{stamp}", "endpoints": [{"base_url": base_b, "name": "vllm-b"}],
+         "reasoning": {"mode": "reasoning_content"}},
+    ]
+
+
+def patch_sim(base_url: str, changes: dict[str, Any]) -> None:
+    import json
+
+    req = urllib.request.Request(base_url.rstrip("/") + "/sim/config", data=json.dumps(changes).encode(),
+                                 method="PATCH", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - our own simulator on loopback
+        resp.read()
+
+
+def handle(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..app import launch
+    from ..app.main import create_app
+    from ..config import ConfigError, build_config
+    from ..db import DatabaseError, open_engine, resolve_url
+    from ..settings import get_settings
+    from ..workers.simulator import SimConfig, running_in_thread
+
+    if not DEMO_PROMPTS.exists():
+        raise CliError(f"the demo prompts are missing from the installation: {DEMO_PROMPTS}")
+    folder = Path(args.dir).expanduser().resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    db_path = folder / "demo.db"
+    try:
+        url = resolve_url(str(db_path))
+        engine = open_engine(url)
+    except DatabaseError as exc:
+        raise CliError(str(exc)) from None
+    host = "127.0.0.1"
+    sock = bind_socket(host, args.port)
+    port = sock.getsockname()[1]
+    stamp = time.strftime("%H%M%S")
+    procs: list[subprocess.Popen[bytes]] = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(sock.close)
+        sim_a = stack.enter_context(running_in_thread(SimConfig(
+            reasoning_field="reasoning", tokens_per_s=args.tokens_per_s, ttft_ms=400, reasoning_tokens="40-160",
+            content_tokens="20-80", rate_429=0.03, retry_after_s=1, rate_stall=0.04, stall_s=6.0,
+            rate_drop=0.01, seed=1, token_ids="deepseek")))
+        sim_b = stack.enter_context(running_in_thread(SimConfig(
+            reasoning_field="both", tokens_per_s=args.tokens_per_s * 1.5, ttft_ms=250,
+            reasoning_tokens="40-160", content_tokens="20-80", seed=2, token_ids="deepseek")))
+        launched: list[launch.Launched] = []
+        try:
+            for data in run_configs(sim_a, sim_b, stamp=stamp, concurrency=args.concurrency,
+                                    tokenizer=not args.no_tokenizer):
+                config = build_config(data, "the demo")
+                env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+                lw = launch.start_worker(config, url, env=env)
+                procs.append(lw._proc)  # type: ignore[attr-defined]
+                launched.append(lw)
+        except ConfigError as exc:
+            raise CliError(str(exc)) from None
+        stack.callback(_stop_workers, procs)
+        for lw in launched:
+            try:
+                launch.wait_for_run(lw, engine, timeout_s=60)
+            except launch.LaunchError as exc:
+                raise CliError(f"demo run {lw.name} did not start: {exc}") from None
+        engine.dispose()
+
+        def drift() -> None:
+            with contextlib.suppress(OSError):
+                patch_sim(sim_b, {"reasoning_field": "reasoning"})
+                print(f"[demo] run B's server now sends `reasoning` only (like vLLM >= 0.16); run {launched[1].name} "
+                      "still reads `reasoning_content`: watch its empty-reasoning tile turn red", flush=True)
+
+        timers = [threading.Timer(max(0.0, args.drift_after_s), drift)]
+        settings = get_settings().model_copy(update={"db": str(db_path), "host": host, "port": port})
+        app = create_app(url, settings)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        if args.duration_s:
+            timers.append(threading.Timer(args.duration_s, lambda: setattr(server, "should_exit", True)))
+        for t in timers:
+            t.daemon = True
+            t.start()
+            stack.callback(t.cancel)
+        base = f"http://{host}:{port}"
+        print(f"synthwatch demo: dashboard at {base}/runs", flush=True)
+        for lw in launched:
+            print(f"  run {lw.name}: {base}/runs/{lw.run_id}  (log {lw.log_path})", flush=True)
+        print(f"  database {db_path}; Ctrl-C stops everything", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it caught: we handle it
+            server.run(sockets=[sock])
+        print("synthwatch demo: stopping the workers and simulators ...", flush=True)
+    return 0
+
+
+def _stop_workers(procs: list[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+    """Graceful stop first (SIGINT: in-flight requests finish), then SIGTERM, then kill."""
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGINT)  # a second SIGINT: stop now, in-flight records back to pending
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=5)

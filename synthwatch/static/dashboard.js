@@ -1,0 +1,22 @@
+// dashboard behaviour (no inline scripts: the CSP forbids them)
+"use strict";
+(function () {
+  // A control that fails validation answers 400 with a readable fragment: show it instead of dropping it.
+  document.addEventListener("htmx:beforeSwap", function (evt) {
+    var target = evt.detail.target;
+    var status = evt.detail.xhr ? evt.detail.xhr.status : 0;
+    if (status >= 400 && status < 500 && target && target.closest && target.closest("[data-swap-errors]")) {
+      evt.detail.shouldSwap = true;
+      evt.detail.isError = false;
+    }
+  });
+  // A poll that fails (dashboard restarting, network blip) leaves the last values and marks them stale.
+  document.addEventListener("htmx:sendError", function (evt) {
+    var el = evt.detail.elt;
+    if (el && el.classList) { el.classList.add("is-stale"); }
+  });
+  document.addEventListener("htmx:afterSwap", function (evt) {
+    var el = evt.detail.elt;
+    if (el && el.classList) { el.classList.remove("is-stale"); }
+  });
+})();

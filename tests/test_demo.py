@@ -1,0 +1,134 @@
+"""`synthwatch demo` starts simulators, two worker processes and the dashboard, serves live runs, and
+shuts everything down on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import ROOT, cli_env
+
+SCREENSHOT = ROOT / "docs" / "screenshots" / "run-page.png"
+
+
+class Demo:
+    def __init__(self, proc: subprocess.Popen[str], folder: Path) -> None:
+        self.proc = proc
+        self.folder = folder
+        self.lines: list[str] = []
+        self.url = ""
+        self.runs: dict[str, int] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_ready(self, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            text = "\n".join(self.lines)
+            m = re.search(r"dashboard at (http://127\.0\.0\.1:\d+)/runs", text)
+            runs = dict(re.findall(r"run (demo-\w+-\d+): http://127\.0\.0\.1:\d+/runs/(\d+)", text))
+            if m and len(runs) == 2:
+                self.url = m.group(1)
+                self.runs = {k.split("-")[1]: int(v) for k, v in runs.items()}
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        err = self.proc.stderr.read() if self.proc.stderr and self.proc.poll() is not None else ""
+        raise AssertionError(f"the demo did not start:\n{text}\n{err}")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: Any) -> Iterator[Demo]:
+    folder = tmp_path_factory.mktemp("demo")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "synthwatch", "demo", "--dir", str(folder), "--port", "0", "--duration-s", "240",
+         "--drift-after-s", "3", "--tokens-per-s", "80", "--concurrency", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=str(folder),
+    )
+    d = Demo(proc, folder)
+    try:
+        d.wait_ready()
+        yield d
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_demo_serves_live_runs_and_catches_the_drift(demo: Demo) -> None:
+    with httpx.Client(base_url=demo.url, timeout=10) as c:
+        listing = c.get("/runs")
+        assert listing.status_code == 200
+        for name in ("demo-healthy", "demo-drift"):
+            assert name in listing.text
+        page = c.get(f"/runs/{demo.runs['healthy']}")
+        assert page.status_code == 200 and 'hx-trigger="every' in page.text
+        run = c.get(f"/api/runs/{demo.runs['healthy']}").json()
+        assert run["config"]["tokenizer"]["name_or_path"] == "deepseek-v4"
+        assert run["config"]["tokenizer"]["chat_template"] == "deepseek-v4"
+        assert Path(run["config"]["dataset"]["path"]).name == "demo_prompts.jsonl"
+        deadline = time.monotonic() + 90
+        healthy = drift = None
+        while time.monotonic() < deadline:
+            healthy = c.get(f"/api/runs/{demo.runs['healthy']}/stats").json()
+            drift = c.get(f"/api/runs/{demo.runs['drift']}/stats").json()
+            if healthy["progress"]["ok"] >= 3 and (drift["quality"]["empty_reasoning_all"] or 0) > 0:
+                break
+            time.sleep(0.5)
+        assert healthy and drift
+        assert healthy["progress"]["ok"] >= 3 and healthy["live"], healthy["run"]
+        # the healthy run reads the reasoning; the drifted one gets none once its server changed field
+        assert (healthy["quality"]["empty_reasoning_all"] or 0) == 0
+        assert (drift["quality"]["empty_reasoning_all"] or 0) > 0, drift["quality"]
+        assert c.get(f"/api/runs/{demo.runs['healthy']}/timeseries", params={"window": "5m"}).json()["points"]
+
+
+@pytest.mark.browser
+def test_demo_run_page_in_browser(demo: Demo, page: Any) -> None:
+    """Open the drifted run; it must shout. UPDATE_SCREENSHOTS=1 refreshes docs/screenshots/run-page.png."""
+    page.set_viewport_size({"width": 1440, "height": 1000})
+    page.goto(f"{demo.url}/runs/{demo.runs['drift']}")
+    page.wait_for_selector('[data-tile="empty_reasoning"][data-level="bad"]', timeout=60_000)
+    page.wait_for_selector('#run-charts svg[data-chart="tokens"]')
+    page.wait_for_timeout(1500)
+    if os.environ.get("UPDATE_SCREENSHOTS") == "1":
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT), full_page=False)
+    else:
+        page.screenshot(path=str(demo.folder / "run-page.png"), full_page=True)
+
+
+def test_demo_stops_cleanly_on_ctrl_c(demo: Demo) -> None:
+    demo.proc.send_signal(signal.SIGINT)
+    assert demo.proc.wait(timeout=60) == 0
+    db = sqlite3.connect(str(demo.folder / "demo.db"))
+    try:
+        statuses = dict(db.execute("SELECT name, status FROM run").fetchall())
+        alive = db.execute("SELECT COUNT(*) FROM worker WHERE status = 'running'").fetchone()[0]
+    finally:
+        db.close()
+    assert len(statuses) == 2 and not set(statuses.values()) & {"running", "created", "stopping"}, statuses
+    assert alive == 0
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{demo.url}/runs", timeout=2)
