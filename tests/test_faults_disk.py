@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import popen_cli, require
-from synthwatch.db import open_engine
 from workerkit import answer_ok, counts, records, run_row, wait_for
+
+from synthwatch.db import open_engine
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ import signal
 import time
 from pathlib import Path
 
-from sqlalchemy import text
-
 from conftest import popen_cli
-from synthwatch.db import open_engine
+from sqlalchemy import text
 from workerkit import answer_ok, counts, records, run_row, wait_for
+
+from synthwatch.db import open_engine
 
 
 def _toml(tmp_path: Path, url: str, dataset: Path, cap: int) -> Path:

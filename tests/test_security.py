@@ -8,9 +8,9 @@ import time
 
 import httpx
 import pytest
+from conftest import popen_cli, run_cli
 from fastapi.routing import APIRoute
 
-from conftest import popen_cli, run_cli
 from synthwatch.app.main import create_app
 from synthwatch.settings import Settings
 

@@ -268,7 +268,9 @@ class RunWorker:
                     await asyncio.gather(*self.tasks, return_exceptions=True)
                 return "stopped", "stopped immediately; in-flight records returned to pending"
             if desired == "stop":
-                self.state = "stopping"
+                if self.state != "stopping":
+                    self.state = "stopping"
+                    await self._set_status("stopping", f"stopping; {len(self.tasks)} in-flight requests finishing")
                 if not self.tasks and self._claim_fut is None:
                     return "stopped", "stopped"
             elif desired == "pause":
