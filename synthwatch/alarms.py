@@ -72,7 +72,7 @@ DEFAULT_RULES: dict[str, Rule] = {r.name: r for r in (
 # Symptoms of a field mismatch: while that alarm is active they raise no alarm of their own, so the
 # banner names the cause once instead of listing its consequences.
 MISMATCH_SYMPTOMS = frozenset({"empty_reasoning", "reasoning_tokens_no_text", "think_tags_in_content",
-                               "both_empty_with_tokens"})
+                               "both_empty_with_tokens", "token_count_mismatch"})
 
 
 class RuleOverride(BaseModel):
