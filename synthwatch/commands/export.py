@@ -1,0 +1,141 @@
+"""`synthwatch export RUN --format F --out FILE`: write a run's reviewed data for training pipelines."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from ..cli import CliError
+from ._common import add_db_arg, positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "export",
+        help="export a run's ok records as messages / sharegpt / tokens / raw",
+        description="Streams the run's ok records to FILE (written as FILE.partial, renamed when complete) and "
+        "writes FILE.manifest.json with the counts, every exclusion reason, the run config and the file's "
+        "sha256. By default records flagged bad, records with empty reasoning (when the run expects reasoning) "
+        "and truncated records (finish_reason 'length') are left out. See docs/export.md.",
+    )
+    add_db_arg(p)
+    p.add_argument("run", metavar="RUN", help="run name or id")
+    p.add_argument("--format", "-f", required=True, dest="fmt", metavar="FORMAT",
+                   help="messages | sharegpt | tokens | raw")
+    p.add_argument("--out", "-o", required=True, help="output file (.jsonl, or .parquet for tokens)")
+    p.add_argument("--parquet", action="store_true", default=None,
+                   help="write Parquet (tokens only; implied by a .parquet name)")
+    p.add_argument("--think-inline", action="store_true",
+                   help="sharegpt: put the reasoning inside the content between the run's think strings")
+    p.add_argument("--from-value", action="store_true",
+                   help="sharegpt: turns as from/value with human/gpt (EAGLE) instead of role/content (SpecForge)")
+    g = p.add_argument_group("selection")
+    g.add_argument("--only-good", action="store_true", help="export only records reviewed good")
+    g.add_argument("--include-flagged", action="store_true", help="keep records flagged bad")
+    g.add_argument("--exclude-check", action="append", default=[], metavar="NAME",
+                   help="also leave out records failing this check; repeat for several")
+    g.add_argument("--no-default-exclusions", action="store_true",
+                   help="keep records with empty reasoning and truncated records")
+    g = p.add_argument_group("tokens")
+    g.add_argument("--tokenizer", help="tokenizer folder or cached name (default: the run's)")
+    g.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4' (default: the run's)")
+    g.add_argument("--trust-remote-code", action="store_true", default=None)
+    g.add_argument("--retokenize", action="store_true",
+                   help="re-tokenize even when the server's token ids are stored")
+    p.add_argument("--page-size", type=positive_int, default=5000, help=argparse.SUPPRESS)
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=handle)
+
+
+class ProgressBar:
+    """A small progress bar on stderr: redrawn in place on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, label: str, stream: TextIO = sys.stderr, interval_s: float | None = None) -> None:
+        self.label = label
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.interval_s = interval_s if interval_s is not None else (0.2 if self.tty else 5.0)
+        self.started = time.monotonic()
+        self.last = 0.0
+        self.drawn = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self.last < self.interval_s:
+            return
+        self.last = now
+        elapsed = max(now - self.started, 1e-6)
+        rate = done / elapsed
+        frac = done / total if total else 1.0
+        eta = (total - done) / rate if rate > 0 and total > done else 0.0
+        line = (f"{self.label} {done:>{len(f'{total:,}')},}/{total:,} {frac * 100:5.1f}% "
+                f"{rate:,.0f} rec/s ETA {_clock(eta)}")
+        if self.tty:
+            width = 24
+            fill = int(frac * width)
+            self.stream.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {line}\x1b[K")
+            self.drawn = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self.tty and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..db import DatabaseError, is_sqlite, open_engine, resolve_url
+    from ..export import ExportError, ExportOptions, manifest_path, prepare_export, run_export, sqlite_path
+
+    try:
+        url = resolve_url(args.db)
+    except DatabaseError as exc:
+        raise CliError(str(exc)) from None
+    if is_sqlite(url):
+        path = sqlite_path(url)
+        if path is not None and not path.is_file():
+            raise CliError(f"no database at {path} (give --db or set SYNTHWATCH_DB)")
+    options = ExportOptions(
+        format=args.fmt, out=args.out, parquet=args.parquet, think_inline=args.think_inline,
+        from_value=args.from_value,
+        only_good=args.only_good, include_flagged=args.include_flagged,
+        default_exclusions=not args.no_default_exclusions, exclude_checks=tuple(args.exclude_check),
+        tokenizer=args.tokenizer, chat_template=args.chat_template, trust_remote_code=args.trust_remote_code,
+        retokenize=args.retokenize, page_size=args.page_size,
+    )
+    try:
+        engine = open_engine(args.db, readonly=True)
+    except DatabaseError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        try:
+            plan = prepare_export(engine, args.run, options)
+        except ExportError as exc:
+            raise CliError(str(exc)) from None
+        bar = None if args.quiet else ProgressBar(f"export {plan.run['name']} ({args.fmt})")
+        try:
+            manifest = run_export(engine, plan, bar)
+        finally:
+            if bar:
+                bar.finish()
+    finally:
+        engine.dispose()
+    counts = manifest["counts"]
+    excl = ", ".join(f"{k} {v:,}" for k, v in counts["excluded"].items()) or "none"
+    print(f"wrote {counts['exported']:,} of {counts['ok_scanned']:,} ok records to {plan.out}")
+    print(f"excluded: {excl}")
+    not_ok = counts["not_ok"]
+    if not_ok:
+        print("not ok (never exported): " + ", ".join(f"{k} {v:,}" for k, v in not_ok.items()))
+    print(f"manifest: {manifest_path(Path(plan.out))}  sha256 {manifest['file']['sha256'][:16]}…")
+    return 0
