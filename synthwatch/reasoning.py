@@ -522,6 +522,8 @@ class StreamAccumulator:
     def feed(self, chunk: Any) -> bool:
         """Add one parsed chunk; True if it carried output text (reasoning, content, tool calls)."""
         self._n += 1
+        if not self._n & 255:
+            self._compact()
         if type(chunk) is not dict:
             self._problems.add(f"chunk is {_tname(chunk)}, not an object")
             return False
@@ -736,6 +738,12 @@ class StreamAccumulator:
         return False
 
     # -- result --------------------------------------------------------------------------------
+
+    def _compact(self) -> None:
+        # One str object per token costs ~70 bytes each; 2,048 long streams held ~2 GB that way.
+        for lst in (*self._pieces.values(), self._details):
+            if len(lst) > 1:
+                lst[:] = ["".join(lst)]
 
     def result(self) -> Extracted:
         """The accumulated answer so far (may be called more than once; feeding may go on)."""

@@ -17,6 +17,27 @@ ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def run_async(coro: Any) -> Any:
+    """asyncio.run in a fresh thread: Playwright's sync API leaves a loop running in the main thread."""
+    import asyncio
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def main() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=main, daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
 def require(condition: bool, why: str) -> None:
     """Skip locally when a requirement is missing; under CI fail instead (never a quiet skip)."""
     if condition:

@@ -15,9 +15,9 @@ from synthwatch.workers.engine import RunWorker
 
 
 def run_checked(engine: Any, config: RunConfig, timeout_s: float = 60) -> tuple[int, str]:
-    run_id = create(engine, config)
-    worker = RunWorker(engine, run_id, config, hooks=writer_hooks(engine, run_id, config))
-    return run_id, asyncio.run(asyncio.wait_for(worker.main(), timeout_s))
+    # in its own thread and loop: Playwright's sync API leaves a loop running in the main thread
+    bg = CheckedBackground(engine, config).start()
+    return bg.run_id, bg.join(timeout_s)
 
 
 class CheckedBackground:

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
+from conftest import run_async
 
 from synthwatch.workers.simulator import (
     REASONING_FIELDS,
@@ -594,7 +595,7 @@ def test_paced_streams_and_disconnects(client: httpx.Client, base_url: str) -> N
             counts = await asyncio.gather(*(one(i) for i in range(300)), *(quitter() for _ in range(20)))
             return time.monotonic() - started, [c for c in counts if c is not None]
 
-    elapsed, counts = asyncio.run(run())
+    elapsed, counts = run_async(run())
     # 1 role chunk + 8 reasoning + 8 content (+ [DONE]) at 40 tokens/s: ~0.45 s, all in parallel.
     assert all(c == 18 for c in counts) and len(counts) == 300, set(counts)
     assert 0.4 < elapsed < 30  # one after another would take minutes

@@ -50,8 +50,9 @@ class Requester:
         # sock_read is the idle timeout: the longest silence between two reads of a stream.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s,
                                         connect=self.connect_timeout_s, sock_read=self.idle_timeout_s)
+        # a small read buffer per connection: thousands of slow streams must not each hold 128 KiB
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, json_serialize=_dumps,
-                                              auto_decompress=True, trust_env=False)
+                                              auto_decompress=True, trust_env=False, read_bufsize=2**14)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

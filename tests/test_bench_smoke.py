@@ -1,0 +1,52 @@
+"""The worker benchmarks run end to end in their quick mode, so that they never rot.
+
+Quick mode is tiny (dozens of requests): it proves every client completes every request with
+its reasoning captured, and that the tables are complete; the figures themselves are only
+meaningful in the full run (`./dev bench`, docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import require
+
+
+def _cpu_ok() -> bool:
+    import os
+
+    return hasattr(os, "sched_setaffinity")
+
+
+@pytest.mark.timeout(240)
+def test_worker_benchmark_quick() -> None:
+    require(_cpu_ok(), "os.sched_setaffinity (Linux) is needed to pin the simulator and the clients")
+    from bench import bench_worker
+
+    tables = bench_worker.main(quick=True)
+    summary, detail = tables
+    assert summary["id"] == "worker_vs_ceiling"
+    assert len(summary["rows"]) == len(bench_worker.QUICK)
+    assert len(detail["rows"]) == len(bench_worker.QUICK) * len(bench_worker.CLIENTS)
+    for row in detail["rows"]:
+        assert len(row) == len(detail["columns"])
+        assert float(row[5].replace(",", "")) > 0, row  # requests per CPU-second
+    for t in tables:
+        assert t["markdown"].startswith("### ")
+        assert t["markdown"].count("\n|") == len(t["rows"]) + 2
+    assert "checks on" in detail["text"]  # the worker ran with the checks' writer hooks
+
+
+@pytest.mark.timeout(240)
+def test_scale_benchmark_quick() -> None:
+    require(_cpu_ok(), "os.sched_setaffinity (Linux) is needed to pin the simulator and the clients")
+    from bench import bench_scale
+
+    [table] = bench_scale.main(quick=True)
+    values = {row[0]: row[1] for row in table["rows"]}
+    n = bench_scale.QUICK["streams"]
+    assert values["records ok"] == str(n)
+    assert values["records failed (spurious idle timeouts, errors)"] == "0"
+    assert values["records unfinished when stopped (worker fell behind)"] == "0"
+    assert values["streams the simulator had open at once (max)"] == str(n)
+    assert table["passed"] is True
