@@ -19,16 +19,16 @@ import json
 import os
 import re
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from bench import ServedApp
 
 TARGET_MS = 50.0
 TARGET_PAGE_BYTES = 200_000
@@ -79,27 +79,6 @@ def _move_to_now(db: Path, run_id: int) -> None:
         con.close()
 
 
-class _Server:
-    def __init__(self, db: Path) -> None:
-        import uvicorn
-
-        from synthwatch.app.main import create_app
-        from synthwatch.settings import Settings
-
-        app = create_app(str(db), Settings(db=str(db)))
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as `synthwatch serve` does
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 def _timed(client: Any, url: str, n: int) -> dict[str, Any]:
@@ -151,7 +130,7 @@ def main(quick: bool = False) -> int:
             [sys.executable, "-m", "synthwatch", "run", "--db", str(db), "--dataset", str(prompts), "--base-url",
              base_url, "--model", "sim-reasoner", "--name", live_name, "--concurrency", "32", "--quiet"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        server = _Server(db)
+        server = ServedApp(db)
         try:
             with httpx.Client(base_url=server.url, timeout=30) as c:
                 deadline = time.monotonic() + 120

@@ -14,14 +14,14 @@ records are flagged bad, 3% fail a check, and the full-text index is built.
 from __future__ import annotations
 
 import os
-import socket
 import sqlite3
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from bench import ServedApp
 
 TARGETS_MS = {"sample": 30.0, "search": 300.0, "page": 100.0, "tokens": 300.0}
 TOKENS_RECORD_TOKENS = 8_000
@@ -69,29 +69,6 @@ def _db_for(n: int) -> tuple[Path, int]:
     return db, rid
 
 
-class _Server:
-    def __init__(self, db: Path) -> None:
-        import uvicorn
-
-        from synthwatch.app.main import create_app
-        from synthwatch.settings import Settings
-
-        app = create_app(str(db), Settings(db=str(db)))
-        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets whose proto says TCP; with the default 0
-        # every keep-alive response waits ~40 ms for a delayed ACK (Nagle), as `synthwatch serve` never does
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(5)
-        self.sock.close()
 
 
 def _time(client: Any, url: str, repeat: int, params: Any = None) -> list[float]:
@@ -149,7 +126,7 @@ def main(quick: bool = False) -> int:
     n = 20_000 if quick else 1_000_000
     db, run_id = _db_for(n)
     token_rid = _token_record(db, run_id)
-    srv = _Server(db)
+    srv = ServedApp(db)
     results: list[tuple[str, str, list[float]]] = []
     base = f"/api/runs/{run_id}"
     try:

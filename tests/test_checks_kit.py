@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import Any
 
 from sqlalchemy import text
-from workerkit import create
+from workerkit import Background
 
 from synthwatch.checks import writer_hooks
 from synthwatch.config import RunConfig
-from synthwatch.workers.engine import RunWorker
 
 
 def run_checked(engine: Any, config: RunConfig, timeout_s: float = 60) -> tuple[int, str]:
@@ -20,33 +17,9 @@ def run_checked(engine: Any, config: RunConfig, timeout_s: float = 60) -> tuple[
     return bg.run_id, bg.join(timeout_s)
 
 
-class CheckedBackground:
+def CheckedBackground(engine: Any, config: RunConfig) -> Background:  # noqa: N802  (reads like the class it was)
     """A worker with the checks hooks in a thread (the test drives controls / reads the DB)."""
-
-    def __init__(self, engine: Any, config: RunConfig) -> None:
-        self.run_id = create(engine, config)
-        self.worker = RunWorker(engine, self.run_id, config, hooks=writer_hooks(engine, self.run_id, config))
-        self.final: str | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._main, daemon=True)
-
-    def _main(self) -> None:
-        try:
-            self.final = asyncio.run(self.worker.main())
-        except BaseException as exc:  # surfaced by join()
-            self.error = exc
-
-    def start(self) -> CheckedBackground:
-        self.thread.start()
-        return self
-
-    def join(self, timeout_s: float = 60) -> str:
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "worker did not finish in time"
-        if self.error:
-            raise self.error
-        assert self.final is not None
-        return self.final
+    return Background(engine, config, hooks=lambda run_id: writer_hooks(engine, run_id, config))
 
 
 def alarms(engine: Any, run_id: int) -> list[dict[str, Any]]:

@@ -48,11 +48,12 @@ def run_to_end(engine: Any, config: RunConfig, timeout_s: float = 60, run_id: in
 class Background:
     """A worker running in a thread with its own event loop (the test thread drives controls)."""
 
-    def __init__(self, engine: Any, config: RunConfig, run_id: int | None = None) -> None:
+    def __init__(self, engine: Any, config: RunConfig, run_id: int | None = None,
+                 hooks: Callable[[int], list[Any]] | None = None) -> None:
         self.engine = engine
         self.config = config
         self.run_id = run_id if run_id is not None else create(engine, config)
-        self.worker = RunWorker(engine, self.run_id, config)
+        self.worker = RunWorker(engine, self.run_id, config, hooks=hooks(self.run_id) if hooks else None)
         self.final: str | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, daemon=True)
