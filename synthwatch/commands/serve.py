@@ -60,9 +60,9 @@ def handle(args: argparse.Namespace) -> int:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((settings.host, settings.port))
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
         sock.close()
-        raise CliError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+        raise CliError(f"cannot listen on {settings.host}:{settings.port}: {getattr(exc, 'strerror', None) or exc}"
                        " (another dashboard running? choose another --port)") from None
     port = sock.getsockname()[1]  # --port 0 picks a free port: print the real one
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
