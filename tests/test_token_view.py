@@ -166,3 +166,19 @@ def test_without_a_tokenizer_the_view_says_how(engine: Any, live_app: Any, tmp_p
         r = c.get(f"/runs/{run_id}/records/{rid}/tokens", params={"tokenizer": "deepseek-v4"},
                   headers={"Sec-Fetch-Site": "cross-site"})
         assert r.status_code == 403
+
+
+def test_a_huge_record_is_refused_quickly_instead_of_tying_up_the_dashboard(engine: Any, live_app: Any,
+                                                                           tmp_path: Path) -> None:
+    import time
+
+    run_id = make_run(engine, tmp_path, None)
+    with engine.connect() as conn, store.write_begin(conn):
+        conn.execute(text("UPDATE run SET config_json = :c WHERE id = :r"), {"r": run_id, "c": orjson.dumps(
+            {"tokenizer": {"name_or_path": "deepseek-v4", "chat_template": "deepseek-v4"}}).decode()})
+    rid = add_record(engine, run_id, 0, reasoning="step " * 200_000, content="done")
+    srv = live_app()
+    t = time.monotonic()
+    r = httpx.get(f"{srv.url}/runs/{run_id}/records/{rid}/tokens", timeout=60)
+    assert r.status_code == 200 and time.monotonic() - t < 10
+    assert "renders records up to 400,000 characters" in r.text

@@ -23,6 +23,7 @@ from .deps import HX, ReadConn, ReadEngine, WriteEngine, render
 router = APIRouter()
 
 MAX_CHIPS = 20_000
+MAX_TOKEN_VIEW_CHARS = 400_000  # ~100k tokens: a few hundred ms to render
 
 
 def _run_or_404(conn: Any, run_id: int) -> dict[str, Any]:
@@ -463,6 +464,12 @@ def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
             ids = orjson.loads(rec["token_ids_json"]) or {}
         except orjson.JSONDecodeError:
             ids = {}
+    size = len(rec.get("prompt_json") or "") + len(rec.get("reasoning") or "") + len(rec.get("content") or "")
+    if size > MAX_TOKEN_VIEW_CHARS:
+        # tokenizing megabytes of model output on every request would tie up the dashboard for seconds
+        ctx["error"] = (f"this record holds {size:,} characters; the token view renders records up to "
+                        f"{MAX_TOKEN_VIEW_CHARS:,} characters (export it with --format tokens to inspect it)")
+        return ctx
     try:
         messages = orjson.loads(rec["prompt_json"])
         lt = tokens.load_tokenizer(spec)
