@@ -14,9 +14,8 @@ from sqlalchemy import text
 
 from synthwatch.ingest import LineError, LineParser, MapError, parse_map
 
-SEED = Path("/work/shared/data/raw_responses_sample.jsonl")
-if not SEED.exists():  # the checkout's copy when the shared folder is not mounted
-    SEED = Path(__file__).parent / "data" / "raw_responses_sample.jsonl"
+# a copy of the shared seed file (/work/shared/data/raw_responses_sample.jsonl) kept with the tests
+SEED = Path(__file__).parent / "data" / "raw_responses_sample.jsonl"
 
 
 def line(obj: Any) -> bytes:
