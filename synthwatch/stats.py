@@ -107,7 +107,7 @@ def list_runs(conn: Connection, limit: int = 200) -> list[dict[str, Any]]:
     with contextlib.suppress(OperationalError):  # the alarm table belongs to the checks module
         for run_id, n, n_err in conn.execute(text(
                 "SELECT run_id, COUNT(*), SUM(CASE WHEN severity = 'error' THEN 1 ELSE 0 END) FROM alarm"
-                " WHERE active = 1 GROUP BY run_id")):
+                " WHERE active GROUP BY run_id")):
             alarms[run_id] = (n, n_err or 0)
     for r in runs:
         r["live"] = r["status"] in LIVE_STATUSES

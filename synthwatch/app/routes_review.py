@@ -374,7 +374,7 @@ def _records_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[s
         "finish_reasons": review.distinct_values(conn, run["id"], "finish_reason"),
         "endpoints": review.distinct_values(conn, run["id"], "endpoint"),
         "sources": review.distinct_values(conn, run["id"], "reasoning_source"),
-        "search_ok": conn.dialect.name == "sqlite",
+        "search_ok": conn.dialect.name in ("sqlite", "postgresql"),
     }
 
 
