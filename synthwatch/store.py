@@ -48,6 +48,16 @@ def write_begin(conn: Connection) -> Any:
     return conn.begin()
 
 
+def lock_run(conn: Connection, run_id: int) -> None:
+    """Take the run's row lock first in a write transaction (PostgreSQL).
+
+    Every worker's transaction touches record rows and the run row (its counters). Taking the run
+    row first gives all of them one lock order, so two workers can never deadlock; SQLite's BEGIN
+    IMMEDIATE already serialises writers."""
+    if is_pg(conn):
+        conn.execute(text("SELECT id FROM run WHERE id = :r FOR UPDATE"), {"r": run_id})
+
+
 @dataclass(slots=True)
 class Claimed:
     id: int

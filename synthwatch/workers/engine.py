@@ -129,6 +129,7 @@ class RunWorker:
 
     def _prepare(self) -> None:
         with self.engine.connect() as conn, store.write_begin(conn):
+            store.lock_run(conn, self.run_id)
             others = conn.execute(
                 text("SELECT COUNT(*) FROM worker WHERE run_id = :r AND status = 'running' AND heartbeat_at > :t"),
                 {"r": self.run_id, "t": time.time() - get_settings().dead_worker_after_s},

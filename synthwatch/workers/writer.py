@@ -415,6 +415,7 @@ class Writer:
         touched = self._accumulate(outcomes, failures)
         claim_results: list[tuple[Future[Any], Any]] = []
         with self.engine.connect() as conn, store.write_begin(conn):
+            store.lock_run(conn, self.run_id)
             if outcomes:
                 self._write_outcomes(conn, outcomes)
             if failures:
