@@ -104,11 +104,10 @@ def list_runs(conn: Connection, limit: int = 200) -> list[dict[str, Any]]:
              " finished_at, total, n_pending, n_in_flight, n_ok, n_error, n_timeout, n_cancelled"
              " FROM run ORDER BY id DESC LIMIT :n"), {"n": limit}).mappings()]
     alarms: dict[int, tuple[int, int]] = {}
-    with contextlib.suppress(OperationalError):  # the alarm table belongs to the checks module
-        for run_id, n, n_err in conn.execute(text(
-                "SELECT run_id, COUNT(*), SUM(CASE WHEN severity = 'error' THEN 1 ELSE 0 END) FROM alarm"
-                " WHERE active GROUP BY run_id")):
-            alarms[run_id] = (n, n_err or 0)
+    for run_id, n, n_err in conn.execute(text(
+            "SELECT run_id, COUNT(*), SUM(CASE WHEN severity = 'error' THEN 1 ELSE 0 END) FROM alarm"
+            " WHERE active GROUP BY run_id")):
+        alarms[run_id] = (n, n_err or 0)
     for r in runs:
         r["live"] = r["status"] in LIVE_STATUSES
         r["duration_s"] = _duration(r, now)
