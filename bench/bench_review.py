@@ -58,7 +58,7 @@ def _db_for(n: int) -> tuple[Path, int]:
                 " AND status = 'ok' AND idx % 100 = 7", (rid,))
     con.execute("UPDATE record SET check_flags = 1 << (idx % 4) WHERE run_id = ? AND status = 'ok' AND idx % 33 = 5",
                 (rid,))
-    # the full-text index, built in one pass (what rebuild_fts does)
+    # the full-text index, built in one pass (what synthwatch.search_index.rebuild does)
     con.execute("INSERT INTO record_fts(record_fts) VALUES ('delete-all')")
     con.execute("INSERT INTO record_fts(rowid, prompt_json, reasoning, content) SELECT id, prompt_json, reasoning,"
                 " content FROM record WHERE reasoning IS NOT NULL OR content IS NOT NULL")

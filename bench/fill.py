@@ -57,9 +57,10 @@ def fill(db_path: str | Path, n_records: int, *, run_name: str | None = None, n_
          pending_share: float = 0.02, seed: int = 0, batch: int = 20_000, fts: bool = True) -> int:
     """Add one run of ``n_records`` records ending at ``end_t`` (default now). Returns its run id.
 
-    ``fts=False`` skips the full-text index of the review search while inserting (several times
-    faster); those records are then not searchable and must not be updated or deleted (the index's
-    delete triggers would remove rows it never had). Benchmarks that do not search use it.
+    ``fts=True`` queues the finished records for the search indexer, as a worker does (a dashboard
+    then indexes them in the background). ``fts=False`` skips that: those records are not searchable
+    and must not be updated or deleted (the triggers would delete index entries that were never made).
+    Benchmarks that do not search use it, or build the index in one pass.
     """
     from synthwatch.db import open_engine
 
@@ -78,12 +79,6 @@ def fill(db_path: str | Path, n_records: int, *, run_name: str | None = None, n_
               "endpoints": [{"base_url": f"http://127.0.0.1:{9000 + i}/v1", "name": e} for i, e in enumerate(endpoints)],
               "timeouts": {"total_s": 600, "idle_s": 60}}
     conn.execute("BEGIN")
-    fts_triggers: list[tuple[str, str]] = []
-    if not fts:
-        fts_triggers = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'record'"
-                                    " AND sql LIKE '%AFTER INSERT%' AND sql LIKE '%record_fts%'").fetchall()
-        for trig, _ in fts_triggers:
-            conn.execute(f'DROP TRIGGER "{trig}"')
     run_id = conn.execute(
         "INSERT INTO run (name, kind, status, desired, cap, concurrency, config_json, expects_reasoning, created_at,"
         " started_at, finished_at, updated_at, total, n_pending, n_in_flight, n_ok, n_error, n_timeout, n_cancelled)"
@@ -113,7 +108,8 @@ def fill(db_path: str | Path, n_records: int, *, run_name: str | None = None, n_
         counts[st] += 1
         t = start + duration * min(i, n_final) / max(1, n_final)
         ep = endpoints[i % n_endpoints]
-        rec = dict(blank, run_id=run_id, idx=i, source_id=f"s{i}", source_line=i + 1, rnd=rng.random(),
+        rec = dict(blank, run_id=run_id, idx=i, source_id=f"s{i}", source_line=i + 1,
+                   rnd=rng.random() if st != "pending" else -1.0,
                    prompt_json=prompts[i % 500], status=st, attempts=0)
         if st == "ok":
             r, c = reasonings[i % 500], contents[(i * 7) % 500]
@@ -135,8 +131,9 @@ def fill(db_path: str | Path, n_records: int, *, run_name: str | None = None, n_
             buf = []
     if buf:
         conn.executemany(rec_sql, buf)
-    for _, sql in fts_triggers:
-        conn.execute(sql)
+    if fts:  # what every writer of text does (synthwatch.search_index.enqueue)
+        conn.execute("INSERT OR IGNORE INTO record_fts_queue(record_id) SELECT id FROM record WHERE run_id = ?"
+                     " AND (reasoning IS NOT NULL OR content IS NOT NULL)", (run_id,))
     conn.executemany("INSERT INTO error_event (run_id, t, record_id, endpoint, kind, status_code, final, message)"
                      " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", errors)
     conn.execute("UPDATE run SET n_ok = ?, n_error = ?, n_timeout = ?, n_pending = ? WHERE id = ?",

@@ -25,6 +25,15 @@ class Settings(BaseSettings):
     poll_interval_ms: int = Field(1000, ge=100, description="How often live fragments refresh.")
     busy_timeout_ms: int = Field(10000, ge=0, description="SQLite busy timeout for every connection.")
     stats_time_limit_ms: int = Field(500, ge=10, description="Longest a dashboard stats query may run.")
+    search_index_interval_ms: int = Field(
+        1000, ge=50, description="How often the dashboard looks for finished records to add to the search index."
+    )
+    search_index_lock_ms: int = Field(
+        100, ge=5, le=5000, description="Longest write transaction of the search indexer (workers wait this long at most)."
+    )
+    search_catch_up_ms: int = Field(
+        300, ge=0, description="How long a search first spends indexing records not yet searchable."
+    )
     worker_heartbeat_s: float = Field(1.0, gt=0, description="How often a worker writes its heartbeat.")
     dead_worker_after_s: float = Field(15.0, gt=0, description="A worker silent this long is shown dead.")
 

@@ -31,7 +31,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-from . import store
+from . import search_index, store
 from .ingest import LineError, LineParser, Parsed
 from .workers.results import Outcome
 from .workers.writer import SERIES_WIDTH_S, SeriesAccumulator, WriterHook, record_columns
@@ -262,12 +262,15 @@ class Ingestor:
                     idx_of_parsed[i] = base + k
             outcomes = [self._outcome(idx_of_parsed[i], p, now) for i, (_, p) in enumerate(parsed)]
             if outcomes:
-                conn.execute(_INSERT, [self._row(o, p, ln, where) for o, (ln, p) in zip(outcomes, parsed, strict=True)])
+                rows = [self._row(o, p, ln, where) for o, (ln, p) in zip(outcomes, parsed, strict=True)]
+                conn.execute(_INSERT, rows)
                 ids: dict[int, int] = dict(conn.execute(
                     text("SELECT idx, id FROM record WHERE run_id = :r AND idx >= :lo AND idx < :hi"),
                     {"r": self.run_id, "lo": base, "hi": base + len(order)}).all())
                 for o in outcomes:
                     o.record_id = ids[o.idx]
+                search_index.enqueue(conn, [ids[r["idx"]] for r in rows
+                                            if r["reasoning"] is not None or r["content"] is not None])
                 if self.hooks:
                     for hook in self.hooks:
                         hook.on_outcomes(outcomes)

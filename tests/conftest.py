@@ -145,7 +145,7 @@ class LiveServer:
         self.sock = sock
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
 
     def start(self) -> LiveServer:

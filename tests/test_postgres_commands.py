@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from conftest import popen_cli, run_cli
@@ -111,7 +112,10 @@ def test_every_command_on_postgresql(pg_server: Any, tmp_path: Path, sim: Any, p
     engine.dispose()
 
 
-def test_search_on_postgresql(pg_server: Any) -> None:
+@pytest.mark.parametrize("window", [review.PG_FIRST_WINDOW, 1])
+def test_search_on_postgresql(pg_server: Any, window: int, monkeypatch: Any) -> None:
+    """Search results and keyset pages on PostgreSQL; window 1 makes every page walk several id windows."""
+    monkeypatch.setattr(review, "PG_FIRST_WINDOW", window)
     engine = open_engine(pg_server.new_database())
     from synthwatch import store
 
@@ -142,6 +146,11 @@ def test_search_on_postgresql(pg_server: Any) -> None:
         first = review.page(conn, rid, review.Filters(q="hippo"), limit=4)
         rest = review.page(conn, rid, review.Filters(q="hippo"), after=first.next_cursor, limit=10)
         assert [r["idx"] for r in first.rows + rest.rows] == list(range(8, -1, -1))
+        back = review.page(conn, rid, review.Filters(q="hippo"), before=rest.prev_cursor, limit=4)
+        assert [r["idx"] for r in back.rows] == [8, 7, 6, 5]
+        up = review.page(conn, rid, review.Filters(q="hippo", order="asc"), limit=3)
+        up2 = review.page(conn, rid, review.Filters(q="hippo", order="asc"), after=up.next_cursor, limit=3)
+        assert [r["idx"] for r in up.rows + up2.rows] == [0, 1, 2, 3, 4, 5]
     with engine.connect() as conn:
         # the query review builds matches the index expression (the planner can answer it from the GIN index)
         conn.execute(text("SET enable_seqscan = off"))

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from sqlalchemy import text
 
-from synthwatch import review, store
+from synthwatch import review, search_index, store
 from synthwatch.review import Filters, ReviewError
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -26,7 +26,7 @@ def add_run(engine: Any, name: str = "review-run", config: dict[str, Any] | None
 def add_record(engine: Any, run_id: int, idx: int, *, status: str = "ok", prompt: str | None = None,
                reasoning: str | None = "Let me think. 2 + 2 = 4.", content: str | None = "The answer is 4.",
                **cols: Any) -> int:
-    """A finished record written the way the worker's writer leaves it (real SQL, real triggers)."""
+    """A finished record written the way the worker's writer leaves it (real SQL, queued for the search index)."""
     row: dict[str, Any] = {
         "run_id": run_id, "idx": idx, "rnd": random.random(), "status": status,
         "prompt_json": orjson.dumps([{"role": "user", "content": prompt or f"What is {idx} + 2?"}]).decode(),
@@ -41,8 +41,11 @@ def add_record(engine: Any, run_id: int, idx: int, *, status: str = "ok", prompt
     row.update(cols)
     names = ", ".join(row)
     with engine.connect() as conn, store.write_begin(conn):
-        return int(conn.execute(text(f"INSERT INTO record ({names}) VALUES ({', '.join(':' + k for k in row)})"
-                                     " RETURNING id"), row).scalar_one())
+        rid = int(conn.execute(text(f"INSERT INTO record ({names}) VALUES ({', '.join(':' + k for k in row)})"
+                                    " RETURNING id"), row).scalar_one())
+        if reasoning is not None or content is not None:
+            search_index.enqueue(conn, [rid])  # what every writer of text does
+        return rid
 
 
 def ids_of(rows: list[dict[str, Any]]) -> list[int]:
@@ -52,8 +55,39 @@ def ids_of(rows: list[dict[str, Any]]) -> list[int]:
 # ---------------------------------------------------------------------------------------- full text
 
 
+def fts_integrity(conn: Any) -> None:
+    """record_fts holds exactly the current text of the records it should (finished, not queued): every
+    (term, record, column, position) instance equals that of an index built from scratch, and FTS5's own
+    check of its structure passes."""
+    conn.execute(text("INSERT INTO record_fts(record_fts, rank) VALUES ('integrity-check', 0)"))
+    conn.execute(text("CREATE VIRTUAL TABLE temp.fts_ref USING fts5(prompt_json, reasoning, content)"))
+    try:
+        conn.execute(text(
+            "INSERT INTO temp.fts_ref(rowid, prompt_json, reasoning, content) SELECT id, prompt_json, reasoning,"
+            " content FROM record WHERE (reasoning IS NOT NULL OR content IS NOT NULL)"
+            " AND id NOT IN (SELECT record_id FROM record_fts_queue)"))
+        conn.execute(text("CREATE VIRTUAL TABLE temp.v_live USING fts5vocab(main, record_fts, 'instance')"))
+        conn.execute(text("CREATE VIRTUAL TABLE temp.v_ref USING fts5vocab(temp, fts_ref, 'instance')"))
+        cols = "term, doc, col, offset"
+        extra = conn.execute(text(f"SELECT {cols} FROM temp.v_live EXCEPT SELECT {cols} FROM temp.v_ref LIMIT 5")).all()
+        missing = conn.execute(text(f"SELECT {cols} FROM temp.v_ref EXCEPT SELECT {cols} FROM temp.v_live LIMIT 5")).all()
+        assert not extra and not missing, f"stale entries {extra}, missing entries {missing}"
+    finally:
+        for t in ("v_live", "v_ref", "fts_ref"):
+            conn.execute(text(f"DROP TABLE IF EXISTS temp.{t}"))
+
+
+def indexed_ids(conn: Any) -> set[int]:
+    return {int(r[0]) for r in conn.execute(text("SELECT id FROM record_fts_docsize"))}
+
+
+def queued_ids(conn: Any) -> set[int]:
+    return {int(r[0]) for r in conn.execute(text("SELECT record_id FROM record_fts_queue"))}
+
+
 def test_fts_follows_the_worker(engine: Any, sim: Any, prompts: Any) -> None:
-    """A real worker run: finished records are searchable, pending ones are not indexed, updates re-index."""
+    """A real worker run queues its finished records without indexing them; the indexer makes them
+    searchable; pending ones are never indexed; an update re-indexes."""
     from workerkit import Background, make_config
 
     url = sim()
@@ -62,30 +96,133 @@ def test_fts_follows_the_worker(engine: Any, sim: Any, prompts: Any) -> None:
     assert worker.join(60) in ("completed", "stopped")
     run_id = worker.run_id
     with engine.connect() as conn:
-        indexed = conn.execute(text("SELECT count(*) FROM record_fts_docsize")).scalar_one()
-        finished = conn.execute(text("SELECT count(*) FROM record WHERE reasoning IS NOT NULL OR content IS NOT NULL"
-                                     )).scalar_one()
+        finished = {int(r[0]) for r in conn.execute(
+            text("SELECT id FROM record WHERE reasoning IS NOT NULL OR content IS NOT NULL"))}
         pending = conn.execute(text("SELECT count(*) FROM record WHERE status = 'pending'")).scalar_one()
-        assert indexed == finished >= 8 and pending >= 1
+        # the worker tokenized nothing: every finished record waits in the queue
+        assert len(finished) >= 8 and pending >= 1
+        assert queued_ids(conn) == finished and not indexed_ids(conn)
+        assert search_index.backlog(conn) == len(finished)
+    assert search_index.catch_up(engine)
+    with engine.connect() as conn:
+        assert indexed_ids(conn) == finished and not queued_ids(conn)
         # every simulator answer says "The answer is"
         pg = review.page(conn, run_id, Filters(q="answer", field="content"), limit=100)
-        assert len(pg.rows) == finished
+        assert len(pg.rows) == len(finished)
         some = pg.rows[0]["id"]
-    with engine.connect() as conn, store.write_begin(conn):
-        conn.execute(text("UPDATE record SET content = 'zyxwvut quokka' WHERE id = :i"), {"i": some})
+    rewrite(engine, some, "content = 'zyxwvut quokka'")
+    with engine.connect() as conn:
+        # the old entry left the index at once; the new text waits for the indexer
+        assert some not in indexed_ids(conn) and queued_ids(conn) == {some}
+        assert some not in ids_of(review.page(conn, run_id, Filters(q="answer", field="content"), limit=100).rows)
+        fts_integrity(conn)
+    search_index.catch_up(engine)
     with engine.connect() as conn:
         assert ids_of(review.page(conn, run_id, Filters(q="quokka")).rows) == [some]
         assert some not in ids_of(review.page(conn, run_id, Filters(q="answer", field="content"), limit=100).rows)
         # prompts are searchable too, and the field restriction holds
         assert review.page(conn, run_id, Filters(q="What", field="prompt"), limit=100).rows
         assert not review.page(conn, run_id, Filters(q="quokka", field="reasoning")).rows
-        assert conn.execute(text("INSERT INTO record_fts(record_fts, rank) VALUES ('integrity-check', 0)")) is not None
+        fts_integrity(conn)
+
+
+def rewrite(engine: Any, record_id: int, assignments: str) -> None:
+    """Rewrite a finished record's text the one supported way: unindex, write, queue (one transaction)."""
+    with engine.connect() as conn, store.write_begin(conn):
+        search_index.unindex(conn, [record_id])
+        conn.execute(text(f"UPDATE record SET {assignments} WHERE id = :i"), {"i": record_id})
+        search_index.enqueue(conn, [record_id])
+
+
+def test_fts_queue_keeps_the_index_exact(engine: Any) -> None:
+    """Every order of rewrite, delete and indexing leaves record_fts equal to the records' current text
+    (compared instance by instance with an index built from scratch), and a search finds exactly the current
+    words."""
+    run_id = add_run(engine)
+    a = add_record(engine, run_id, 0, content="alpha one")
+    b = add_record(engine, run_id, 1, content="bravo one")
+    c = add_record(engine, run_id, 2, content="charlie one")
+    d = add_record(engine, run_id, 3, status="pending", reasoning=None, content=None)
+
+    def delete(record_id: int) -> None:
+        with engine.connect() as conn, store.write_begin(conn):
+            conn.execute(text("DELETE FROM record WHERE id = :i"), {"i": record_id})
+
+    # queued, then rewritten twice and deleted before the indexer ever ran
+    rewrite(engine, b, "content = 'bravo two'")
+    rewrite(engine, b, "content = 'bravo three'")
+    delete(c)
+    with engine.connect() as conn:
+        assert queued_ids(conn) == {a, b} and not indexed_ids(conn)
+    assert search_index.catch_up(engine)
+    # indexed, then rewritten (the old words must leave the index), emptied, and a pending one finished
+    rewrite(engine, a, "content = 'alpha two'")
+    rewrite(engine, b, "reasoning = NULL, content = NULL")
+    rewrite(engine, d, "status = 'ok', reasoning = 'delta thoughts', content = 'delta one'")
+    with engine.connect() as conn:
+        fts_integrity(conn)
+        assert queued_ids(conn) == {a, b, d} and not indexed_ids(conn)  # b has no text: dequeued, not indexed
+    # an indexed record deleted: its entry goes with it (the delete trigger)
+    assert search_index.catch_up(engine)
+    delete(d)
+    with engine.connect() as conn:
+        fts_integrity(conn)
+        assert indexed_ids(conn) == {a}
+
+        def found(q: str) -> list[int]:
+            return ids_of(review.page(conn, run_id, Filters(q=q), limit=100).rows)
+
+        assert found("alpha") == [a] and found("two") == [a]
+        assert found("one") == [] and found("bravo") == [] and found("charlie") == [] and found("delta") == []
+    # text rewritten behind the index's back (no unindex) and queued: the indexer does not index it twice
+    with engine.connect() as conn, store.write_begin(conn):
+        conn.execute(text("UPDATE record SET content = 'alpha three' WHERE id = :i"), {"i": a})
+        search_index.enqueue(conn, [a])
+    assert search_index.catch_up(engine)
+    with engine.connect() as conn:
+        assert indexed_ids(conn) == {a} and not queued_ids(conn)
+        conn.execute(text("INSERT INTO record_fts(record_fts, rank) VALUES ('integrity-check', 0)"))
+    # and a rebuild repairs that case: the index holds the current text again
+    with engine.connect() as conn, store.write_begin(conn):
+        search_index.rebuild(conn)
+    with engine.connect() as conn:
+        fts_integrity(conn)
+        assert indexed_ids(conn) == {a} and not queued_ids(conn)
+        assert ids_of(review.page(conn, run_id, Filters(q="three"), limit=100).rows) == [a]
+
+
+def test_worker_writes_fire_no_trigger(engine: Any) -> None:
+    """No trigger may fire on the worker's claim and final UPDATE (or the prompt load): any trigger makes SQLite
+    keep a statement journal of every page those statements change (see migration 0004_fts_queue)."""
+    with engine.connect() as conn:
+        triggers = conn.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"
+                                     " AND tbl_name = 'record'")).all()
+    assert triggers and all(" DELETE ON record" in sql for _, sql in triggers), triggers
+
+
+def test_indexer_transactions_stay_short(engine: Any) -> None:
+    """index_some stops near its time budget and resumes where it stopped: nothing indexed twice or skipped."""
+    run_id = add_run(engine)
+    long_text = " ".join(f"word{i % 997}" for i in range(4000))
+    ids = [add_record(engine, run_id, i, reasoning=long_text, content=f"unique{i}") for i in range(60)]
+    n, empty = search_index.index_some(engine, lock_ms=5)
+    assert 0 < n < 60 and not empty
+    total = n
+    while not empty:
+        n, empty = search_index.index_some(engine, lock_ms=5)
+        total += n
+    assert total == 60
+    with engine.connect() as conn:
+        assert indexed_ids(conn) == set(ids)
+        fts_integrity(conn)
+        assert ids_of(review.page(conn, run_id, Filters(q="unique17"), limit=10).rows) == [ids[17]]
 
 
 def test_search_text_is_never_fts_syntax(engine: Any) -> None:
     run_id = add_run(engine)
     target = add_record(engine, run_id, 0, content='He said "NOT (this)" AND near: x* -y')
     add_record(engine, run_id, 1, content="something else")
+    search_index.catch_up(engine)
     with engine.connect() as conn:
         for q in ['"NOT', "(this)", "AND near:", "x*", "-y", 'said "NOT']:
             assert target in ids_of(review.page(conn, run_id, Filters(q=q)).rows), q
@@ -217,6 +354,57 @@ def test_filter_params_are_validated() -> None:
         review.Cursor.decode("x~y", Filters(sort="latency_s"))
 
 
+# ------------------------------------------------------------------------------------- search (HTTP)
+
+
+def test_search_over_http_indexes_first_and_counts_what_it_could_not(engine: Any, live_app: Any) -> None:
+    """A search indexes queued records before it runs; with no time for that, the page and the API say how many
+    finished records are not searchable yet instead of silently missing them; the background indexer of a
+    running dashboard drains the queue on its own."""
+    run_id = add_run(engine)
+    ids = [add_record(engine, run_id, i, content=f"needle{i % 3} haystack") for i in range(30)]
+    # no catch-up, background indexer asleep for an hour: nothing can be indexed
+    lazy = live_app(search_catch_up_ms=0, search_index_interval_ms=3_600_000)
+    with httpx.Client(base_url=lazy.url) as c:
+        # the indexer's first pass at start-up may run; take what is left
+        with engine.connect() as conn:
+            left = search_index.backlog(conn)
+        body = c.get(f"/api/runs/{run_id}/records", params={"q": "haystack", "limit": 100}).json()
+        assert body["search_backlog"] == left and len(body["records"]) == 30 - left
+        if left:
+            html = c.get(f"/runs/{run_id}/records/count", params={"q": "haystack"}).text
+            assert f"{left} finished record" in html and "not yet searchable" in html
+        # without a search nothing is indexed or counted
+        assert c.get(f"/api/runs/{run_id}/records").json()["search_backlog"] == 0
+    with engine.connect() as conn, store.write_begin(conn):
+        conn.execute(text("INSERT OR IGNORE INTO record_fts_queue(record_id) SELECT id FROM record"
+                          " WHERE id NOT IN (SELECT id FROM record_fts_docsize)"))
+    # the default: a search indexes first, so it finds everything and reports no backlog
+    eager = live_app(search_index_interval_ms=3_600_000)
+    with httpx.Client(base_url=eager.url) as c:
+        body = c.get(f"/api/runs/{run_id}/records", params={"q": "needle1", "limit": 100}).json()
+        assert body["search_backlog"] == 0
+        assert sorted(r["id"] for r in body["records"]) == [i for n, i in enumerate(ids) if n % 3 == 1]
+        assert c.get(f"/api/runs/{run_id}/records/count", params={"q": "needle2"}).json() == {
+            "count": 10, "capped": False, "search_backlog": 0}
+        preview = c.post(f"/api/runs/{run_id}/flags/bulk", json={"filters": {"q": "needle0"}, "verdict": "bad",
+                                                                 "reason": "other"}).json()
+        assert preview["preview"]["count"] == 10 and preview["search_backlog"] == 0
+    # records finished while a dashboard runs become searchable without any search
+    more = [add_record(engine, run_id, 100 + i, content="latecomer") for i in range(5)]
+    live_app(search_index_interval_ms=50)
+    deadline = time.monotonic() + 10
+    def backlog() -> int:
+        with engine.connect() as conn:  # a fresh connection each time: one read transaction keeps its snapshot
+            return search_index.backlog(conn)
+
+    while backlog() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with engine.connect() as conn:
+        assert search_index.backlog(conn) == 0 and set(more) <= indexed_ids(conn)
+        fts_integrity(conn)
+
+
 # ---------------------------------------------------------------------------------------- flags (HTTP)
 
 
@@ -266,7 +454,7 @@ def test_flag_undo_and_bulk_over_http(engine: Any, live_app: Any) -> None:
         # undo the run's latest action = the whole bulk flag
         assert c.post(f"/api/runs/{run_id}/flags/undo").json()["undone"] == 4
         assert c.get(f"/api/runs/{run_id}/records/count", params={"flag": "flagged"}).json() == {
-            "count": 0, "capped": False}
+            "count": 0, "capped": False, "search_backlog": 0}
         r = c.post(f"/api/runs/{run_id}/flags/bulk", json={"filters": {"status": "nope"}, "verdict": "bad"})
         assert r.status_code == 400 and "status: unknown value 'nope'" in r.json()["detail"]
 
@@ -324,4 +512,4 @@ def test_segments_and_emptiness() -> None:
 def test_migration_indexes_exist(db_path: Path, engine: Any) -> None:
     with engine.connect() as conn:
         names = {r[0] for r in conn.execute(text("SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')"))}
-    assert {"ix_record_review", "ix_record_failing", "ix_record_filter", "record_fts_ai", "record_fts_au_ins"} <= names
+    assert {"ix_record_review", "ix_record_failing", "ix_record_filter", "record_fts_bd", "record_fts_ad"} <= names

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -9,6 +10,11 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from .. import search_index
+
+log = logging.getLogger(__name__)
 
 PACKAGE = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = PACKAGE / "templates"
@@ -40,6 +46,26 @@ def get_conn(request: Request) -> Iterator[Connection]:
         yield conn
 
 
+def catch_up_search(request: Request, q: str | None) -> int:
+    """Before a search on SQLite: index queued records for a bounded time. Returns how many are still queued
+    (0 without a search), so a page can say that they are not searchable yet instead of missing them silently."""
+    write: Engine = request.app.state.write_engine
+    if not (q or "").strip() or not search_index.applies(write):
+        return 0
+    settings = request.app.state.settings
+    try:
+        if search_index.catch_up(write, settings.search_catch_up_ms, settings.search_index_lock_ms):
+            return 0
+    except DBAPIError as exc:  # busy or disk full: search what is indexed, and say how much is not
+        log.warning("search index catch-up failed: %s", getattr(exc, "orig", exc))
+    with request.app.state.read_engine.connect() as conn:
+        return search_index.backlog(conn)
+
+
+def search_backlog(request: Request) -> int:
+    return catch_up_search(request, request.query_params.get("q"))
+
+
 def get_templates(request: Request) -> Jinja2Templates:
     return request.app.state.templates  # type: ignore[no-any-return]
 
@@ -53,6 +79,7 @@ WriteEngine = Annotated[Engine, Depends(get_write_engine)]
 ReadEngine = Annotated[Engine, Depends(get_read_engine)]
 Templates = Annotated[Jinja2Templates, Depends(get_templates)]
 HX = Annotated[bool, Depends(is_htmx)]
+SearchBacklog = Annotated[int, Depends(search_backlog)]
 
 
 def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Any:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..db import make_engine, migrate, resolve_url
+from ..search_index import BackgroundIndexer
 from ..settings import Settings, get_settings
 from . import security
 from .deps import STATIC_DIR, make_templates, render
@@ -20,7 +24,19 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
     settings = settings or get_settings()
     url = resolve_url(db or settings.db)
     migrate(url)
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # the workers only queue finished records for full-text search; the dashboard indexes them
+        indexer = BackgroundIndexer(app.state.write_engine, settings.search_index_interval_ms,
+                                    settings.search_index_lock_ms).start()
+        app.state.search_indexer = indexer
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(indexer.stop)
+
     app = FastAPI(
+        lifespan=lifespan,
         title="synthwatch",
         description="Live dashboard and JSON API for synthetic data generation runs.",
         version="0.1.0",

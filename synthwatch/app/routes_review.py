@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from .. import review, store
 from ..review import Filters, ReviewError
-from .deps import HX, ReadConn, ReadEngine, WriteEngine, render
+from .deps import HX, ReadConn, ReadEngine, SearchBacklog, WriteEngine, catch_up_search, render
 
 router = APIRouter()
 
@@ -310,9 +310,10 @@ async def bulk_form(request: Request, run_id: int, conn: ReadConn, read: ReadEng
     form = {k: str(v) for k, v in (await request.form()).items()}
     run = _run_or_404(conn, run_id)
     f = _filters(form)  # the filter's own fields; the verdict comes as flag_* (a filter has a reason field too)
+    backlog = await run_in_threadpool(catch_up_search, request, f.q)
     verdict, reason, note = _bulk_args({k.removeprefix("flag_"): v for k, v in form.items() if k.startswith("flag_")})
     ctx: dict[str, Any] = {"run": run, "f": f, "verdict": verdict, "reason": reason, "note": note,
-                           "reason_labels": review.REASON_LABELS}
+                           "reason_labels": review.REASON_LABELS, "search_backlog": backlog}
     try:  # database work off the event loop
         if form.get("undo_bulk"):
             ctx["undone"] = await run_in_threadpool(review.undo_bulk, write, run_id, form["undo_bulk"])
@@ -334,7 +335,7 @@ def _to_int(raw: Any, name: str) -> int:
 
 
 @router.post("/api/runs/{run_id}/flags/bulk", tags=["review"])
-def bulk_api(run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine,
+def bulk_api(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine,
              body: dict[str, Any] = Body(..., examples=[{"filters": {"finish_reason": "length"}, "verdict": "bad",
                                                          "reason": "truncated"}])) -> Any:
     """Flag every record matching `filters` (the records-table query parameters). Without `max_id` it only
@@ -345,9 +346,10 @@ def bulk_api(run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine,
         raise HTTPException(400, "filters: must be an object of records-table query parameters")
     f = _filters(filters)
     verdict, reason, note = _bulk_args(body)
+    backlog = catch_up_search(request, f.q)
     try:
         if body.get("max_id") is None:
-            return {"preview": review.bulk_preview(conn, run_id, f)}
+            return {"preview": review.bulk_preview(conn, run_id, f), "search_backlog": backlog}
         return review.bulk_flag(read, write, run_id, f, verdict, reason, note, _to_int(body["max_id"], "max_id"))
     except ReviewError as exc:
         raise _bad(exc) from None
@@ -356,7 +358,7 @@ def bulk_api(run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine,
 # ------------------------------------------------------------------------------------------- records
 
 
-def _records_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
+def _records_context(request: Request, conn: Any, run: dict[str, Any], backlog: int) -> dict[str, Any]:
     q = request.query_params
     f = _filters(q)
     try:
@@ -375,34 +377,36 @@ def _records_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[s
         "endpoints": review.distinct_values(conn, run["id"], "endpoint"),
         "sources": review.distinct_values(conn, run["id"], "reasoning_source"),
         "search_ok": conn.dialect.name in ("sqlite", "postgresql"),
+        "search_backlog": backlog,
     }
 
 
 @router.get("/runs/{run_id}/records", include_in_schema=False)
-def records_page(request: Request, run_id: int, conn: ReadConn, hx: HX) -> Response:
+def records_page(request: Request, run_id: int, backlog: SearchBacklog, conn: ReadConn, hx: HX) -> Response:
     run = _run_or_404(conn, run_id)
-    ctx = _records_context(request, conn, run)
+    ctx = _records_context(request, conn, run, backlog)
     if hx and request.headers.get("HX-Target") == "records-table":
         return render(request, "_records_table.html", ctx)
     return render(request, "records.html", ctx)
 
 
 @router.get("/runs/{run_id}/records/count", include_in_schema=False)
-def records_count_fragment(request: Request, run_id: int, conn: ReadConn) -> Response:
+def records_count_fragment(request: Request, run_id: int, backlog: SearchBacklog, conn: ReadConn) -> Response:
     run = _run_or_404(conn, run_id)
     f = _filters(request.query_params)
     try:
         n, capped = review.count(conn, run_id, f)
     except ReviewError as exc:
         raise _bad(exc) from None
-    return render(request, "_records_count.html", {"run": run, "n": n, "capped": capped})
+    return render(request, "_records_count.html", {"run": run, "n": n, "capped": capped, "search_backlog": backlog})
 
 
 @router.get("/api/runs/{run_id}/records", tags=["review"])
-def records_api(request: Request, run_id: int, conn: ReadConn) -> Any:
+def records_api(request: Request, run_id: int, backlog: SearchBacklog, conn: ReadConn) -> Any:
     """A page of records (filters: status, check, flag, reason, finish_reason, endpoint, reasoning_source,
     reasoning_len_min/max, content_len_min/max, completion_tokens_min/max, q (+ field), sort, order; pagination:
-    after / before cursors, limit)."""
+    after / before cursors, limit). With `q` on SQLite, `search_backlog` counts finished records not yet in the
+    search index (0 normally; see docs/review.md)."""
     _run_or_404(conn, run_id)
     q = request.query_params
     f = _filters(q)
@@ -412,11 +416,11 @@ def records_api(request: Request, run_id: int, conn: ReadConn) -> Any:
     except ReviewError as exc:
         raise _bad(exc) from None
     return {"records": pg.rows, "next_cursor": pg.next_cursor, "prev_cursor": pg.prev_cursor,
-            "filters": f.params(), "elapsed_ms": round(pg.elapsed_ms, 2)}
+            "filters": f.params(), "elapsed_ms": round(pg.elapsed_ms, 2), "search_backlog": backlog}
 
 
 @router.get("/api/runs/{run_id}/records/count", tags=["review"])
-def records_count_api(request: Request, run_id: int, conn: ReadConn) -> Any:
+def records_count_api(request: Request, run_id: int, backlog: SearchBacklog, conn: ReadConn) -> Any:
     """How many records match the filters (stops counting at 100,000: capped=true)."""
     _run_or_404(conn, run_id)
     f = _filters(request.query_params)
@@ -424,7 +428,7 @@ def records_count_api(request: Request, run_id: int, conn: ReadConn) -> Any:
         n, capped = review.count(conn, run_id, f)
     except ReviewError as exc:
         raise _bad(exc) from None
-    return {"count": n, "capped": capped}
+    return {"count": n, "capped": capped, "search_backlog": backlog}
 
 
 # -------------------------------------------------------------------------------------------- tokens

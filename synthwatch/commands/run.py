@@ -206,7 +206,7 @@ def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int
             print(f"    {bad}", file=out)
     with engine.connect() as conn, write_begin(conn):
         run_id = create_run(conn, config.name, config)
-        insert_prompts(conn, run_id, with_canaries(loaded.prompts, check_settings), seed=d.seed)
+        insert_prompts(conn, run_id, with_canaries(loaded.prompts, check_settings))
         if loaded.bad_lines:
             conn.execute(
                 text("INSERT INTO ingest_error (run_id, path, line, reason, t) VALUES (:r, :p, :l, :reason, :t)"),

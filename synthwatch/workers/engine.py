@@ -93,6 +93,7 @@ class RunWorker:
         self._rng = random.Random()
         self._body_base = self._base_body()
         self._wake = asyncio.Event()
+        self._wake_at = 1 << 30  # _task_done wakes the loop when at most this many tasks remain
         self._claim_fut: Future[tuple[list[store.Claimed], str]] | None = None
         self._loop_ref: asyncio.AbstractEventLoop | None = None
 
@@ -288,16 +289,25 @@ class RunWorker:
                     await self._set_status("running", None)
                 if self._claim_fut is None and why in ("done", "cap_done") and not self.tasks:
                     return "completed", self._finished_reason(writer.control, why)
+                conc = int(ctl.get("concurrency") or self.config.concurrency)
+                # Claim in batches of at least a quarter of the concurrency: each claim is a write transaction
+                # (~0.3-1 ms, mostly its commit), and one per finished request was most of the writer's work at
+                # high request rates. A quarter of the slots wait at most the time those requests take to finish.
+                batch = max(1, conc // 4)
                 if self._claim_fut is None and not writer.error and m >= next_claim:
                     # database unavailable (e.g. disk full): no new claims until writes succeed.
                     # The claim is not awaited: the loop keeps ticking (progress, controls) meanwhile.
-                    want = int(ctl.get("concurrency") or self.config.concurrency) - len(self.tasks)
-                    if want > 0:
+                    want = conc - len(self.tasks)
+                    if want >= batch or (want > 0 and not self.tasks):
                         self._claim_fut = writer.claim(min(want, 512))
                         self._claim_fut.add_done_callback(lambda _f: self._loop_wake())
+                self._wake_at = conc - batch
+            if self.state != "running":
+                self._wake_at = 1 << 30  # pausing or stopping: every finished task matters
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), 0.05)
+                async with asyncio.timeout(0.05):
+                    await self._wake.wait()
 
     def _start(self, claimed: list[store.Claimed]) -> None:
         for c in claimed:
@@ -314,7 +324,9 @@ class RunWorker:
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        self._wake.set()
+        # wake the loop only when it has something to do: a batch of free slots to claim, or no task left
+        if len(self.tasks) <= self._wake_at or not self.tasks:
+            self._wake.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("record task failed: %r", task.exception())
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from .. import store
+from .. import search_index, store
 from ..sketch import TPS_MIN, Sketch
 from .results import TIMEOUT_KINDS, AttemptFailure, Outcome
 
@@ -290,6 +291,7 @@ class Writer:
         self.series = SeriesAccumulator(run_id, worker_id)
         self._crashed: BaseException | None = None
         self._control_event = threading.Event()
+        self._rng = random.Random()
 
     # ------------------------------------------------------------ API (any thread)
 
@@ -347,12 +349,36 @@ class Writer:
             except queue.Empty:
                 pass
             m = time.monotonic()
-            urgent = any(it[0] in ("c", "x") for it in pending)
+            urgent = any(it[0] == "x" for it in pending)
+            claims = any(it[0] == "c" for it in pending)
             stopping = self._stop.is_set()
             beat = m - last_beat >= self.heartbeat_s
             lease = m - last_lease >= self.lease_s / 3
             if pending or beat or lease or stopping:
-                if urgent or stopping or beat or lease or len(pending) >= 2000 or m - last_flush >= self.flush_interval_s:
+                full = urgent or stopping or beat or lease or len(pending) >= 2000 \
+                    or m - last_flush >= self.flush_interval_s
+                if claims and not full:
+                    # A claim is answered at once, in a transaction of its own; finished records wait for the
+                    # next regular flush, so that the per-flush work (checks, series, counters, commit) is
+                    # shared by every record of a flush interval instead of repeated for each claim.
+                    asked = [it for it in pending if it[0] == "c"]
+                    try:
+                        short = self._flush_claims(asked)
+                    except DBAPIError as exc:
+                        self.error = _describe_db_error(exc)
+                        log.warning("database write failed, will retry: %s", self.error)
+                        self._control_event.set()
+                        time.sleep(backoff)
+                        backoff = min(backoff * 2, 5.0)
+                        continue
+                    except BaseException as exc:
+                        self._crash(exc, pending)
+                        raise
+                    pending = [it for it in pending if it[0] != "c"]
+                    # a short answer ("empty", "cap") may only reflect results not written yet: write them
+                    # now, so that the next claim sees the run as it is
+                    full = short and any(it[0] == "o" for it in pending)
+                if full:
                     work = [it for it in pending if it[0] != "w"]
                     try:
                         self._flush(work, beat, lease)
@@ -368,11 +394,7 @@ class Writer:
                             return
                         continue
                     except BaseException as exc:  # a bug here must surface, not hang the worker
-                        self._crashed = exc
-                        log.exception("writer crashed")
-                        for it in pending:
-                            if it[0] in ("c", "x") and not it[-1].done():
-                                it[-1].set_exception(exc)
+                        self._crash(exc, pending)
                         raise
                     self.error = None
                     backoff = 0.5
@@ -391,6 +413,33 @@ class Writer:
                 last_control = m
             if stopping and not pending and self.q.empty():
                 return
+
+    def _crash(self, exc: BaseException, pending: list[tuple[Any, ...]]) -> None:
+        self._crashed = exc
+        log.exception("writer crashed")
+        for it in pending:
+            if it[0] in ("c", "x") and not it[-1].done():
+                it[-1].set_exception(exc)
+
+    def _flush_claims(self, claims: list[tuple[Any, ...]]) -> bool:
+        """Answer claims in one write transaction; True if any came back short."""
+        answers: list[tuple[Future[Any], Any]] = []
+        with self.engine.connect() as conn, store.write_begin(conn):
+            store.lock_run(conn, self.run_id)
+            for it in claims:
+                res = store.claim(conn, self.run_id, self.worker_id, it[1], self.lease_s)
+                answers.append((it[2], res))
+            claimed = self.claimed + sum(len(res[0]) for _, res in answers)
+            # the workers table shows what each worker holds, even one killed before its next heartbeat
+            conn.execute(text("UPDATE worker SET claimed = :c WHERE id = :w"), {"c": claimed, "w": self.worker_id})
+        self.claimed = claimed
+        short = False
+        for fut, res in answers:
+            short = short or bool(res[1])
+            fut.set_result(res)
+        if short:  # the run may be ending: fresh counters for the worker's final message
+            self._control_event.set()
+        return short
 
     def _read_control(self) -> None:
         with self.engine.connect() as conn:
@@ -460,6 +509,7 @@ class Writer:
     # ------------------------------------------------------------ records
 
     def _write_outcomes(self, conn: Connection, outcomes: list[Outcome]) -> None:
+        rnd = self._rng.random
         final_rows: list[dict[str, Any]] = []
         back_rows: list[dict[str, Any]] = []
         for o in outcomes:
@@ -476,6 +526,7 @@ class Writer:
                 "attempts_json": attempts_json, "error_kind": o.error_kind, "error": o.error,
                 "endpoint": o.endpoint, "latency_s": o.latency_s, "ttft_s": o.ttft_s, "n_chunks": o.n_chunks,
                 "finished_at": o.finished_at, "check_flags": o.check_flags, "check_json": o.check_json,
+                "rnd": rnd(),  # the sampling key, drawn now (see store.insert_prompts)
             }
             row.update(record_columns(ex))
             final_rows.append(row)
@@ -490,7 +541,11 @@ class Writer:
         for r in final_rows:
             by_status[r["status"]] += 1
         if final_rows:
-            conn.execute(_FINAL_UPDATE, final_rows)
+            mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+            conn.exec_driver_sql(_FINAL_UPDATE.format(m=mark),
+                                 [(*(r[c] for c in _FINAL_COLS), r["id"], r["w"]) for r in final_rows])
+            search_index.enqueue(conn, [r["id"] for r in final_rows
+                                        if r["reasoning"] is not None or r["content"] is not None])
         if back_rows:
             conn.execute(_BACK_UPDATE, back_rows)
         conn.execute(
@@ -555,11 +610,13 @@ _FINAL_COLS = (
     "status", "reasoning", "content", "content_null", "reasoning_source", "reasoning_len", "content_len",
     "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json",
     "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
-    "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags", "check_json",
+    "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags", "check_json", "rnd",
 )
-_FINAL_UPDATE = text(
-    "UPDATE record SET " + ", ".join(f"{c} = :{c}" for c in _FINAL_COLS)
-    + ", worker_id = NULL, lease_until = NULL WHERE id = :id AND status = 'in_flight' AND worker_id = :w"
+# run through the driver (exec_driver_sql, positional parameters): SQLAlchemy's processing of ~30 named
+# parameters per row cost more than SQLite's UPDATE itself (measured ~35 us vs ~25 us per record)
+_FINAL_UPDATE = (
+    "UPDATE record SET " + ", ".join(f"{c} = {{m}}" for c in _FINAL_COLS)
+    + ", worker_id = NULL, lease_until = NULL WHERE id = {m} AND status = 'in_flight' AND worker_id = {m}"
 )
 _BACK_UPDATE = text(
     "UPDATE record SET status = 'pending', attempts = :attempts, attempts_json = :attempts_json,"
