@@ -36,6 +36,7 @@ from .writer import Writer, WriterHook
 log = logging.getLogger("synthwatch.worker")
 
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "paused": 4}
+CLAIM_WAIT_S = 0.05  # longest a free slot waits for a batch of free slots before it is claimed alone
 
 
 @dataclass
@@ -236,6 +237,7 @@ class RunWorker:
         last_tick = 0.0
         m_last = time.monotonic()
         paused_since: float | None = None
+        free_since: float | None = None  # since when a slot has been free with no claim asked for it
         why = ""
         while True:
             if not writer.alive:
@@ -292,15 +294,21 @@ class RunWorker:
                 conc = int(ctl.get("concurrency") or self.config.concurrency)
                 # Claim in batches of at least a quarter of the concurrency: each claim is a write transaction
                 # (~0.3-1 ms, mostly its commit), and one per finished request was most of the writer's work at
-                # high request rates. A quarter of the slots wait at most the time those requests take to finish.
+                # high request rates. When requests finish slowly (a real model: seconds each), a free slot waits
+                # at most CLAIM_WAIT_S for the batch to fill.
                 batch = max(1, conc // 4)
-                if self._claim_fut is None and not writer.error and m >= next_claim:
+                want = conc - len(self.tasks)
+                if want <= 0:
+                    free_since = None
+                elif free_since is None:
+                    free_since = m
+                if self._claim_fut is None and not writer.error and m >= next_claim and want > 0:
                     # database unavailable (e.g. disk full): no new claims until writes succeed.
                     # The claim is not awaited: the loop keeps ticking (progress, controls) meanwhile.
-                    want = conc - len(self.tasks)
-                    if want >= batch or (want > 0 and not self.tasks):
+                    if want >= batch or not self.tasks or m - (free_since or m) >= CLAIM_WAIT_S:
                         self._claim_fut = writer.claim(min(want, 512))
                         self._claim_fut.add_done_callback(lambda _f: self._loop_wake())
+                        free_since = None
                 self._wake_at = conc - batch
             if self.state != "running":
                 self._wake_at = 1 << 30  # pausing or stopping: every finished task matters
