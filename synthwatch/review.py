@@ -309,41 +309,81 @@ def _pg_search_conds(conn: Connection, f: Filters, params: dict[str, Any]) -> li
 
 
 PG_FIRST_WINDOW = 4096
+PG_PROBE_FACTOR = 3  # phase 1 reads this many times a page of the newest records
 
 
 def _pg_search_windows(conn: Connection, run_id: int, conds: list[str], params: dict[str, Any], limit: int,
                        step_down: bool) -> list[int]:
-    """A search page on PostgreSQL, newest-first (or oldest-first), in id windows growing 8x at a time.
+    """A search page on PostgreSQL in id order, newest-first (or oldest-first), in two phases.
 
-    Asked for a whole run, a word in most records makes PostgreSQL fetch and sort every match (3.2 s at 1M
-    records) to keep 50. Bounded to an id window, the GIN index's bitmap is intersected with the window's
-    (BitmapAnd) and only the matches inside it are read: a common word fills the page from the first window,
-    a rare one costs a few cheap index probes, one per window."""
+    Asked for the whole run at once, PostgreSQL either fetches and sorts every match of a common word (3.2 s at
+    1M records) or, for a range of ids, walks them computing every record's tsvector (92 s for a rare prefix).
+    Instead:
+
+    1. the next few pages' worth of records (PG_PROBE_FACTOR x limit) are tested directly, ~0.2 ms each: a word
+       in a third of the records or more fills the page here;
+    2. otherwise id windows growing 8x, each answered from the GIN index intersected with the window (bitmap
+       scans only, so no plan computes tsvectors row by row): a rarer word costs a few small index reads, and
+       from the third window on only its GIN bitmap is read (the word is rare by then).
+    """
     bounds = conn.execute(text("SELECT min(id), max(id) FROM record WHERE run_id = :run"), {"run": run_id}).one()
     if bounds[0] is None:
         return []
     lo_id, hi_id = int(bounds[0]), int(bounds[1])
-    found: list[int] = []
-    width = PG_FIRST_WINDOW
+    direction = "DESC" if step_down else "ASC"
     # the next window starts here (exclusive going down); a cursor or max_id moves the start
     if step_down:
         edge = min(hi_id + 1, int(params.get("cur_id", hi_id + 1)), int(params.get("max_id", hi_id)) + 1)
     else:
         edge = max(lo_id, int(params.get("cur_id", lo_id - 1)) + 1)
-    while len(found) < limit:
-        if step_down:
-            w_lo, w_hi = max(lo_id, edge - width), edge
-        else:
-            w_lo, w_hi = edge, min(hi_id + 1, edge + width)
-        if w_lo >= w_hi:
-            break
-        sql = (f"SELECT id FROM record WHERE {' AND '.join(conds)} AND id >= :w_lo AND id < :w_hi"
-               f" ORDER BY id {'DESC' if step_down else 'ASC'} LIMIT :need")
-        found += [int(r[0]) for r in conn.execute(
-            text(sql), {**params, "w_lo": w_lo, "w_hi": w_hi, "need": limit - len(found)})]
-        edge = w_lo if step_down else w_hi
-        width *= 8
+    where = " AND ".join(conds)
+    # phase 1; ORDER BY run_id too, so the plan walks ix_record_filter (run_id, id) and never other runs' rows
+    probe = conn.execute(text(
+        f"SELECT id FROM record WHERE run_id = :run AND {PG_INDEXED} AND id {'<' if step_down else '>='} :edge"
+        f" ORDER BY run_id {direction}, id {direction} LIMIT :k"), {"run": run_id, "edge": edge,
+                                                                    "k": limit * PG_PROBE_FACTOR}).all()
+    if not probe:
+        return []
+    first, last = int(probe[0][0]), int(probe[-1][0])
+    w_lo, w_hi = (last, first + 1) if step_down else (first, last + 1)
+    found = _pg_window(conn, where, params, w_lo, w_hi, limit, direction, bitmap_only=False)
+    edge = w_lo if step_down else w_hi
+    if len(found) >= limit or len(probe) < limit * PG_PROBE_FACTOR:
+        return found
+    # phase 2
+    conn.execute(text("SET LOCAL enable_indexscan = off"))
+    conn.execute(text("SET LOCAL enable_seqscan = off"))
+    try:
+        width = PG_FIRST_WINDOW
+        while len(found) < limit:
+            w_lo, w_hi = (max(lo_id, edge - width), edge) if step_down else (edge, min(hi_id + 1, edge + width))
+            if w_lo >= w_hi:
+                break
+            found += _pg_window(conn, where, params, w_lo, w_hi, limit - len(found), direction, bitmap_only=True,
+                                gin_only=width > PG_FIRST_WINDOW * 8)
+            edge = w_lo if step_down else w_hi
+            width *= 8
+    finally:
+        conn.execute(text("SET LOCAL enable_indexscan = on"))
+        conn.execute(text("SET LOCAL enable_seqscan = on"))
     return found
+
+
+def _pg_window(conn: Connection, where: str, params: dict[str, Any], w_lo: int, w_hi: int, need: int,
+               direction: str, *, bitmap_only: bool, gin_only: bool = False) -> list[int]:
+    if bitmap_only:
+        # A wide window as an index condition costs a bitmap of every id in it (0.2 s for 262k ids); a word that
+        # reached it is rare, so its GIN bitmap alone is small and the window is tested on those rows only
+        # ("id + 0" is no index condition).
+        col = "id + 0" if gin_only else "id"
+        if gin_only:  # the run's own bitmap would be as large (1M ids for a 1M-record run)
+            where = where.replace("run_id = :run", "run_id + 0 = :run", 1)
+        sql = (f"SELECT id FROM record WHERE {where} AND {col} >= :w_lo AND {col} < :w_hi"
+               f" ORDER BY id {direction} LIMIT :need")
+    else:  # a few hundred ids: test each row, no index (OFFSET 0 keeps the planner from pushing the test down)
+        sql = (f"SELECT id FROM (SELECT * FROM record WHERE run_id = :run AND id >= :w_lo AND id < :w_hi"
+               f" OFFSET 0) AS r WHERE {where} ORDER BY id {direction} LIMIT :need")
+    return [int(r[0]) for r in conn.execute(text(sql), {**params, "w_lo": w_lo, "w_hi": w_hi, "need": need})]
 
 
 @dataclass(frozen=True)
