@@ -393,11 +393,7 @@ class Writer:
                     try:
                         short = self._flush_claims(asked)
                     except DBAPIError as exc:
-                        self.error = _describe_db_error(exc)
-                        log.warning("database write failed, will retry: %s", self.error)
-                        self._control_event.set()
-                        time.sleep(backoff)
-                        backoff = min(backoff * 2, 5.0)
+                        backoff = self._write_failed(exc, backoff)
                         continue
                     except BaseException as exc:
                         self._crash(exc, pending)
@@ -411,11 +407,7 @@ class Writer:
                     try:
                         self._flush(work, beat, lease)
                     except DBAPIError as exc:
-                        self.error = _describe_db_error(exc)
-                        log.warning("database write failed, will retry: %s", self.error)
-                        self._control_event.set()
-                        time.sleep(backoff)
-                        backoff = min(backoff * 2, 5.0)
+                        backoff = self._write_failed(exc, backoff)
                         pending = work
                         if stopping and backoff >= 5.0 and m - last_flush > 60:
                             log.error("giving up flushing after 60 s of failures: %s", self.error)
@@ -485,6 +477,14 @@ class Writer:
             if conn is not None:
                 with contextlib.suppress(Exception):
                     conn.close()
+
+    def _write_failed(self, exc: DBAPIError, backoff: float) -> float:
+        """Record a failed write (disk full, busy), wait, and return the next, doubled wait."""
+        self.error = _describe_db_error(exc)
+        log.warning("database write failed, will retry: %s", self.error)
+        self._control_event.set()
+        time.sleep(backoff)
+        return min(backoff * 2, 5.0)
 
     def _crash(self, exc: BaseException, pending: list[tuple[Any, ...]]) -> None:
         self._crashed = exc
