@@ -325,6 +325,8 @@ def _pg_search_windows(conn: Connection, run_id: int, conds: list[str], params: 
     2. otherwise id windows growing 8x, each answered from the GIN index intersected with the window (bitmap
        scans only, so no plan computes tsvectors row by row): a rarer word costs a few small index reads, and
        from the third window on only its GIN bitmap is read (the word is rare by then).
+
+    ``conds``: every condition but the run's (this function writes that one, in two forms).
     """
     bounds = conn.execute(text("SELECT min(id), max(id) FROM record WHERE run_id = :run"), {"run": run_id}).one()
     if bounds[0] is None:
@@ -336,7 +338,7 @@ def _pg_search_windows(conn: Connection, run_id: int, conds: list[str], params: 
         edge = min(hi_id + 1, int(params.get("cur_id", hi_id + 1)), int(params.get("max_id", hi_id)) + 1)
     else:
         edge = max(lo_id, int(params.get("cur_id", lo_id - 1)) + 1)
-    where = " AND ".join(conds)
+    where = " AND ".join(["run_id = :run", *conds])
     # phase 1; ORDER BY run_id too, so the plan walks ix_record_filter (run_id, id) and never other runs' rows
     probe = conn.execute(text(
         f"SELECT id FROM record WHERE run_id = :run AND {PG_INDEXED} AND id {'<' if step_down else '>='} :edge"
@@ -359,8 +361,13 @@ def _pg_search_windows(conn: Connection, run_id: int, conds: list[str], params: 
             w_lo, w_hi = (max(lo_id, edge - width), edge) if step_down else (edge, min(hi_id + 1, edge + width))
             if w_lo >= w_hi:
                 break
-            found += _pg_window(conn, where, params, w_lo, w_hi, limit - len(found), direction, bitmap_only=True,
-                                gin_only=width > PG_FIRST_WINDOW * 8)
+            gin_only = width > PG_FIRST_WINDOW * 8
+            # a wide window, or the run, as an index condition costs a bitmap of every id in it (0.2 s for 262k
+            # ids); a word that reached such a window is rare, so its GIN bitmap alone is small, and run and
+            # window are tested on those rows only ("+ 0": no index condition)
+            w_where = " AND ".join(["run_id + 0 = :run", *conds]) if gin_only else where
+            found += _pg_window(conn, w_where, params, w_lo, w_hi, limit - len(found), direction, bitmap_only=True,
+                                gin_only=gin_only)
             edge = w_lo if step_down else w_hi
             width *= 8
     finally:
@@ -372,12 +379,7 @@ def _pg_search_windows(conn: Connection, run_id: int, conds: list[str], params: 
 def _pg_window(conn: Connection, where: str, params: dict[str, Any], w_lo: int, w_hi: int, need: int,
                direction: str, *, bitmap_only: bool, gin_only: bool = False) -> list[int]:
     if bitmap_only:
-        # A wide window as an index condition costs a bitmap of every id in it (0.2 s for 262k ids); a word that
-        # reached it is rare, so its GIN bitmap alone is small and the window is tested on those rows only
-        # ("id + 0" is no index condition).
         col = "id + 0" if gin_only else "id"
-        if gin_only:  # the run's own bitmap would be as large (1M ids for a 1M-record run)
-            where = where.replace("run_id = :run", "run_id + 0 = :run", 1)
         sql = (f"SELECT id FROM record WHERE {where} AND {col} >= :w_lo AND {col} < :w_hi"
                f" ORDER BY id {direction} LIMIT :need")
     else:  # a few hundred ids: test each row, no index (OFFSET 0 keeps the planner from pushing the test down)
@@ -484,7 +486,8 @@ def _select_ids(
     if pg_search:
         conds += _pg_search_conds(conn, f, params)
         if f.sort == "id":
-            ids = _pg_search_windows(conn, run_id, conds, params, limit, step_down)
+            # conds[0] is the run condition: the windows write it themselves (a form no index can use, at times)
+            ids = _pg_search_windows(conn, run_id, conds[1:], params, limit, step_down)
             return ids[::-1] if reverse else ids
         sql = f"SELECT id FROM record WHERE {' AND '.join(conds)} ORDER BY {order} LIMIT :limit"
     elif f.q:

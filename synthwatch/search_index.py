@@ -82,6 +82,12 @@ def index_some(engine: Engine, lock_ms: float = 100.0) -> tuple[int, bool]:
     done = 0
     batch = 8
     deadline = time.perf_counter() + lock_ms / 1000
+    with engine.connect() as conn:
+        # a read first: an empty queue (the usual case for a search, and for the background indexer between
+        # bursts) must not take the write lock the workers need
+        if conn.execute(text("SELECT 1 FROM record_fts_queue LIMIT 1")).first() is None:
+            return 0, True
+        conn.rollback()
     with engine.connect() as conn, store.write_begin(conn):
         while True:
             t = time.perf_counter()
