@@ -25,6 +25,7 @@ Bounded-cost decisions (documented in docs/checks.md):
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import queue
@@ -537,14 +538,18 @@ class Window:
         return len(self.buf)
 
 
-_STAT_UPSERT = text(
-    "INSERT INTO check_stat (run_id, check_name, n_fail, n_total, win_fail, win_total, example_record_id, updated_at)"
-    " VALUES (:r, :c, :f, :n, :wf, :wn, :ex, :t) ON CONFLICT (run_id, check_name) DO UPDATE SET"
-    " n_fail = check_stat.n_fail + excluded.n_fail, n_total = check_stat.n_total + excluded.n_total,"
-    " win_fail = excluded.win_fail, win_total = excluded.win_total,"
-    " example_record_id = COALESCE(excluded.example_record_id, check_stat.example_record_id),"
-    " updated_at = excluded.updated_at RETURNING n_fail, n_total, example_record_id"
-)
+@functools.lru_cache(maxsize=64)
+def _stat_upsert(n_rows: int) -> Any:
+    """Add a flush's counts to check_stat for n_rows checks at once; returns each check's running totals."""
+    values = ", ".join(f"(:r, :c{i}, :f{i}, :n{i}, :wf{i}, :wn{i}, :ex{i}, :t)" for i in range(n_rows))
+    return text(
+        "INSERT INTO check_stat (run_id, check_name, n_fail, n_total, win_fail, win_total, example_record_id,"
+        f" updated_at) VALUES {values} ON CONFLICT (run_id, check_name) DO UPDATE SET"
+        " n_fail = check_stat.n_fail + excluded.n_fail, n_total = check_stat.n_total + excluded.n_total,"
+        " win_fail = excluded.win_fail, win_total = excluded.win_total,"
+        " example_record_id = COALESCE(excluded.example_record_id, check_stat.example_record_id),"
+        " updated_at = excluded.updated_at RETURNING check_name, n_fail, n_total, example_record_id"
+    )
 
 
 # ------------------------------------------------------------------------------------ the writer hook
@@ -688,12 +693,14 @@ class ChecksHook:
             self._reload(conn)
         touched = set(deltas)
         if deltas:
-            rows = [{"r": self.run_id, "c": n, "f": d[0], "n": d[1], "wf": self.windows[n].fail,
-                     "wn": self.windows[n].total, "ex": d[2], "t": t} for n, d in deltas.items()]
-            for row in rows:  # RETURNING does not combine with executemany everywhere
-                got = conn.execute(_STAT_UPSERT, row).first()
-                if got is not None:
-                    self.run_stats[row["c"]] = (got[0], got[1], got[2])
+            # one multi-row statement per flush (RETURNING does not combine with executemany everywhere,
+            # and a statement per check was a dozen round trips per flush)
+            params: dict[str, Any] = {"r": self.run_id, "t": t}
+            for i, (n, d) in enumerate(deltas.items()):
+                params.update({f"c{i}": n, f"f{i}": d[0], f"n{i}": d[1], f"wf{i}": self.windows[n].fail,
+                               f"wn{i}": self.windows[n].total, f"ex{i}": d[2]})
+            for name, n_fail, n_total, ex in conn.execute(_stat_upsert(len(deltas)), params):
+                self.run_stats[name] = (n_fail, n_total, ex)
         if touched or self._reevaluate_all:
             self._evaluate(conn, t, None if self._reevaluate_all else touched)
             self._reevaluate_all = False

@@ -277,6 +277,26 @@ def release_dead_claims(conn: Connection, run_id: int, stale_after_s: float) -> 
     return moved
 
 
+def release_claims(conn: Connection, run_id: int, worker_id: int, ids: list[int]) -> int:
+    """Return this worker's claimed, never started records to pending (a pause, a stop, a changed cap).
+
+    Only rows the worker still holds move: a claim taken over after an expired lease is left alone."""
+    moved = 0
+    for i in range(0, len(ids), 500):
+        chunk = ",".join(str(int(x)) for x in ids[i:i + 500])
+        moved += conn.execute(
+            text(f"UPDATE record SET status = 'pending', worker_id = NULL, lease_until = NULL, claimed_at = NULL"
+                 f" WHERE id IN ({chunk}) AND worker_id = :w AND status = 'in_flight'"),
+            {"w": worker_id},
+        ).rowcount or 0
+    if moved:
+        conn.execute(
+            text("UPDATE run SET n_in_flight = n_in_flight - :n, n_pending = n_pending + :n WHERE id = :r"),
+            {"n": moved, "r": run_id},
+        )
+    return moved
+
+
 def recount(conn: Connection, run_id: int) -> None:
     """Recompute the run's counters from the records (after a crash, counters are re-derived)."""
     counts = {s: 0 for s in ("pending", "in_flight", "ok", "error", "timeout", "cancelled")}

@@ -239,3 +239,60 @@ def test_resume_does_not_redo_ok_records(any_engine, sim, prompts) -> None:  # t
     assert len(after) == 25
     assert all(after[i] == rid for i, rid in first.items())
     assert orjson.loads(run_row(any_engine, run_id)["config_json"])["cap"] == 25
+
+
+@pytest.mark.parametrize("control", ["pause", "stop", "cap"])
+def test_reserve_claimed_ahead_goes_back_on_controls(any_engine, sim, prompts, monkeypatch, control) -> None:  # type: ignore[no-untyped-def]
+    # At high completion rates the worker claims records ahead of its free slots. A pause, a stop or a new
+    # cap must hand those back untouched (pending, no attempt), and nothing may run twice or get lost.
+    from synthwatch.workers import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "RESERVE_MIN", 4)  # a reserve at the rates a test machine reaches
+    url = sim(seed=3, tokens_per_s=0, ttft_ms=0, reasoning_tokens="8", content_tokens="4")
+    n = 3000
+    config = make_config(url, prompts(n), concurrency=4)
+    bg = Background(any_engine, config).start()
+    peak = wait_for(lambda: (lambda r: r["n_in_flight"] if r["n_in_flight"] > 4 else 0)(run_row(any_engine, bg.run_id)),
+                    what="claims ahead of the 4 slots")
+    assert peak > 4
+    if control == "cap":
+        cap = run_row(any_engine, bg.run_id)["n_ok"] + 10
+        store.apply_control(any_engine, bg.run_id, "cap", cap)
+        after = run_row(any_engine, bg.run_id)
+        claimed = after["n_ok"] + after["n_in_flight"]  # done or held when the cap changed; later claims obey it
+        assert bg.join(20) == "completed"
+        # requests already running finish; the reserve goes back, and the run ends exactly at the cap when it
+        # can, never beyond what was already claimed when the cap came down
+        assert cap <= counts(any_engine, bg.run_id)["ok"] <= max(cap, claimed)
+    else:
+        store.apply_control(any_engine, bg.run_id, control)
+        wait_for(lambda: run_row(any_engine, bg.run_id)["n_in_flight"] == 0, timeout_s=3, what="claims returned")
+        if control == "stop":
+            assert bg.join(10) == "stopped"
+        else:
+            done = run_row(any_engine, bg.run_id)["n_ok"]
+            time.sleep(0.5)
+            assert run_row(any_engine, bg.run_id)["n_ok"] == done  # nothing runs while paused
+    c = counts(any_engine, bg.run_id)
+    assert c.get("in_flight", 0) == 0 and c.get("ok", 0) + c.get("pending", 0) == n
+    # returned claims were never requested: no attempt recorded, nothing cancelled
+    assert not records(any_engine, bg.run_id, "status = 'pending' AND (attempts > 0 OR claimed_at IS NOT NULL)")
+    row = run_row(any_engine, bg.run_id)
+    assert (row["n_ok"], row["n_pending"], row["n_in_flight"]) == (c.get("ok", 0), c.get("pending", 0), 0)
+    if control == "pause":
+        store.apply_control(any_engine, bg.run_id, "resume")
+        assert bg.join(60) == "completed"
+        assert counts(any_engine, bg.run_id) == {"ok": n}
+        assert {r["attempts"] for r in records(any_engine, bg.run_id)} == {1}
+
+
+def test_reserve_never_claims_past_the_cap(any_engine, sim, prompts, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from synthwatch.workers import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "RESERVE_MIN", 4)
+    url = sim(seed=4, tokens_per_s=0, ttft_ms=0, reasoning_tokens="8", content_tokens="4")
+    config = make_config(url, prompts(2000), concurrency=4, cap=700)
+    run_id, final = run_to_end(any_engine, config)
+    assert final == "completed"
+    assert counts(any_engine, run_id) == {"ok": 700, "pending": 1300}
+    assert not records(any_engine, run_id, "status = 'pending' AND (attempts > 0 OR claimed_at IS NOT NULL)")

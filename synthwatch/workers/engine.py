@@ -37,6 +37,13 @@ log = logging.getLogger("synthwatch.worker")
 
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "paused": 4}
 CLAIM_WAIT_S = 0.05  # longest a free slot waits for a batch of free slots before it is claimed alone
+# At high completion rates the worker claims this much work (in seconds of completions) ahead of its free
+# slots: each claim is a write transaction with a fixed cost, and claims of a few records at thousands of
+# completions per second were a third of the writer's work. Below RESERVE_MIN records it claims only for
+# free slots, so that a run against a real model (seconds per request) holds no more than it runs.
+RESERVE_S = 0.1
+RESERVE_MIN = 32
+RESERVE_MAX = 1024
 
 
 @dataclass
@@ -94,7 +101,14 @@ class RunWorker:
         self._rng = random.Random()
         self._body_base = self._base_body()
         self._wake = asyncio.Event()
-        self._wake_at = 1 << 30  # _task_done wakes the loop when at most this many tasks remain
+        self._wake_at = 1 << 30  # _task_done wakes the loop when at most this many records remain (running + ready)
+        # claimed records not started yet (the reserve): started by _task_done as slots free up, returned to
+        # pending when the run pauses, stops or its cap changes
+        self.ready: deque[store.Claimed] = deque()
+        self._slots = 0  # concurrency as last read by the loop
+        self._n_done = 0  # finished tasks, for the completion rate
+        self._rate = 0.0  # completions per second, smoothed
+        self._cap_seen: Any = None  # the cap the reserve was claimed under
         self._claim_fut: Future[tuple[list[store.Claimed], str]] | None = None
         self._loop_ref: asyncio.AbstractEventLoop | None = None
 
@@ -204,6 +218,8 @@ class RunWorker:
             await asyncio.gather(*self.tasks, return_exceptions=True)
         assert self.writer is not None
         writer = self.writer
+        with contextlib.suppress(Exception):  # the writer may be gone; the lease then returns them
+            await asyncio.shield(self._release_ready())
 
         def finish(conn: Any) -> None:
             conn.execute(text("UPDATE worker SET status = 'exited', heartbeat_at = :t WHERE id = :w"),
@@ -239,6 +255,8 @@ class RunWorker:
         paused_since: float | None = None
         free_since: float | None = None  # since when a slot has been free with no claim asked for it
         why = ""
+        rate_t, rate_n = m_last, 0
+        self._cap_seen = writer.control.get("cap")
         while True:
             if not writer.alive:
                 return "failed", "the database writer stopped unexpectedly"
@@ -256,6 +274,14 @@ class RunWorker:
             ctl = writer.control
             desired = self.local_stop or ctl.get("desired", "run")
             m = m_last = time.monotonic()
+            if m - rate_t >= 0.25:
+                inst = (self._n_done - rate_n) / (m - rate_t)
+                self._rate = inst if self._rate == 0.0 else 0.5 * self._rate + 0.5 * inst
+                rate_t, rate_n = m, self._n_done
+            if self.ready and (desired != "run" or ctl.get("cap") != self._cap_seen):
+                # the reserve is not ours to run any more (paused, stopping) or may exceed a new cap
+                await self._release_ready()
+            self._cap_seen = ctl.get("cap")
             if self.on_tick and m - last_tick >= 1.0:
                 last_tick = m
                 self.on_tick(self)
@@ -264,8 +290,8 @@ class RunWorker:
                 if self._claim_fut is not None:
                     claimed, why = await asyncio.wrap_future(self._claim_fut)
                     self._claim_fut = None
-                    self._start(claimed)
-                    await asyncio.sleep(0)  # let them start so their cancellation is recorded
+                    self.ready.extend(claimed)
+                await self._release_ready()  # never started: back to pending with no attempt recorded
                 for t in list(self.tasks):
                     t.cancel()
                 if self.tasks:
@@ -275,7 +301,7 @@ class RunWorker:
                 if self.state != "stopping":
                     self.state = "stopping"
                     await self._set_status("stopping", f"stopping; {len(self.tasks)} in-flight requests finishing")
-                if not self.tasks and self._claim_fut is None:
+                if not self.tasks and self._claim_fut is None and not self.ready:
                     return "stopped", "stopped"
             elif desired == "pause":
                 if self.state != "paused":
@@ -289,15 +315,24 @@ class RunWorker:
                 if self.state != "running":
                     self.state = "running"
                     await self._set_status("running", None)
-                if self._claim_fut is None and why in ("done", "cap_done") and not self.tasks:
+                if self._claim_fut is None and why in ("done", "cap_done") and not self.tasks and not self.ready:
                     return "completed", self._finished_reason(writer.control, why)
                 conc = int(ctl.get("concurrency") or self.config.concurrency)
+                if conc != self._slots:
+                    self._slots = conc
+                    self._fill()  # a raised concurrency starts reserved records at once
                 # Claim in batches of at least a quarter of the concurrency: each claim is a write transaction
                 # (~0.3-1 ms, mostly its commit), and one per finished request was most of the writer's work at
                 # high request rates. When requests finish slowly (a real model: seconds each), a free slot waits
-                # at most CLAIM_WAIT_S for the batch to fill.
-                batch = max(1, conc // 4)
-                want = conc - len(self.tasks)
+                # at most CLAIM_WAIT_S for the batch to fill. When they finish fast, a reserve of RESERVE_S of
+                # completions is claimed ahead, in batches of half the reserve, so that claims are few and large
+                # and a freed slot starts its next record without waiting for one.
+                reserve = min(RESERVE_MAX, int(self._rate * RESERVE_S))
+                if reserve < max(RESERVE_MIN, conc // 4):
+                    reserve = 0
+                batch = max(1, conc // 4, reserve // 2)
+                have = len(self.tasks) + len(self.ready)
+                want = conc + reserve - have
                 if want <= 0:
                     free_since = None
                 elif free_since is None:
@@ -305,11 +340,11 @@ class RunWorker:
                 if self._claim_fut is None and not writer.error and m >= next_claim and want > 0:
                     # database unavailable (e.g. disk full): no new claims until writes succeed.
                     # The claim is not awaited: the loop keeps ticking (progress, controls) meanwhile.
-                    if want >= batch or not self.tasks or m - (free_since or m) >= CLAIM_WAIT_S:
-                        self._claim_fut = writer.claim(min(want, 512))
+                    if want >= batch or not have or m - (free_since or m) >= CLAIM_WAIT_S:
+                        self._claim_fut = writer.claim(min(want, RESERVE_MAX))
                         self._claim_fut.add_done_callback(lambda _f: self._loop_wake())
                         free_since = None
-                self._wake_at = conc - batch
+                self._wake_at = conc + reserve - batch
             if self.state != "running":
                 self._wake_at = 1 << 30  # pausing or stopping: every finished task matters
             self._wake.clear()
@@ -318,10 +353,33 @@ class RunWorker:
                     await self._wake.wait()
 
     def _start(self, claimed: list[store.Claimed]) -> None:
-        for c in claimed:
-            task = asyncio.create_task(self._process(c))
-            self.tasks.add(task)
+        self.ready.extend(claimed)
+        self._fill()
+
+    def _fill(self) -> None:
+        """Start reserved records while slots are free (and the run is running)."""
+        ready, tasks = self.ready, self.tasks
+        if self.writer is not None and self.writer.control.get("cap") != self._cap_seen:
+            return  # a new cap: the loop hands the reserve back and claims again under it
+        while ready and len(tasks) < self._slots and self.state == "running":
+            task = asyncio.create_task(self._process(ready.popleft()))
+            tasks.add(task)
             task.add_done_callback(self._task_done)
+
+    async def _release_ready(self) -> None:
+        """Return claimed records that never started to pending (no attempt is recorded: none was made)."""
+        if not self.ready or self.writer is None:
+            return
+        ids = [c.id for c in self.ready]
+        self.ready.clear()
+        writer = self.writer
+
+        def release(conn: Any) -> int:  # runs in the writer thread, which alone counts claims
+            moved = store.release_claims(conn, self.run_id, self.worker_id, ids)
+            writer.claimed -= moved
+            return moved
+
+        await asyncio.wrap_future(self.writer.call(release))
 
     def _finished_reason(self, ctl: dict[str, Any], why: str) -> str:
         n_ok = ctl.get("n_ok") or 0
@@ -332,8 +390,11 @@ class RunWorker:
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        # wake the loop only when it has something to do: a batch of free slots to claim, or no task left
-        if len(self.tasks) <= self._wake_at or not self.tasks:
+        self._n_done += 1
+        if self.ready:
+            self._fill()
+        # wake the loop only when it has something to do: a batch to claim, or no task left
+        if len(self.tasks) + len(self.ready) <= self._wake_at or not self.tasks:
             self._wake.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("record task failed: %r", task.exception())
