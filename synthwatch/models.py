@@ -53,7 +53,6 @@ class Record(SQLModel, table=True):
         Index("ix_record_claim", "run_id", "status", "id"),
         Index("ix_record_sample", "run_id", "status", "rnd"),
         Index("ix_record_finished", "run_id", "finished_at"),
-        Index("ix_record_worker", "worker_id", "status"),
         # review (migration 0002_review): sampling modes and the records table are answered from indexes
         Index("ix_record_review", "run_id", "status", "review", "rnd"),
         Index("ix_record_failing", "run_id", "status", "rnd", "check_flags",

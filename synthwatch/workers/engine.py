@@ -30,6 +30,7 @@ from ..config import RunConfig
 from ..settings import get_settings
 from .client import Requester
 from .endpoints import EndpointPool
+from .gc_tuning import tuned_for_worker
 from .results import RETRYABLE_KINDS, TIMEOUT_KINDS, AttemptFailure, AttemptResult, Outcome
 from .writer import Writer, WriterHook
 
@@ -184,6 +185,10 @@ class RunWorker:
 
     async def main(self) -> str:
         """Run until the run completes, is stopped, or this worker is told to stop. Returns the state."""
+        with tuned_for_worker():
+            return await self._main()
+
+    async def _main(self) -> str:
         await asyncio.to_thread(self._prepare)
         self.writer = Writer(
             self.engine, self.run_id, self.worker_id,

@@ -15,6 +15,7 @@ import random
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from .results import TIMEOUT_KINDS, AttemptFailure, Outcome
 
 log = logging.getLogger("synthwatch.writer")
 CHECKPOINT_EVERY_S = 1.0
+WAKE_AT_RESULTS = 2000  # finished records that wake the writer before its flush interval is up
+MAX_BATCH = 5000  # queued items taken into one write transaction
 
 SERIES_WIDTH_S = 5
 _SERIES_COUNTERS = (
@@ -285,6 +288,10 @@ class Writer:
         self.gauges = gauges
         self.hooks = hooks or []
         self.q: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        # Finished records and failed attempts wait here without waking the thread: a wake per record (a
+        # futex wake, two context switches and a GIL handover on the worker's one core) cost about as much
+        # as writing the record. Claims, calls and stops go through q, which wakes it at once.
+        self._results: deque[tuple[Any, ...]] = deque()
         self.control: dict[str, Any] = {}
         self.error: str | None = None  # last write failure, None when healthy
         self.written = 0
@@ -310,10 +317,14 @@ class Writer:
         return self._thread.is_alive()
 
     def submit(self, outcome: Outcome) -> None:
-        self.q.put(("o", outcome))
+        self._results.append(("o", outcome))
+        if len(self._results) == WAKE_AT_RESULTS:
+            self.q.put(("w",))
 
     def submit_failure(self, failure: AttemptFailure) -> None:
-        self.q.put(("f", failure))
+        self._results.append(("f", failure))
+        if len(self._results) == WAKE_AT_RESULTS:
+            self.q.put(("w",))
 
     def claim(self, n: int) -> Future[tuple[list[store.Claimed], str]]:
         fut: Future[tuple[list[store.Claimed], str]] = Future()
@@ -367,15 +378,18 @@ class Writer:
         last_flush = last_control = last_beat = last_lease = time.monotonic()
         backoff = 0.5
         while True:
-            timeout = self.flush_interval_s if not pending else max(
+            results = self._results
+            timeout = self.flush_interval_s if not pending and not results else max(
                 0.0, self.flush_interval_s - (time.monotonic() - last_flush))
             try:
                 item = self.q.get(timeout=timeout)
                 pending.append(item)
-                while len(pending) < 5000:
+                while len(pending) < MAX_BATCH:
                     pending.append(self.q.get_nowait())
             except queue.Empty:
                 pass
+            while results and len(pending) < MAX_BATCH:
+                pending.append(results.popleft())
             m = time.monotonic()
             urgent = any(it[0] == "x" for it in pending)
             claims = any(it[0] == "c" for it in pending)
@@ -383,7 +397,7 @@ class Writer:
             beat = m - last_beat >= self.heartbeat_s
             lease = m - last_lease >= self.lease_s / 3
             if pending or beat or lease or stopping:
-                full = urgent or stopping or beat or lease or len(pending) >= 2000 \
+                full = urgent or stopping or beat or lease or len(pending) >= WAKE_AT_RESULTS \
                     or m - last_flush >= self.flush_interval_s
                 if claims and not full:
                     # A claim is answered at once, in a transaction of its own; finished records wait for the
@@ -431,7 +445,7 @@ class Writer:
                 except DBAPIError as exc:
                     self.error = _describe_db_error(exc)
                 last_control = m
-            if stopping and not pending and self.q.empty():
+            if stopping and not pending and self.q.empty() and not self._results:
                 return
 
     @contextlib.contextmanager
@@ -557,8 +571,9 @@ class Writer:
                 claim_results.append((it[2], res))
             if lease:
                 conn.execute(
-                    text("UPDATE record SET lease_until = :l WHERE worker_id = :w AND status = 'in_flight'"),
-                    {"l": t + self.lease_s, "w": self.worker_id},
+                    text("UPDATE record SET lease_until = :l WHERE run_id = :r AND status = 'in_flight'"
+                         " AND worker_id = :w"),
+                    {"l": t + self.lease_s, "r": self.run_id, "w": self.worker_id},
                 )
                 # claims of workers that died (kill -9, lost host) go back to the queue for the others
                 moved = store.release_dead_claims(conn, self.run_id, stale_after_s=self.lease_s)
