@@ -617,20 +617,28 @@ class Writer:
             }
             row.update(record_columns(ex))
             final_rows.append(row)
-        owned = self._owned(conn, [r["id"] for r in final_rows] + [r["id"] for r in back_rows])
-        if len(owned) != len(final_rows) + len(back_rows):
-            # Claims taken over after an expired lease belong to another worker now.
-            log.warning("%d results discarded: their claims had been taken over",
-                        len(final_rows) + len(back_rows) - len(owned))
+        # Claims taken over after an expired lease belong to another worker now: their results are dropped.
+        # The UPDATEs only touch rows this worker still holds; on SQLite the final UPDATE's summed row count
+        # says whether all of them were (the usual case, no query needed), elsewhere a SELECT asks first.
+        n_results = len(final_rows) + len(back_rows)
+        sqlite = conn.dialect.name == "sqlite"
+        if back_rows or not sqlite:
+            owned = self._owned(conn, [r["id"] for r in final_rows] + [r["id"] for r in back_rows])
             final_rows = [r for r in final_rows if r["id"] in owned]
             back_rows = [r for r in back_rows if r["id"] in owned]
+        if final_rows:
+            mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+            done = conn.exec_driver_sql(_FINAL_UPDATE.format(m=mark),
+                                        [(*(r[c] for c in _FINAL_COLS), r["id"], r["w"]) for r in final_rows])
+            if sqlite and done.rowcount != len(final_rows):
+                final_rows = self._written_by_us(conn, final_rows)
+        if len(final_rows) + len(back_rows) != n_results:
+            log.warning("%d results discarded: their claims had been taken over",
+                        n_results - len(final_rows) - len(back_rows))
         by_status = {"ok": 0, "error": 0, "timeout": 0}
         for r in final_rows:
             by_status[r["status"]] += 1
         if final_rows:
-            mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-            conn.exec_driver_sql(_FINAL_UPDATE.format(m=mark),
-                                 [(*(r[c] for c in _FINAL_COLS), r["id"], r["w"]) for r in final_rows])
             search_index.enqueue(conn, [r["id"] for r in final_rows
                                         if r["reasoning"] is not None or r["content"] is not None])
         if back_rows:
@@ -643,6 +651,17 @@ class Writer:
              "fin": len(final_rows) + len(back_rows), "back": len(back_rows), "t": time.time(),
              "r": self.run_id},
         )
+
+    def _written_by_us(self, conn: Connection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows the final UPDATE changed: theirs now hold our finish time and no worker."""
+        ours: set[int] = set()
+        for i in range(0, len(rows), 500):
+            part = rows[i:i + 500]
+            chunk = ",".join(str(int(r["id"])) for r in part)
+            finished = {r["id"]: r["finished_at"] for r in part}
+            ours.update(rid for rid, fin in conn.execute(text(
+                f"SELECT id, finished_at FROM record WHERE id IN ({chunk}) AND worker_id IS NULL")) if fin == finished[rid])
+        return [r for r in rows if r["id"] in ours]
 
     def _owned(self, conn: Connection, ids: list[int]) -> set[int]:
         owned: set[int] = set()
