@@ -309,6 +309,79 @@ def measure_worker(base_url: str, dataset: str, db: str, concurrency: int, strea
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batch: int = 64,
+                  flush_batch: int = 256) -> dict[str, Any]:
+    """SQLite's own share of persisting the records: the worker's claim and final UPDATE statements, run
+    through sqlite3 directly (no HTTP, no checks, no Python bookkeeping), on the schema and pragmas the
+    worker uses, with a real reply's text. What no worker on this schema can go below, per record."""
+    import random
+    import sqlite3
+    import urllib.request
+
+    from synthwatch.commands.run import prepare_run
+    from synthwatch.config import RunConfig
+    from synthwatch.db import open_engine
+    from synthwatch.workers.writer import _FINAL_COLS, _FINAL_UPDATE
+
+    engine = open_engine(db)
+    config = RunConfig.model_validate({
+        "name": Path(db).stem, "dataset": {"path": dataset}, "endpoints": [{"base_url": base_url}],
+        "model": MODEL, "stream": stream})
+    with open(os.devnull, "w") as devnull:
+        run_id, _ = prepare_run(engine, config, out=devnull)
+    engine.dispose()
+    req = urllib.request.Request(base_url.rstrip("/") + "/chat/completions",
+                                 data=request_body(load_messages(dataset)[0], False),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        reply = orjson.loads(resp.read())
+    msg = reply["choices"][0]["message"]
+    usage = orjson.dumps(reply["usage"]).decode()
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA synchronous=NORMAL")
+    claim_sql = ("UPDATE record SET status = 'in_flight', worker_id = 1, lease_until = ?, claimed_at = ?"
+                 " WHERE id IN (SELECT id FROM record WHERE run_id = ? AND status = 'pending' ORDER BY id LIMIT ?)"
+                 " RETURNING id, idx, prompt_json, attempts, attempts_json")
+    final_sql = _FINAL_UPDATE.format(m="?")
+    rnd = random.Random(1).random
+    n = 0
+    c0, t0 = time.process_time(), time.perf_counter()
+    while True:
+        held: list[int] = []
+        while len(held) < flush_batch:
+            conn.execute("BEGIN IMMEDIATE")
+            t = time.time()
+            rows = conn.execute(claim_sql, (t + 30, t, run_id, claim_batch)).fetchall()
+            conn.execute("UPDATE run SET n_in_flight = n_in_flight + ?, n_pending = n_pending - ? WHERE id = ?",
+                         (len(rows), len(rows), run_id))
+            conn.execute("COMMIT")
+            held += [r[0] for r in rows]
+            if len(rows) < claim_batch:
+                break
+        if not held:
+            break
+        t = time.time()
+        values = {"status": "ok", "reasoning": msg.get("reasoning") or "", "content": msg.get("content") or "",
+                  "content_null": 0, "reasoning_source": "reasoning", "finish_reason": "stop",
+                  "prompt_tokens": reply["usage"].get("prompt_tokens"),
+                  "completion_tokens": reply["usage"].get("completion_tokens"), "usage_json": usage,
+                  "latency_s": 0.01, "ttft_s": None, "n_chunks": 0, "attempts": 1,
+                  "attempts_json": '[{"n":1,"ok":true}]', "endpoint": "e", "model": MODEL, "finished_at": t,
+                  "check_flags": 0}
+        values["reasoning_len"], values["content_len"] = len(values["reasoning"]), len(values["content"])
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(final_sql, [(*(values.get(c) if c != "rnd" else rnd() for c in _FINAL_COLS), i, 1)
+                                     for i in held])
+        conn.executemany("INSERT OR IGNORE INTO record_fts_queue (record_id) VALUES (?)", [(i,) for i in held])
+        conn.execute("UPDATE run SET n_ok = n_ok + ?, n_in_flight = n_in_flight - ? WHERE id = ?",
+                     (len(held), len(held), run_id))
+        conn.execute("COMMIT")
+        n += len(held)
+    cpu, elapsed = time.process_time() - c0, time.perf_counter() - t0
+    conn.close()
+    return {"ok": n, "cpu_s": cpu, "elapsed_s": elapsed, "reasoning_chars": len(msg.get("reasoning") or "")}
+
+
 async def _stop_after(worker: Any, deadline_s: float) -> None:
     """Stop the worker at once after deadline_s (what a second Ctrl-C does): a benchmark must end."""
     await asyncio.sleep(deadline_s)
@@ -563,6 +636,8 @@ def serve(out: Any) -> None:
             kind = cmd.pop("kind")
             if kind == "worker":
                 result = measure_worker(**cmd)
+            elif kind == "floor":
+                result = measure_floor(**cmd)
             else:
                 result = measure_client(kind, **cmd)
         except Exception as exc:  # reported to the parent, which fails the benchmark with it
