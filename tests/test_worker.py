@@ -124,6 +124,18 @@ def test_long_healthy_stream_is_not_killed_by_idle_timeout(any_engine, sim, prom
     assert min(r["latency_s"] for r in rows) > 1.5  # longer than the idle timeout, still fine
 
 
+def test_slow_non_streamed_reply_is_not_an_idle_timeout(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    # a server answering without streaming sends nothing until the whole reply is generated: silence longer
+    # than the idle timeout is normal there, and only the total timeout applies
+    url = sim(seed=1, tokens_per_s=40, reasoning_tokens="60", content_tokens="20")
+    config = make_config(url, prompts(2), stream=False, timeouts={"connect_s": 5, "total_s": 60, "idle_s": 0.5},
+                         retries={"max_attempts": 1})
+    run_id, _ = run_to_end(any_engine, config)
+    rows = records(any_engine, run_id)
+    assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
+    assert min(r["latency_s"] for r in rows) > 1.5
+
+
 def test_cap_lowered_while_running(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=2, tokens_per_s=200, reasoning_tokens="20", content_tokens="10")
     config = make_config(url, prompts(200), concurrency=4, cap=150)

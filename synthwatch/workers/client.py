@@ -44,12 +44,19 @@ class Requester:
         self.think_close = think_close
         self.prefilled_open = prefilled_open
         self._session: aiohttp.ClientSession | None = None
+        self._stream_timeout: aiohttp.ClientTimeout | None = None
+        self._whole_timeout: aiohttp.ClientTimeout | None = None
 
     async def __aenter__(self) -> Requester:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
         # sock_read is the idle timeout: the longest silence between two reads of a stream.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s,
                                         connect=self.connect_timeout_s, sock_read=self.idle_timeout_s)
+        self._stream_timeout = timeout
+        # A reply that is not streamed arrives only when it is fully generated: minutes of silence are normal
+        # there, so only the connect and total timeouts apply to it.
+        self._whole_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s,
+                                                    connect=self.connect_timeout_s, sock_read=None)
         # a small read buffer per connection: thousands of slow streams must not each hold 128 KiB
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, json_serialize=_dumps,
                                               auto_decompress=True, trust_env=False, read_bufsize=2**14)
@@ -71,7 +78,8 @@ class Requester:
         res = AttemptResult(ok=False, endpoint=endpoint)
         try:
             async with asyncio.timeout(self.total_timeout_s):
-                async with self._session.post(url, data=body, headers=headers) as resp:
+                timeout = self._stream_timeout if stream else self._whole_timeout
+                async with self._session.post(url, data=body, headers=headers, timeout=timeout) as resp:
                     res.status_code = resp.status
                     if resp.status >= 400:
                         await self._http_error(resp, res)
