@@ -241,6 +241,21 @@ def measure_client(kind: str, base_url: str, dataset: str, n_requests: int, conc
 # ------------------------------------------------------------------------------- synthwatch worker
 
 
+def _new_run(base_url: str, dataset: str, db: str, stream: bool, **config: Any) -> tuple[Any, Any, int]:
+    """A fresh database with the dataset loaded into a new run, as `synthwatch run` does it (untimed)."""
+    from synthwatch.commands.run import prepare_run
+    from synthwatch.config import RunConfig
+    from synthwatch.db import open_engine
+
+    engine = open_engine(db)
+    run_config = RunConfig.model_validate({
+        "name": Path(db).stem, "dataset": {"path": dataset}, "endpoints": [{"base_url": base_url}],
+        "model": MODEL, "stream": stream, **config})
+    with open(os.devnull, "w") as devnull:
+        run_id, _ = prepare_run(engine, run_config, out=devnull)
+    return engine, run_config, run_id
+
+
 def measure_worker(base_url: str, dataset: str, db: str, concurrency: int, stream: bool,
                    idle_timeout_s: float = 60.0, sample_rss: bool = False,
                    deadline_s: float | None = None) -> dict[str, Any]:
@@ -251,19 +266,10 @@ def measure_worker(base_url: str, dataset: str, db: str, concurrency: int, strea
     """
     from sqlalchemy import text
 
-    from synthwatch.commands.run import prepare_run
-    from synthwatch.config import RunConfig
-    from synthwatch.db import open_engine
     from synthwatch.workers.engine import RunWorker
 
-    engine = open_engine(db)
-    config = RunConfig.model_validate({
-        "name": Path(db).stem, "dataset": {"path": dataset}, "endpoints": [{"base_url": base_url}],
-        "model": MODEL, "stream": stream, "concurrency": concurrency,
-        "timeouts": {"idle_s": idle_timeout_s},
-    })
-    with open(os.devnull, "w") as devnull:
-        run_id, _ = prepare_run(engine, config, out=devnull)
+    engine, config, run_id = _new_run(base_url, dataset, db, stream, concurrency=concurrency,
+                                      timeouts={"idle_s": idle_timeout_s})
     hooks: list[Any] = []
     checks = "off (synthwatch.checks.writer_hooks missing)"
     try:
@@ -318,17 +324,9 @@ def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batc
     import sqlite3
     import urllib.request
 
-    from synthwatch.commands.run import prepare_run
-    from synthwatch.config import RunConfig
-    from synthwatch.db import open_engine
     from synthwatch.workers.writer import _FINAL_COLS, _FINAL_UPDATE
 
-    engine = open_engine(db)
-    config = RunConfig.model_validate({
-        "name": Path(db).stem, "dataset": {"path": dataset}, "endpoints": [{"base_url": base_url}],
-        "model": MODEL, "stream": stream})
-    with open(os.devnull, "w") as devnull:
-        run_id, _ = prepare_run(engine, config, out=devnull)
+    engine, _, run_id = _new_run(base_url, dataset, db, stream)
     engine.dispose()
     req = urllib.request.Request(base_url.rstrip("/") + "/chat/completions",
                                  data=request_body(load_messages(dataset)[0], False),

@@ -269,12 +269,16 @@ def release_dead_claims(conn: Connection, run_id: int, stale_after_s: float) -> 
              " OR worker_id IN (SELECT id FROM worker WHERE run_id = :r AND status != 'running'))"),
         {"r": run_id, "t": t},
     ).rowcount or 0
+    _count_back_to_pending(conn, run_id, moved)
+    return moved
+
+
+def _count_back_to_pending(conn: Connection, run_id: int, moved: int) -> None:
     if moved:
         conn.execute(
             text("UPDATE run SET n_in_flight = n_in_flight - :n, n_pending = n_pending + :n WHERE id = :r"),
             {"n": moved, "r": run_id},
         )
-    return moved
 
 
 def release_claims(conn: Connection, run_id: int, worker_id: int, ids: list[int]) -> int:
@@ -289,11 +293,7 @@ def release_claims(conn: Connection, run_id: int, worker_id: int, ids: list[int]
                  f" WHERE id IN ({chunk}) AND worker_id = :w AND status = 'in_flight'"),
             {"w": worker_id},
         ).rowcount or 0
-    if moved:
-        conn.execute(
-            text("UPDATE run SET n_in_flight = n_in_flight - :n, n_pending = n_pending + :n WHERE id = :r"),
-            {"n": moved, "r": run_id},
-        )
+    _count_back_to_pending(conn, run_id, moved)
     return moved
 
 
