@@ -129,3 +129,21 @@ def test_serve_binds_loopback_by_default(tmp_path) -> None:  # type: ignore[no-u
     from synthwatch.settings import Settings as S
 
     assert S().host == "127.0.0.1"
+
+
+def test_serve_answers_the_address_it_prints_at_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # the printed link is followed at once by scripts and browsers: it must never be refused, even while the
+    # app is still starting
+    proc = popen_cli("serve", "--db", str(tmp_path / "x.db"), "--port", "0")
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        m = re.search(r"http://(127\.0\.0\.1):(\d+)/runs", line)
+        assert m, line
+        with socket.create_connection((m.group(1), int(m.group(2))), timeout=5) as s:  # refused before the fix
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            s.settimeout(30)
+            assert s.recv(64).startswith(b"HTTP/1.1 200")
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)

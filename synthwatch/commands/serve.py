@@ -64,6 +64,10 @@ def handle(args: argparse.Namespace) -> int:
         sock.close()
         raise CliError(f"cannot listen on {settings.host}:{settings.port}: {getattr(exc, 'strerror', None) or exc}"
                        " (another dashboard running? choose another --port)") from None
+    # listening before the address is printed: uvicorn starts the app (lifespan) before it listens, and a
+    # browser or script that follows the printed link at once was refused meanwhile; the kernel now holds
+    # early connections until the app answers them
+    sock.listen(2048)
     port = sock.getsockname()[1]  # --port 0 picks a free port: print the real one
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     print(f"synthwatch dashboard on http://{host}:{port}/runs", file=sys.stderr, flush=True)
