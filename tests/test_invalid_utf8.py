@@ -83,10 +83,20 @@ class RawServer:
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(5)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    async def _stop(self) -> None:
+        # connection handlers still waiting on a kept-alive connection end here, inside the running loop;
+        # left pending, the collector finalised them later, during some other test, on a closed loop
         self.server.close()
+        handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in handlers:
+            t.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+        self.loop.close()
 
 
 @pytest.fixture
