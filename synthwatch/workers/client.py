@@ -1,29 +1,29 @@
-"""One request attempt against an OpenAI-compatible endpoint, over aiohttp.
+"""One request attempt against an OpenAI-compatible endpoint, over the worker's lean HTTP/1.1 client.
 
-The streamed path parses SSE bytes and feeds plain dicts (orjson) to the reasoning accumulator:
-no model object per chunk, which is what makes the openai client ~10x slower per chunk. Every
-failure comes back as an :class:`AttemptResult` with a kind and a message; nothing raises except
-cancellation, which the caller records.
+The streamed path parses SSE bytes as they arrive and feeds plain dicts (orjson) to the reasoning
+accumulator: no model object per chunk (what makes the openai client ~10x slower per chunk) and no
+task wake-up per read. Every failure comes back as an :class:`AttemptResult` with a kind and a
+message; nothing raises except cancellation, which the caller records.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
-import aiohttp
 import orjson
 
 from ..reasoning import ResponseShapeError, StreamAccumulator, extract_response
+from .http1 import Exchange, HttpClient, HttpFailure
 from .results import AttemptResult
 from .sse import SSEParser
 
 _MAX_ERROR_BODY = 2000
+_ERROR_BODY_READ = 64 * 1024
 
 
 class Requester:
-    """Holds the HTTP session and the per-run request settings."""
+    """Holds the HTTP connections and the per-run request settings."""
 
     def __init__(
         self,
@@ -43,69 +43,51 @@ class Requester:
         self.think_open = think_open
         self.think_close = think_close
         self.prefilled_open = prefilled_open
-        self._session: aiohttp.ClientSession | None = None
-        self._stream_timeout: aiohttp.ClientTimeout | None = None
-        self._whole_timeout: aiohttp.ClientTimeout | None = None
+        self._http: HttpClient | None = None
 
     async def __aenter__(self) -> Requester:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-        # sock_read is the idle timeout: the longest silence between two reads of a stream.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s,
-                                        connect=self.connect_timeout_s, sock_read=self.idle_timeout_s)
-        self._stream_timeout = timeout
-        # A reply that is not streamed arrives only when it is fully generated: minutes of silence are normal
-        # there, so only the connect and total timeouts apply to it.
-        self._whole_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s,
-                                                    connect=self.connect_timeout_s, sock_read=None)
-        # a small read buffer per connection: thousands of slow streams must not each hold 128 KiB
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, json_serialize=_dumps,
-                                              auto_decompress=True, trust_env=False, read_bufsize=2**14)
+        self._http = HttpClient(connect_timeout_s=self.connect_timeout_s)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     def accumulator(self) -> StreamAccumulator:
         return StreamAccumulator(self.mode, self.think_open, self.think_close, self.prefilled_open)
 
     async def attempt(self, url: str, body: bytes, headers: dict[str, str], stream: bool,
                       endpoint: str) -> AttemptResult:
-        assert self._session is not None, "use `async with Requester(...)`"
+        assert self._http is not None, "use `async with Requester(...)`"
         t0 = time.perf_counter()
         acc = self.accumulator() if stream else None
         res = AttemptResult(ok=False, endpoint=endpoint)
         try:
             async with asyncio.timeout(self.total_timeout_s):
-                timeout = self._stream_timeout if stream else self._whole_timeout
-                async with self._session.post(url, data=body, headers=headers, timeout=timeout) as resp:
-                    res.status_code = resp.status
-                    if resp.status >= 400:
-                        await self._http_error(resp, res)
+                # The idle timeout is the longest silence from sending until a stream ends. A reply that is
+                # not streamed arrives only when it is fully generated: minutes of silence are normal there,
+                # so only the connect and total timeouts apply to it.
+                ex = await self._http.post(url, body, headers, idle_s=self.idle_timeout_s if stream else None)
+                try:
+                    res.status_code = ex.status
+                    if ex.status >= 400:
+                        await self._http_error(ex, res)
                     elif stream:
                         assert acc is not None
-                        await self._read_stream(resp, acc, res, t0)
+                        await self._read_stream(ex, acc, res, t0)
                     else:
-                        await self._read_whole(resp, res, t0)
-        except aiohttp.ConnectionTimeoutError:
-            res.kind, res.message = "connect_timeout", f"no connection within {self.connect_timeout_s:g} s"
-        except aiohttp.SocketTimeoutError:
-            elapsed = time.perf_counter() - t0
-            n = acc.n_chunks if acc is not None else 0
-            res.kind = "idle_timeout"
-            res.message = f"no data for {self.idle_timeout_s:g} s (after {elapsed:.1f} s, {n} chunks received)"
+                        await self._read_whole(ex, res)
+                finally:
+                    ex.release()
+        except HttpFailure as exc:
+            res.kind, res.message = exc.kind, exc.message
+            if exc.kind == "idle_timeout":
+                n = acc.n_chunks if acc is not None else 0
+                res.message = (f"no data for {self.idle_timeout_s:g} s (after {time.perf_counter() - t0:.1f} s,"
+                               f" {n} chunks received)")
         except TimeoutError:
             res.kind, res.message = "timeout", f"request exceeded the total timeout of {self.total_timeout_s:g} s"
-        except aiohttp.ClientConnectorError as exc:
-            res.kind, res.message = "connect", f"cannot connect: {exc}"
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError,
-                ConnectionResetError) as exc:
-            res.kind, res.message = "dropped", f"connection dropped: {exc.__class__.__name__}: {exc}"
-        except aiohttp.ClientResponseError as exc:
-            res.kind, res.message = "http_error", f"bad HTTP response: {exc}"
-        except aiohttp.ClientError as exc:
-            res.kind, res.message = "dropped", f"{exc.__class__.__name__}: {exc}"
         res.latency_s = time.perf_counter() - t0
         if acc is not None:
             res.n_chunks = acc.n_chunks
@@ -113,16 +95,16 @@ class Requester:
                 res.extracted = acc.result()  # partial text is kept on failures
         return res
 
-    async def _http_error(self, resp: aiohttp.ClientResponse, res: AttemptResult) -> None:
-        status = resp.status
+    async def _http_error(self, ex: Exchange, res: AttemptResult) -> None:
+        status = ex.status
         try:
-            raw = await resp.content.read(64 * 1024)
-        except (aiohttp.ClientError, TimeoutError):
+            raw = await ex.read(_ERROR_BODY_READ)
+        except HttpFailure:
             raw = b""
         res.message = f"HTTP {status}: {_error_text(raw)}"
         if status == 429:
             res.kind = "http_429"
-            ra = resp.headers.get("Retry-After")
+            ra = ex.headers.get("retry-after")
             if ra:
                 try:
                     res.retry_after_s = min(float(ra), 300.0)
@@ -135,11 +117,10 @@ class Requester:
         else:
             res.kind = f"http_{status}"
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse, acc: StreamAccumulator, res: AttemptResult,
-                           t0: float) -> None:
-        ctype = resp.headers.get("Content-Type", "")
+    async def _read_stream(self, ex: Exchange, acc: StreamAccumulator, res: AttemptResult, t0: float) -> None:
+        ctype = ex.headers.get("content-type", "")
         if "text/event-stream" not in ctype:
-            raw = await resp.content.read(64 * 1024)
+            raw = await ex.read(_ERROR_BODY_READ)
             if "json" in ctype:
                 # some servers answer a stream request with one JSON error object
                 res.kind, res.message = "error_body", f"expected an event stream, got JSON: {_error_text(raw)}"
@@ -152,7 +133,10 @@ class Requester:
         feed = acc.feed
         done = False
         first: float | None = None
-        async for data in resp.content.iter_any():
+
+        def on_data(data: bytes) -> bool:
+            """Runs as bytes arrive; False ends the reply (the connection is then closed)."""
+            nonlocal done, first
             for payload in parser.feed(data):
                 if payload == b"[DONE]":
                     done = True
@@ -162,21 +146,26 @@ class Requester:
                 except orjson.JSONDecodeError as exc:
                     res.kind = "malformed"
                     res.message = f"malformed stream chunk ({exc}): {_clip(payload)}"
-                    return
+                    return False
                 if type(chunk) is not dict:
                     res.kind, res.message = "malformed", f"stream chunk is not an object: {_clip(payload)}"
-                    return
+                    return False
                 if feed(chunk) and first is None:
                     first = time.perf_counter()
                 if acc.error is not None:
                     res.kind, res.message = "error_body", f"error event in stream: {_error_text(orjson.dumps(acc.error))}"
-                    return
+                    return False
+            return True
+
+        await ex.stream(on_data)
+        if res.kind:
+            return
         if first is not None:
             res.ttft_s = first - t0
-        ex = acc.result()
-        res.extracted = ex
+        ex_ = acc.result()
+        res.extracted = ex_
         if not done:
-            if ex.finish_reason is None:
+            if ex_.finish_reason is None:
                 res.kind = "dropped"
                 res.message = f"stream ended without [DONE] or finish_reason after {acc.n_chunks} chunks"
                 leftover = parser.pending()
@@ -188,10 +177,10 @@ class Requester:
             return
         res.ok = True
 
-    async def _read_whole(self, resp: aiohttp.ClientResponse, res: AttemptResult, t0: float) -> None:
-        raw = await resp.read()
+    async def _read_whole(self, ex: Exchange, res: AttemptResult) -> None:
+        raw = await ex.read()
         res.ttft_s = None
-        ctype = resp.headers.get("Content-Type", "")
+        ctype = ex.headers.get("content-type", "")
         if "json" not in ctype:
             res.kind = "bad_content_type"
             res.message = f"expected application/json, got {ctype or 'no content type'}: {_error_text(raw)}"
@@ -211,10 +200,6 @@ class Requester:
             res.message = str(exc)
             return
         res.ok = True
-
-
-def _dumps(obj: Any) -> str:
-    return orjson.dumps(obj).decode()
 
 
 def _clip(raw: bytes, n: int = 300) -> str:

@@ -57,6 +57,10 @@ class EndpointPool:
                     raise MissingApiKey(
                         f"endpoint {c.label}: environment variable {c.api_key_env} is not set (it should hold the API key)"
                     )
+                if any(c in key for c in "\r\n\0"):
+                    # sent as is, a line break would end the header and let the rest rewrite the request
+                    raise MissingApiKey(f"endpoint {c.label}: environment variable {c.api_key_env} holds a line break"
+                                        " or NUL character (the key is not shown)")
                 headers["Authorization"] = f"Bearer {key}"
             self.endpoints.append(Endpoint(c.label, c.base_url, c.base_url + "/chat/completions", headers))
 

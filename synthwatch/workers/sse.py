@@ -19,7 +19,7 @@ one newline scan, with no Python work per event. Only events with several lines,
 other fields go through a per-line loop. Bytes of an unfinished event are kept as a list of pieces
 and joined once a separator arrives, so a huge single event fed in small pieces stays linear.
 
-``feed`` takes ``bytes`` (what aiohttp's ``iter_any``/``iter_chunked`` yield). At end of stream,
+``feed`` takes ``bytes`` in whatever pieces the socket delivers them. At end of stream,
 call :meth:`SSEParser.flush` (it only matters for a stream ending in a bare ``\\r``) and report
 :meth:`SSEParser.pending` if it is not empty: the stream ended mid-event.
 """
