@@ -8,6 +8,7 @@ the simulator never produces (bytes split anywhere, 1xx replies, trailers, gzip,
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gzip
 import time
 from collections.abc import Awaitable, Callable
@@ -57,9 +58,12 @@ class ScriptServer:
 
 
 def run(coro: Awaitable[Any]) -> Any:
+    """Run on a fresh event loop in a thread of its own: the browser tests' Playwright keeps a loop
+    running in the main thread for the whole session."""
     async def main() -> Any:
         return await coro
-    return asyncio.run(main())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, main()).result()
 
 
 async def fetch(client: HttpClient, url: str, body: bytes = b'{"q": 1}', idle_s: float | None = None,
