@@ -82,10 +82,12 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle = False  # parked in the client's idle list
+        self.active = False  # carrying an exchange (from sending the request until released)
         self._loop = client.loop
         self._reset()
 
     def _reset(self) -> None:
+        self.active = True
         self.head_done = False
         self.done = False  # the reply's body ended where its framing said
         self.reusable = False
@@ -118,7 +120,7 @@ class _Conn(asyncio.Protocol):
         self.closed = True
         if self.idle:
             self.client._forget(self)
-        if self.done or self._error is not None or self._waiter is None and not self.head_done:
+        if not self.active or self.done or self._error is not None:
             self._stop_idle_timer()
             return
         if self.head_done and self._framing == _UNTIL_CLOSE:
@@ -312,10 +314,14 @@ class _Conn(asyncio.Protocol):
                 return
         sink = self._sink
         if sink is None:
-            self._pending.append(piece)
-            self._pending_n += len(piece)
+            self._collect(piece)
         elif not sink(piece):
             self._stop()
+
+    def _collect(self, piece: bytes) -> None:
+        """Keep body bytes until the caller reads them."""
+        self._pending.append(piece)
+        self._pending_n += len(piece)
 
     # -- ends ---------------------------------------------------------------------------------
 
@@ -403,8 +409,7 @@ class Exchange:
         c = self._conn
         if limit is not None:
             def cap(piece: bytes) -> bool:
-                c._pending.append(piece)
-                c._pending_n += len(piece)
+                c._collect(piece)
                 return c._pending_n < limit
             if c._pending_n >= limit:
                 c._stop()
@@ -501,6 +506,7 @@ class HttpClient:
         return proto, False
 
     def _release(self, conn: _Conn) -> None:
+        conn.active = False
         conn._sink = None
         conn._pending = []
         conn._stop_idle_timer()
