@@ -329,3 +329,24 @@ def test_https_verifies_the_server_certificate(tmp_path: Any, monkeypatch: Any) 
             srv.close()
 
     run(go())
+
+
+def test_a_sink_that_stops_gets_no_further_piece_of_the_same_read() -> None:
+    async def reply(w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await w.drain()
+        await asyncio.sleep(0.2)  # the client is streaming by now
+        w.write(chunked(b"one", b"two", b"three"))  # three chunks, one read
+        return True
+
+    async def go() -> None:
+        async with ScriptServer(reply) as srv:
+            client = HttpClient(connect_timeout_s=5)
+            ex = await client.post(srv.url, b"{}", {}, idle_s=5)
+            got: list[bytes] = []
+            await ex.stream(lambda b: got.append(b) is not None)  # stops at the first piece
+            ex.release()
+            assert got == [b"one"]
+            await client.close()
+
+    run(go())

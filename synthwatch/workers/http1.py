@@ -305,6 +305,8 @@ class _Conn(asyncio.Protocol):
         self._buf = rest
 
     def _deliver(self, piece: bytes) -> None:
+        if self._stopped:
+            return  # the sink said it has what it needs: one read can hold several more pieces (chunks)
         if self._inflate is not None:
             try:
                 piece = self._inflate.decompress(piece)
