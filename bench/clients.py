@@ -324,6 +324,7 @@ def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batc
     import sqlite3
     import urllib.request
 
+    from synthwatch.store import claim_sql
     from synthwatch.workers.writer import _FINAL_COLS, _FINAL_UPDATE
 
     engine, _, run_id = _new_run(base_url, dataset, db, stream)
@@ -337,9 +338,7 @@ def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batc
     usage = orjson.dumps(reply["usage"]).decode()
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("PRAGMA synchronous=NORMAL")
-    claim_sql = ("UPDATE record SET status = 'in_flight', worker_id = 1, lease_until = ?, claimed_at = ?"
-                 " WHERE id IN (SELECT id FROM record WHERE run_id = ? AND status = 'pending' ORDER BY id LIMIT ?)"
-                 " RETURNING id, idx, prompt_json, attempts, attempts_json")
+    claim = claim_sql()
     final_sql = _FINAL_UPDATE.format(m="?")
     rnd = random.Random(1).random
     n = 0
@@ -349,7 +348,7 @@ def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batc
         while len(held) < flush_batch:
             conn.execute("BEGIN IMMEDIATE")
             t = time.time()
-            rows = conn.execute(claim_sql, (t + 30, t, run_id, claim_batch)).fetchall()
+            rows = conn.execute(claim, {"w": 1, "lease": t + 30, "t": t, "r": run_id, "n": claim_batch}).fetchall()
             conn.execute("UPDATE run SET n_in_flight = n_in_flight + ?, n_pending = n_pending - ? WHERE id = ?",
                          (len(rows), len(rows), run_id))
             conn.execute("COMMIT")

@@ -311,6 +311,13 @@ def recount(conn: Connection, run_id: int) -> None:
     )
 
 
+def claim_sql(skip: str = "") -> str:
+    """The claim statement (named parameters w, lease, t, r, n); the benchmark's SQLite floor runs it too."""
+    return ("UPDATE record SET status = 'in_flight', worker_id = :w, lease_until = :lease, claimed_at = :t"
+            " WHERE id IN (SELECT id FROM record WHERE run_id = :r AND status = 'pending' ORDER BY id"
+            f" LIMIT :n{skip}) RETURNING id, idx, prompt_json, attempts, attempts_json")
+
+
 def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float) -> tuple[list[Claimed], str]:
     """Claim up to n pending records; never more than the cap allows. Returns (claimed, why_short).
 
@@ -339,13 +346,8 @@ def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float)
     if n <= 0:
         return [], "empty"
     t = now()
-    skip = " FOR UPDATE SKIP LOCKED" if is_pg(conn) else ""
     rows = conn.execute(
-        text(
-            "UPDATE record SET status = 'in_flight', worker_id = :w, lease_until = :lease, claimed_at = :t"
-            f" WHERE id IN (SELECT id FROM record WHERE run_id = :r AND status = 'pending' ORDER BY id"
-            f" LIMIT :n{skip}) RETURNING id, idx, prompt_json, attempts, attempts_json"
-        ),
+        text(claim_sql(" FOR UPDATE SKIP LOCKED" if is_pg(conn) else "")),
         {"w": worker_id, "lease": t + lease_s, "t": t, "r": run_id, "n": n},
     ).all()
     if rows:

@@ -82,12 +82,11 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle = False  # parked in the client's idle list
-        self.active = False  # carrying an exchange (from sending the request until released)
         self._loop = client.loop
         self._reset()
 
     def _reset(self) -> None:
-        self.active = True
+        self.active = True  # carrying an exchange, from sending the request until released
         self.head_done = False
         self.done = False  # the reply's body ended where its framing said
         self.reusable = False
@@ -163,9 +162,7 @@ class _Conn(asyncio.Protocol):
                 self._feed_chunked(data)
             else:
                 self._deliver(data)
-        except HttpFailure as exc:
-            self._fail(exc)
-        except Exception as exc:  # a bug in the caller's sink: it surfaces where the reply is awaited
+        except Exception as exc:  # bad framing (HttpFailure), or a bug in the caller's sink: raised where awaited
             self._fail(exc)
 
     def eof_received(self) -> bool | None:
@@ -210,7 +207,7 @@ class _Conn(asyncio.Protocol):
         te = headers.get("transfer-encoding", "").lower()
         enc = headers.get("content-encoding", "").lower().strip()
         try:
-            if status in (101, 204, 304) or (100 <= status < 200):
+            if status in (101, 204, 304):  # other 1xx replies were skipped above
                 self._framing = _NONE
             elif te:
                 if not te.endswith("chunked"):
@@ -512,7 +509,7 @@ class HttpClient:
         conn._sink = None
         conn._pending = []
         conn._stop_idle_timer()
-        if conn.done and conn.reusable and not conn.closed and conn._error is None:
+        if conn.reusable and not conn.closed:  # reusable: ended by its framing, no error, not stopped early
             conn.idle = True
             self._idle.setdefault(conn.key, []).append(conn)
             return

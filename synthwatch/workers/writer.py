@@ -317,12 +317,13 @@ class Writer:
         return self._thread.is_alive()
 
     def submit(self, outcome: Outcome) -> None:
-        self._results.append(("o", outcome))
-        if len(self._results) == WAKE_AT_RESULTS:
-            self.q.put(("w",))
+        self._add_result(("o", outcome))
 
     def submit_failure(self, failure: AttemptFailure) -> None:
-        self._results.append(("f", failure))
+        self._add_result(("f", failure))
+
+    def _add_result(self, item: tuple[Any, ...]) -> None:
+        self._results.append(item)
         if len(self._results) == WAKE_AT_RESULTS:
             self.q.put(("w",))
 
