@@ -56,8 +56,7 @@ def unindex(conn: Connection, ids: list[int]) -> None:
     delete an entry given the text it indexed), then write, then :func:`enqueue` them."""
     if not ids or not applies(conn):
         return
-    for i in range(0, len(ids), 500):
-        marks = ",".join(str(int(x)) for x in ids[i:i + 500])
+    for marks in store.int_lists(ids):
         conn.execute(text(
             "INSERT INTO record_fts(record_fts, rowid, prompt_json, reasoning, content)"
             f" SELECT 'delete', r.id, r.prompt_json, r.reasoning, r.content FROM record r WHERE r.id IN ({marks})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,13 +281,19 @@ def _count_back_to_pending(conn: Connection, run_id: int, moved: int) -> None:
         )
 
 
+def int_lists(values: list[int], size: int = 500) -> Iterator[str]:
+    """``values`` as comma-separated literals for ``IN (...)``, ``size`` at a time: ints only, so inlining
+    them is safe, and one statement per few hundred rows instead of a bound parameter each."""
+    for i in range(0, len(values), size):
+        yield ",".join(str(int(x)) for x in values[i:i + size])
+
+
 def release_claims(conn: Connection, run_id: int, worker_id: int, ids: list[int]) -> int:
     """Return this worker's claimed, never started records to pending (a pause, a stop, a changed cap).
 
     Only rows the worker still holds move: a claim taken over after an expired lease is left alone."""
     moved = 0
-    for i in range(0, len(ids), 500):
-        chunk = ",".join(str(int(x)) for x in ids[i:i + 500])
+    for chunk in int_lists(ids):
         moved += conn.execute(
             text(f"UPDATE record SET status = 'pending', worker_id = NULL, lease_until = NULL, claimed_at = NULL"
                  f" WHERE id IN ({chunk}) AND worker_id = :w AND status = 'in_flight'"),

@@ -166,8 +166,7 @@ class SeriesAccumulator:
         """Replace the in-memory buckets by the stored rows for these (endpoint, bucket start) keys."""
         self.buckets = {k: _Bucket(self.run_id, self.worker_id, k[0], k[1]) for k in keys}
         ts = sorted({k[1] for k in keys})
-        for i in range(0, len(ts), 500):
-            chunk = ",".join(str(int(t)) for t in ts[i:i + 500])
+        for chunk in store.int_lists(ts):
             for row in conn.execute(
                 text(f"SELECT * FROM series WHERE run_id = :r AND worker_id = :w AND t IN ({chunk})"),
                 {"r": self.run_id, "w": self.worker_id},
@@ -656,18 +655,15 @@ class Writer:
     def _written_by_us(self, conn: Connection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The rows the final UPDATE changed: theirs now hold our finish time and no worker."""
         ours: set[int] = set()
-        for i in range(0, len(rows), 500):
-            part = rows[i:i + 500]
-            chunk = ",".join(str(int(r["id"])) for r in part)
-            finished = {r["id"]: r["finished_at"] for r in part}
+        finished = {r["id"]: r["finished_at"] for r in rows}
+        for chunk in store.int_lists(list(finished)):
             ours.update(rid for rid, fin in conn.execute(text(
                 f"SELECT id, finished_at FROM record WHERE id IN ({chunk}) AND worker_id IS NULL")) if fin == finished[rid])
         return [r for r in rows if r["id"] in ours]
 
     def _owned(self, conn: Connection, ids: list[int]) -> set[int]:
         owned: set[int] = set()
-        for i in range(0, len(ids), 500):
-            chunk = ",".join(str(int(x)) for x in ids[i:i + 500])
+        for chunk in store.int_lists(ids):
             owned.update(r[0] for r in conn.execute(
                 text(f"SELECT id FROM record WHERE id IN ({chunk}) AND worker_id = :w AND status = 'in_flight'"),
                 {"w": self.worker_id},
