@@ -136,3 +136,13 @@ def test_start_run_form_in_browser(page, browser_problems, live_app, engine, sim
     page.wait_for_url(re.compile(r".*/runs/\d+$"), timeout=30_000)
     page.wait_for_selector('[data-testid="run-status"]:has-text("completed")', timeout=30_000)
     assert page.locator('[data-testid="n-ok"]').inner_text() == "4"
+
+
+def test_a_page_without_the_layout_asks_for_no_missing_icon(page, browser_problems, live_app) -> None:  # type: ignore[no-untyped-def]
+    """A fragment or JSON opened on its own has no <link rel=icon>: the browser then fetches /favicon.ico
+    by itself, after the page has loaded, and a 404 there is a console error (a flaky hostile-page test)."""
+    app = live_app()
+    page.goto(f"{app.url}/healthz")
+    page.wait_for_timeout(1500)  # goto does not wait for the browser's own icon request
+    assert page.request.get(f"{app.url}/favicon.ico").status == 204
+    assert not [p for p in browser_problems if "404" in p], browser_problems
