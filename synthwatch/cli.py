@@ -17,6 +17,7 @@ COMMANDS = (
     "synthwatch.commands.watch",
     "synthwatch.commands.control",
     "synthwatch.commands.checks",
+    "synthwatch.commands.repair",
     "synthwatch.commands.db",
 )
 

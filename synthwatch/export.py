@@ -49,6 +49,7 @@ R_EMPTY = "empty_reasoning"
 R_TRUNCATED = "truncated"
 R_NO_IDS = "no_token_ids"
 R_TOKENIZE = "tokenize_failed"
+R_VERSION = "other_config_version"
 
 _SECRET_KEY = re.compile(
     r"(?i)(^|[_-])(api[_-]?keys?|apikeys?|secrets?|password|passwd|pwd|credentials?|authorization|bearer|"
@@ -57,7 +58,8 @@ _SECRET_KEY = re.compile(
 # Keys whose value may embed a secret even though the key does not say so (Slack/Discord webhook URLs).
 _SECRET_VALUE_KEYS = frozenset({"webhook_url", "headers", "default_headers"})
 
-_MESSAGE_COLS = "id, idx, source_id, prompt_json, reasoning, content, finish_reason, review, check_flags"
+_MESSAGE_COLS = ("id, idx, source_id, prompt_json, reasoning, content, finish_reason, review, check_flags,"
+                 " gen_version, derive_version, revision")
 
 
 class ExportError(Exception):
@@ -88,6 +90,10 @@ class ExportOptions:
     retokenize: bool = False
     """tokens: re-tokenize even when the server's token ids are stored."""
     page_size: int = PAGE_SIZE
+    config_version: int | None = None
+    """Only records whose current output was read under this config version (record.derive_version)."""
+    generated_under: int | None = None
+    """Only records generated under this config version (record.gen_version)."""
 
 
 @dataclass
@@ -346,8 +352,12 @@ def exclusion_reason(rec: Mapping[str, Any], plan: ExportPlan) -> str | None:
     """Why this ok record is left out, or None to export it."""
     if int(rec.get("idx") or 0) < 0:
         return R_CANARY
-    review = rec.get("review")
     opts = plan.options
+    if opts.config_version is not None and rec.get("derive_version") != opts.config_version:
+        return R_VERSION
+    if opts.generated_under is not None and rec.get("gen_version") != opts.generated_under:
+        return R_VERSION
+    review = rec.get("review")
     if opts.only_good:
         if review != "good":
             return R_FLAGGED if review == "bad" else R_NOT_GOOD
@@ -594,6 +604,7 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
     excluded: Counter[str] = Counter()
     scanned = exported = 0
     sources: Counter[str] = Counter()
+    repaired = {"rederived": 0, "rerun": 0, "generated": Counter(), "derived": Counter()}
     sink: _JsonlSink | _TokensParquetSink = _TokensParquetSink(partial) if plan.parquet else _JsonlSink(partial)
     try:
         if progress:
@@ -609,6 +620,7 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
                         reason = skip.reason
                     else:
                         rows.append(row)
+                        _count_repair(repaired, rec)
                         if fmt == "tokens":
                             sources[row["source"]] += 1
                 if reason is not None:
@@ -620,6 +632,7 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
                 progress(scanned, max(plan.total, scanned))
         digest = sink.close()
         manifest = _manifest(plan, scanned, exported, excluded, sources, digest, partial.stat().st_size, started)
+        manifest["repairs"] = _repairs_summary(engine, plan, repaired)
         os.replace(partial, out)
         _write_atomic(manifest_path(out), orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     except BaseException:
@@ -628,6 +641,38 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
             partial.unlink()
         raise
     return manifest
+
+
+def _count_repair(acc: dict[str, Any], rec: Mapping[str, Any]) -> None:
+    gen, der = rec.get("gen_version"), rec.get("derive_version")
+    acc["generated"][str(gen)] += 1
+    acc["derived"][str(der)] += 1
+    if gen is not None and der is not None and der != gen:
+        acc["rederived"] += 1
+
+
+def _repairs_summary(engine: Engine, plan: ExportPlan, acc: dict[str, Any]) -> dict[str, Any]:
+    """How the exported records came to be: re-derived, re-run, and under which config versions."""
+    from sqlalchemy import text as sql
+
+    with engine.connect() as conn:
+        rerun = int(conn.execute(sql(
+            "SELECT COUNT(DISTINCT h.record_id) FROM record_history h JOIN record r ON r.id = h.record_id"
+            " WHERE h.run_id = :r AND h.action = 'rerun' AND r.status = 'ok'"), {"r": plan.run["id"]}).scalar() or 0)
+        current = conn.execute(sql("SELECT config_version FROM run WHERE id = :r"), {"r": plan.run["id"]}).scalar()
+        conn.rollback()
+    return {
+        "rederived": acc["rederived"],
+        "rerun": rerun,
+        "config_versions": {"generated": dict(sorted(acc["generated"].items())),
+                            "derived": dict(sorted(acc["derived"].items()))},
+        "current_config_version": current,
+        "config_version_filter": plan.options.config_version,
+        "generated_under_filter": plan.options.generated_under,
+        "note": "rederived: exported records whose answer was read again under a later config version than it was"
+                " generated under; rerun: records in the run generated again by a re-run (earlier outputs are in"
+                " record_history)",
+    }
 
 
 def export_run(engine: Engine, run_ref: int | str, options: ExportOptions,
