@@ -186,6 +186,158 @@ def _fill_series(conn: sqlite3.Connection, rng: random.Random, run_id: int, star
         insert_series(conn, rows)
 
 
+
+MISMATCH_TEXT_WORDS = (180, 540)  # reasoning after its first line: ~1-3 KB
+MISMATCH_CONTENT_WORDS = (30, 70)  # answer after its first line: a few hundred characters
+
+
+def fill_field_mismatch(db_path: str | Path, n_records: int, *, run_name: str | None = None, seed: int = 0,
+                        end_t: float | None = None, rate_per_s: float = 50.0, batch: int = 5_000) -> int:
+    """Add one completed run of ``n_records`` ok records in the state of issue 16's story. Returns its run id.
+
+    The server sent the reasoning in ``reasoning`` while the run read ``reasoning_content``: every record has
+    ``reasoning = ''``, ``reasoning_source = 'none'`` and the text in ``extra_json.unread_fields.reasoning``,
+    as the worker stores it. The run is created by ``store.create_run`` from a valid RunConfig (config version
+    1, reasoning.mode = reasoning_content); each record's check_flags / check_json come from the real
+    per-record checks (field_mismatch, empty_reasoning, reasoning_tokens_no_text, and truncated for the 2 %
+    cut at max_tokens), check_stat holds the run's totals and rolling windows, and the field_mismatch alarm
+    is open. Texts are unique per record (the question's numbers), ~1-3 KB of reasoning and a few hundred
+    characters of answer; the records are in the full-text index, as a dashboard would have left them.
+    Series rows (two workers, two endpoints) count the empty reasoning. Auto-pause was off for the check
+    (an explicit, recorded choice in the real product), so the run went to its end.
+    """
+    from sqlalchemy import text
+
+    from synthwatch import store
+    from synthwatch.alarms import effective_rules
+    from synthwatch.checks import BIT, CHECK_NAMES, RecordChecker, RecordView, RunContext, recent_windows
+    from synthwatch.config import RunConfig
+    from synthwatch.db import open_engine
+
+    rng = random.Random(seed)
+    end = end_t if end_t is not None else time.time()
+    duration = max(10.0, n_records / rate_per_s)
+    start = end - duration
+    endpoints = ["vllm-0", "vllm-1"]
+    name = run_name or f"mismatch-{n_records}-{int(end)}"
+    config = RunConfig.model_validate({
+        "name": name, "dataset": {"path": "prompts.jsonl"}, "model": "sim-reasoner", "concurrency": 64,
+        "endpoints": [{"base_url": f"http://127.0.0.1:{9000 + i}/v1", "name": e} for i, e in enumerate(endpoints)],
+        "reasoning": {"mode": "reasoning_content"},
+    })
+    snapshot = config.snapshot()
+    engine = open_engine(str(db_path))  # schema from the migrations
+    try:
+        with engine.begin() as sconn:
+            run_id = store.create_run(sconn, name, config)
+        ctx = RunContext.from_config(run_id, name, snapshot)
+        checker = RecordChecker(ctx)
+        rec_cols = ("run_id", "idx", "source_id", "source_line", "rnd", "prompt_json", "status", "reasoning",
+                    "content", "content_null", "reasoning_source", "reasoning_len", "content_len", "finish_reason",
+                    "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "latency_s", "ttft_s",
+                    "n_chunks", "attempts", "attempts_json", "endpoint", "model", "system_fingerprint",
+                    "response_id", "extra_json", "claimed_at", "finished_at", "check_flags", "check_json",
+                    "gen_version", "derive_version", "revision", "rerun")
+        rec_sql = f"INSERT INTO record ({', '.join(rec_cols)}) VALUES ({', '.join('?' * len(rec_cols))})"
+        bodies = _texts(rng, 2_000, MISMATCH_TEXT_WORDS)
+        tails = _texts(rng, 2_000, MISMATCH_CONTENT_WORDS)
+        n_fail = dict.fromkeys(CHECK_NAMES, 0)
+        n_total = dict.fromkeys(CHECK_NAMES, 0)
+        example: dict[str, int] = {}
+        conn = sqlite3.connect(str(db_path), isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=OFF")
+        conn.execute("BEGIN")
+        first_id = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM record").fetchone()[0]
+        buf: list[tuple[Any, ...]] = []
+        for i in range(n_records):
+            a, b = 17 + i, rng.randint(1, 999)
+            ep = endpoints[i % 2]
+            reasoning = (f"Let me work through this step by step. The question asks me to compute {a} + {b}. "
+                         f"First, {a} + {b} = {a + b}. Now {bodies[rng.randrange(len(bodies))]}")
+            length = rng.random() < 0.02
+            content = f"The answer is **{a + b}**. Working: {a} + {b} = {a + b}. {tails[rng.randrange(len(tails))]}"
+            r_tok, c_tok = len(reasoning) // 4, len(content) // 4
+            usage = {"prompt_tokens": 25, "total_tokens": 25 + r_tok + c_tok, "completion_tokens": r_tok + c_tok,
+                     "completion_tokens_details": {"reasoning_tokens": r_tok}}
+            extra = {"top": {"prompt_text": None}, "choice": {"logprobs": None, "stop_reason": None},
+                     "unread_fields": {"reasoning": reasoning}}
+            t = start + duration * i / max(1, n_records)
+            lat = rng.lognormvariate(1.5, 0.5)
+            prompt = orjson.dumps([{"role": "user", "content": f"What is {a} + {b}?"}]).decode()
+            view = RecordView(first_id + i, i, "ok", reasoning="", content=content,
+                              finish_reason="length" if length else "stop", completion_tokens=r_tok + c_tok,
+                              reasoning_tokens=r_tok, unread_fields={"reasoning": reasoning}, model="sim-reasoner",
+                              system_fingerprint="vllm-0.32.0-sim", prompt_json=prompt, endpoint=ep)
+            applied, failed, det = checker.check(view)
+            for c in CHECK_NAMES:
+                if applied & BIT[c]:
+                    n_total[c] += 1
+                    if failed & BIT[c]:
+                        n_fail[c] += 1
+                        example[c] = first_id + i
+            attempts = [{"n": 1, "t": round(t - lat, 3), "endpoint": ep, "ok": True, "kind": None, "status": 200,
+                         "error": None, "latency_s": round(lat, 4)}]
+            buf.append((run_id, i, f"p{i}", i + 1, rng.random(), prompt, "ok", "", content, 0, "none", 0,
+                        len(content), "length" if length else "stop", 25, r_tok + c_tok, r_tok,
+                        orjson.dumps(usage).decode(), lat, lat * 0.1, r_tok + c_tok + 1, 1,
+                        orjson.dumps(attempts).decode(), ep, "sim-reasoner", "vllm-0.32.0-sim",
+                        f"chatcmpl-{seed}-{i:08x}", orjson.dumps(extra).decode(), t - lat, t, failed,
+                        orjson.dumps(det).decode() if det else None, 1, 1, 0, 0))
+            if len(buf) >= batch:
+                conn.executemany(rec_sql, buf)
+                buf = []
+        if buf:
+            conn.executemany(rec_sql, buf)
+        # searchable, as a dashboard's background indexer leaves a finished run (search_index.rebuild, one run)
+        conn.execute("INSERT INTO record_fts(rowid, prompt_json, reasoning, content) SELECT id, prompt_json,"
+                     " reasoning, content FROM record WHERE run_id = ?", (run_id,))
+        counts = {"ok": n_records, "error": 0, "timeout": 0, "pending": 0}
+        _fill_series(conn, rng, run_id, start, end, duration, counts, endpoints, 2)
+        # every request of this run succeeded; every ok record had empty reasoning (source "none")
+        conn.execute("UPDATE series SET ok = finished, errors = 0, timeouts = 0, attempts_failed = 0,"
+                     " attempt_timeouts = 0, retries = 0, http_5xx = 0, http_429 = 0 WHERE run_id = ? AND endpoint != ''",
+                     (run_id,))
+        conn.execute("UPDATE series SET empty_reasoning = ok, sources_json = CASE WHEN ok > 0 THEN"
+                     " '{\"none\":' || ok || '}' ELSE '{}' END WHERE run_id = ?", (run_id,))
+        conn.execute(
+            "UPDATE run SET status = 'completed', desired = 'run', status_message = ?, created_at = ?, started_at = ?,"
+            " finished_at = ?, updated_at = ?, total = ?, n_ok = ? WHERE id = ?",
+            (f"completed with {n_fail['field_mismatch']:,} records failing field_mismatch", start - 5, start, end,
+             end, n_records, n_records, run_id))
+        conn.execute("UPDATE config_version SET created_at = ? WHERE run_id = ?", (start - 5, run_id))
+        conn.execute("INSERT INTO control_event (run_id, t, action, value, actor) VALUES (?, ?, 'worker_start', '1',"
+                     " 'ui')", (run_id, start))
+        conn.execute("COMMIT")
+        conn.close()
+        rules = effective_rules(ctx.settings.rules)
+        with engine.begin() as sconn:
+            windows = recent_windows(sconn, run_id, RecordChecker(ctx), rules)
+            for c in CHECK_NAMES:
+                if n_total[c]:
+                    sconn.execute(text(
+                        "INSERT INTO check_stat (run_id, check_name, n_fail, n_total, win_fail, win_total,"
+                        " example_record_id, updated_at) VALUES (:r, :c, :f, :n, :wf, :wn, :ex, :t)"),
+                        {"r": run_id, "c": c, "f": n_fail[c], "n": n_total[c], "wf": windows[c].fail,
+                         "wn": windows[c].total, "ex": example.get(c), "t": end})
+            rule = rules["field_mismatch"]
+            w = windows["field_mismatch"]
+            sconn.execute(text(
+                "INSERT INTO alarm (run_id, rule, severity, title, message, fix, count, example_record_id, raised_at,"
+                " updated_at, active, auto_paused) VALUES (:r, :rule, :sev, :title, :msg, :fix, :n, :ex, :t0, :t,"
+                " true, false)"),
+                {"r": run_id, "rule": rule.name, "sev": rule.severity, "title": rule.title,
+                 "msg": f"The endpoint sends reasoning in `reasoning`; this run reads `reasoning_content`. {w.fail}"
+                        f" of the last {w.total} records ({n_fail['field_mismatch']} of {n_total['field_mismatch']}"
+                        " in the whole run) have it there (so their stored reasoning is empty).",
+                 "fix": 'Set reasoning.mode = "reasoning" (or "auto") in the run config and run the affected'
+                        " records again; records stored so far have their reasoning only in the raw unread field.",
+                 "n": n_fail["field_mismatch"], "ex": example.get("field_mismatch"), "t0": start + 1, "t": end})
+    finally:
+        engine.dispose()
+    return int(run_id)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("db")
