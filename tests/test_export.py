@@ -263,8 +263,9 @@ def test_tokens_from_server_ids_of_a_real_worker_run(engine, sim, prompts, tmp_p
         assert row["loss_mask"] == [0] * len(server["prompt"]) + [1] * len(server["completion"])
         assert row["prompt_len"] == len(server["prompt"])
         answer = row["input_ids"][row["prompt_len"]:]
-        assert lt.decode(answer) == f"{rec['reasoning']}</think>{rec['content']}"
-        assert answer.count(THINK_CLOSE_ID) == 1
+        assert lt.decode(answer) == f"{rec['reasoning']}</think>{rec['content']}<｜end▁of▁sentence｜>"
+        assert answer.count(THINK_CLOSE_ID) == 1 and answer[-1] == 1  # vLLM's ids end with EOS on "stop"
+        assert row["input_ids"][row["prompt_len"] - 3:row["prompt_len"]] == [128804, THINK_OPEN_ID, 201]
 
 
 def test_server_ids_suffice_when_the_runs_tokenizer_is_not_here(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -553,7 +553,7 @@ def test_token_ids_deepseek_inline(client: httpx.Client) -> None:
     tok = deepseek_tokenizer()
     reasoning = content[len("<think>") : content.index("</think>")]
     assert tok.decode(ids[1:close]) == reasoning
-    assert tok.decode(ids) == content
+    assert ids[-1] == 1 and tok.decode(ids[:-1]) == content  # ends with EOS: the reply stopped by itself
     assert data["usage"]["completion_tokens"] == len(ids)
     assert data["prompt_token_ids"][-1] != 128821
     chunks = stream_chunks(client, return_token_ids=True)
@@ -562,13 +562,44 @@ def test_token_ids_deepseek_inline(client: httpx.Client) -> None:
     # With a reasoning parser, the </think> token still arrives as an empty delta with its id.
     configure(client, reasoning_field="reasoning", token_ids="deepseek")
     chunks = stream_chunks(client, return_token_ids=True)
-    empty = [ch for ch in chunks[1:] if ch["choices"][0]["delta"] == {}]
+    empty = [ch for ch in chunks[1:] if ch["choices"][0]["delta"] == {} and not ch["choices"][0]["finish_reason"]]
     assert len(empty) == 1 and empty[0]["choices"][0]["token_ids"] == [128822]
     assert chunks[0]["prompt_token_ids"]
     configure(client, reasoning_field="inline-no-open", token_ids="deepseek")
     data = complete(client, return_token_ids=True)
     assert data["prompt_token_ids"][-2] == 128821  # the template's prefilled "<think>\n"
     assert 128821 not in data["choices"][0]["token_ids"]
+
+
+def test_token_ids_deepseek_look_like_vllm_032(client: httpx.Client) -> None:
+    """The facts of a real vLLM 0.32 run with return_token_ids (reference/training-formats.md): the prompt
+    ids end with the assistant header, the prefilled <think> and a newline; the completion ends with EOS
+    (id 1) only when finish_reason is "stop"."""
+    from synthwatch.workers.simulator import deepseek_tokenizer
+
+    tok = deepseek_tokenizer()
+    configure(client, reasoning_field="reasoning", token_ids="deepseek")
+    data = complete(client, return_token_ids=True)
+    choice = data["choices"][0]
+    prompt, completion = data["prompt_token_ids"], choice["token_ids"]
+    assert prompt[-3:] == [128804, 128821, 201] and tok.decode(prompt[-3:]) == "<｜Assistant｜><think>\n"
+    assert choice["finish_reason"] == "stop" and completion[-1] == 1 and completion.count(1) == 1
+    close = completion.index(128822)
+    assert tok.decode(completion[:close]) == choice["message"]["reasoning"]
+    assert tok.decode(completion[close + 1 : -1]) == choice["message"]["content"]
+    assert data["usage"]["completion_tokens"] == len(completion)
+    assert data["usage"]["prompt_tokens"] == len(prompt)
+    # Streamed: the same ids, the EOS in the finish chunk.
+    chunks = stream_chunks(client, return_token_ids=True)
+    assert chunks[0]["prompt_token_ids"] == prompt
+    assert [i for ch in chunks[1:] for i in ch["choices"][0]["token_ids"]] == completion
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and chunks[-1]["choices"][0]["token_ids"][-1] == 1
+    # Cut by max_tokens: finish_reason "length" and no EOS.
+    cut = complete(client, return_token_ids=True, max_tokens=5)["choices"][0]
+    assert cut["finish_reason"] == "length" and len(cut["token_ids"]) == 5 and 1 not in cut["token_ids"]
+    # A request with thinking off gets no prefilled <think>.
+    plain = complete(client, return_token_ids=True, chat_template_kwargs={"enable_thinking": False})
+    assert plain["prompt_token_ids"][-1] == 128804
 
 
 # ---------------------------------------------------------------------------- pacing

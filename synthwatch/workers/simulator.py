@@ -21,7 +21,9 @@ the ``</think>`` token only when ``return_token_ids`` is set; ``completion_token
 where a reasoning parser runs (the ``reasoning``, ``reasoning_content`` and ``both`` modes).
 Token accounting: ``completion_tokens`` counts every generated token, including the ``</think>``
 token in parser modes and the think tags in inline modes; ``reasoning_tokens`` counts the
-reasoning text only.
+reasoning text only. With ``token_ids="deepseek"`` the ids look like vLLM 0.32's with a DeepSeek
+R1-style template: in the parser modes the prompt ids end with the prefilled ``<think>`` and newline,
+and the completion ids end with EOS (id 1, counted as a token) only when the reply stopped by itself.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 THINK_OPEN_ID = 128821
 THINK_CLOSE_ID = 128822
+EOS_ID = 1
+"""``<｜end▁of▁sentence｜>`` of the DeepSeek-V4 tokenizer: the last completion id of a reply that stopped."""
 _PARSER_MODES = ("reasoning", "reasoning_content", "both")
 
 
@@ -643,6 +647,10 @@ def _events(gen: _Gen, mode: str, empty_reasoning: bool, ids: _TokenIds, need_id
     elif empty_reasoning:  # mode "none": tokens spent on reasoning nobody sees
         out += _run(None, gen.reasoning, True, False, ids, lookup)
     out += _run("content", gen.content, False, False, ids, lookup)
+    if ids.mode == "deepseek":
+        # vLLM's completion ids end with the EOS token the model stopped on (no text, one token); a reply cut
+        # by max_tokens or a stop string never reaches it.
+        out.append(("", "", [EOS_ID], 1, 0))
     return out
 
 
@@ -1350,7 +1358,11 @@ class Simulator:
             events = _events(gen, cfg.reasoning_field, faults.empty_reasoning, ids, chat.with_ids)
             plan = gen.plans[plan_key] = _Plan(events, cfg.reasoning_field, chat.with_ids)
         prompt_text = gen.rendered_prompt
-        if cfg.reasoning_field == "inline-no-open" and gen.thinking:
+        if gen.thinking and (
+            cfg.reasoning_field == "inline-no-open" or (cfg.token_ids == "deepseek" and cfg.reasoning_field in _PARSER_MODES)
+        ):
+            # The template prefilled the think block, as DeepSeek-R1-style templates do and vLLM 0.32 reports
+            # in prompt_token_ids (…<｜Assistant｜> 128804, <think> 128821, "\n" 201).
             prompt_text += "<think>\n"
         info = gen.prompt_info.get((prompt_text, chat.with_ids))
         if info is None:
