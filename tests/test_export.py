@@ -371,7 +371,11 @@ def _cli(capsys: Any, *args: str) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize(("args", "message"), [
     (("nope", "--format", "messages"), "no run 'nope'"),
-    (("exp", "--format", "alpaca"), "unknown format 'alpaca'; choose one of messages, sharegpt, tokens, raw"),
+    (("exp", "--format", "alpaca"), "unknown format 'alpaca'; choose one of messages, sharegpt, tokens, raw, specforge, speculators"),
+    (("exp", "--for", "specforge", "--format", "tokens"), "--for specforge writes its own format"),
+    (("exp",), "give --format FORMAT or --for TRAINER"),
+    (("exp", "--format", "sharegpt", "--template-drops-past-reasoning"),
+     "--template-drops-past-reasoning applies to the tokens format only"),
     (("exp", "--format", "messages", "--parquet"), "Parquet output is available for the tokens format"),
     (("exp", "--format", "raw", "--exclude-check", "made_up"), "unknown check 'made_up'"),
     (("exp", "--format", "messages", "--think-inline"), "--think-inline applies to the sharegpt format only"),
