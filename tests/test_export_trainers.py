@@ -261,3 +261,37 @@ def test_export_cli_for_a_trainer_prints_the_settings(engine, db_path, tmp_path)
     assert "checked against specforge 0.2.0" in proc.stdout and "data.train_only_last_turn = True" in proc.stdout
     assert len(read_jsonl(out)) == 2
     assert read_manifest(out)["format"] == "specforge"
+
+
+# ------------------------------------------------- the pre-tokenized readers' rules, as a contract
+
+
+def pretokenized_row_error(row: dict[str, Any]) -> str | None:
+    """What SpecForge's pre-tokenized path (prompt_builder) and speculators' prepare-data pass-through check
+    (from their sources, 0.2.0 / 0.9.0): both keys present, one-dimensional lists of ints (token ids not
+    bools), a 0/1 mask, equal lengths, not empty, at least one supervised token (else the row is dropped)."""
+    ids, mask = row.get("input_ids"), row.get("loss_mask")
+    if not isinstance(ids, list) or not isinstance(mask, list):
+        return "input_ids and loss_mask must both be lists"
+    if not ids:
+        return "empty token sequence"
+    if len(ids) != len(mask):
+        return "input_ids/loss_mask lengths differ"
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return "input_ids must be integers"
+    if not all(m in (0, 1) for m in mask):
+        return "loss_mask must be 0 or 1"
+    if sum(mask) < 1:
+        return "no supervised token"
+    return None
+
+
+@pytest.mark.parametrize("fmt", ["tokens", "speculators"])
+def test_token_rows_meet_the_pretokenized_readers_rules(engine, sim, prompts, tmp_path, fmt) -> None:  # type: ignore[no-untyped-def]
+    run_id = _sim_run(engine, sim, prompts, request_token_ids=True)
+    out = tmp_path / "t.jsonl"
+    export_run(engine, run_id, ExportOptions(format=fmt, out=out))
+    rows = read_jsonl(out)
+    assert len(rows) == 5 and all(pretokenized_row_error(r) is None for r in rows)
+    assert pretokenized_row_error({"input_ids": [1, True], "loss_mask": [0, 1]}) == "input_ids must be integers"
+    assert pretokenized_row_error({"input_ids": [1, 2], "loss_mask": [0, 0]}) == "no supervised token"
