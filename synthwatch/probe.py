@@ -174,34 +174,33 @@ def _stream(client: Any, base: str, body: dict[str, Any]) -> Any:
 
 
 def _tools(client: Any, base: str, options: ProbeOptions) -> dict[str, Any]:
+    from . import tool_calls
+
     body = {"model": options.model, "messages": [{"role": "user", "content": TOOL_QUESTION}],
             "max_tokens": options.max_tokens, "tools": [WEATHER_TOOL], "tool_choice": "auto"}
     r = _post(client, base, body)
     if r.status_code != 200:
         return {"parsed": False, "detail": f"the server refused a request with tools ({r.status_code}): {r.text[:200]}"}
     try:
-        message = r.json()["choices"][0]["message"]
-    except (ValueError, KeyError, IndexError, TypeError):
+        data = r.json()
+        ex = extract_response(data)
+    except (ValueError, ResponseShapeError):
         return {"parsed": False, "detail": "the reply to a request with tools is not a chat completion"}
-    calls = message.get("tool_calls") or []
+    calls = tool_calls.from_extracted(ex)
     if not calls:
-        inline = "<tool_call>" in (message.get("content") or "")
+        inline = "<tool_call>" in ex.content or "tool▁call" in ex.content
         return {"parsed": False, "detail": "no tool_calls came back" + (
-            " (a <tool_call> is inline in the content: start the server with a tool-call parser)" if inline else
+            " (a tool call is inline in the content: start the server with a tool-call parser)" if inline else
             " (the server has no tool-call parser, or the model answered without calling)")}
-    out = []
-    for call in calls:
-        fn = call.get("function") or {}
-        try:
-            args = orjson.loads(fn.get("arguments") or "")
-            ok = isinstance(args, dict)
-        except orjson.JSONDecodeError:
-            ok = False
-        out.append({"name": fn.get("name"), "arguments_json": ok})
-    good = all(c["arguments_json"] and c["name"] == "get_weather" for c in out)
-    return {"parsed": good, "calls": out, "finish_reason": r.json()["choices"][0].get("finish_reason"),
-            "detail": "tool calls parse (name known, arguments JSON)" if good else
-            "tool calls came back but do not parse (unknown name or arguments that are not JSON)"}
+    streamed = _stream(client, base, {**body, "stream": True})
+    merged = tool_calls.from_extracted(streamed) if streamed else []
+    wrong = tool_calls.problems(calls, [WEATHER_TOOL]) + tool_calls.problems(merged, [WEATHER_TOOL])
+    same = [c["function"] for c in merged] == [c["function"] for c in calls]
+    good = not wrong and same
+    detail = ("tool calls parse, streamed and not (name known, arguments JSON)" if good else
+              "; ".join(wrong) or "the streamed tool calls differ from the non-streamed ones")
+    return {"parsed": good, "calls": [c["function"] for c in calls], "streamed_calls": [c["function"] for c in merged],
+            "finish_reason": ex.finish_reason, "detail": detail}
 
 
 # ----------------------------------------------------------------------------------------- tokenizer

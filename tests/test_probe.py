@@ -26,7 +26,9 @@ def test_probe_a_vllm_like_server_with_an_r1_style_template(sim) -> None:  # typ
     assert "the chat template drops the answer's reasoning" in report.verdict
     assert report.settings["request_token_ids"] is True and report.settings["reasoning.mode"] == "reasoning"
     assert report.settings["export --format tokens"] == "--template-drops-past-reasoning"
-    assert report.tool_calls["parsed"] is False
+    assert report.tool_calls["parsed"] is True and report.tool_calls["finish_reason"] == "tool_calls"
+    assert report.tool_calls["calls"] == report.tool_calls["streamed_calls"] == [
+        {"name": "get_weather", "arguments": '{"city": "Paris"}'}]
 
 
 def test_probe_with_a_template_that_keeps_reasoning(sim) -> None:  # type: ignore[no-untyped-def]

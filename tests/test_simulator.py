@@ -571,6 +571,48 @@ def test_token_ids_deepseek_inline(client: httpx.Client) -> None:
     assert 128821 not in data["choices"][0]["token_ids"]
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"]}}}
+
+
+def test_tool_calls_in_vllms_shape(client: httpx.Client) -> None:
+    """A request offering tools gets a call of the first one, as vLLM's tool parser returns it: content null,
+    finish_reason "tool_calls", arguments as JSON text; streamed as a head delta (id, type, index, name) and
+    argument pieces, which merge back into the same call."""
+    from synthwatch import tool_calls
+    from synthwatch.reasoning import StreamAccumulator
+
+    configure(client, reasoning_field="reasoning")
+    ask = [{"role": "user", "content": "What is the weather in Paris now?"}]
+    data = complete(client, "unused", messages=ask, tools=[WEATHER])
+    choice = data["choices"][0]
+    message = choice["message"]
+    assert choice["finish_reason"] == "tool_calls" and message["content"] is None and message["reasoning"]
+    (call,) = message["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("chatcmpl-tool-")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}
+    assert tool_calls.problems(message["tool_calls"], [WEATHER]) == []
+    chunks = stream_chunks(client, "unused", messages=ask, tools=[WEATHER])
+    deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if c["choices"]
+              and "tool_calls" in c["choices"][0]["delta"]]
+    assert deltas[0] == {"id": call["id"], "type": "function", "index": 0, "function": {"name": "get_weather"}}
+    assert all(set(d) == {"index", "function"} and set(d["function"]) == {"arguments"} for d in deltas[1:])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    acc = StreamAccumulator()
+    for chunk in chunks:
+        acc.feed(chunk)
+    assert tool_calls.from_extracted(acc.result()) == [call]
+    # After the tool's result, or with tool_choice "none", the model answers in text.
+    answered = [*ask, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": call["id"], "content": '{"temp_c": 21}'}]
+    for extra in ({"messages": answered, "tools": [WEATHER]}, {"messages": ask, "tools": [WEATHER], "tool_choice": "none"}):
+        choice = complete(client, "unused", **extra)["choices"][0]
+        assert choice["finish_reason"] == "stop" and choice["message"]["content"] and not choice["message"]["tool_calls"]
+    assert tool_calls.problems([{"function": {"name": "nope", "arguments": "{oops"}}], [WEATHER]) == [
+        "tool call 0 names an unknown tool 'nope'", "tool call 0 (nope): arguments are not valid JSON"]
+
+
 def test_token_ids_deepseek_look_like_vllm_032(client: httpx.Client) -> None:
     """The facts of a real vLLM 0.32 run with return_token_ids (reference/training-formats.md): the prompt
     ids end with the assistant header, the prefilled <think> and a newline; the completion ends with EOS
