@@ -26,6 +26,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 PROMPTS: list[dict[str, Any]] = [
     *({"id": f"single-{i}", "messages": [{"role": "user", "content": f"What is {3 + i} + {5 + 2 * i}?"}]}
       for i in range(6)),
@@ -35,6 +37,14 @@ PROMPTS: list[dict[str, Any]] = [
         {"role": "user", "content": f"What is {i} + 1?"},
         {"role": "assistant", "content": f"It is {i + 1}."},
         {"role": "user", "content": f"And {i} + 2?"}]} for i in range(3)),
+    # tool use: the model calls the tool; the model answers the dataset's call and its result
+    {"id": "tool-call", "tools": [WEATHER], "messages": [
+        {"role": "user", "content": "What is the weather in Paris now?"}]},
+    {"id": "tool-answer", "tools": [WEATHER], "messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call-1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call-1", "name": "get_weather", "content": '{"temp_c": -3}'}]},
 ]
 
 EXPORTS: list[tuple[str, dict[str, Any]]] = [
@@ -100,7 +110,8 @@ def render(report: dict[str, Any], counts: dict[str, Any], seconds: float) -> st
         "Written by `./dev compat` (do not edit by hand): exports made from the simulator "
         "(`--token-ids deepseek`, reasoning in `reasoning`, vLLM 0.32's id conventions) over "
         f"{len(PROMPTS)} prompts (6 single-turn, 1 with a system turn, 3 with a history whose last user "
-        "turn is regenerated), loaded with the trainers' own readers in a separate environment.",
+        "turn is regenerated, 2 with tools: one answered by a tool call, one answering a tool's result), "
+        "loaded with the trainers' own readers in a separate environment.",
         "",
         f"Trainers: **specforge {v['specforge']}**, **speculators {v['speculators']}** (PyPI, installed "
         f"`--no-deps` with only what their data readers import); transformers {v['transformers']}, "
@@ -124,6 +135,7 @@ def render(report: dict[str, Any], counts: dict[str, Any], seconds: float) -> st
         if "trained_spans_per_row" in c:
             notes.append(f"trained spans per row: {c['trained_spans_per_row']}")
             notes.append(f"reasoning in {c['rows_with_reasoning']} of {c['rows_out']} rows")
+            notes.append(f"a tool call under loss in {c['rows_with_trained_tool_call']} rows")
             if c["rows_with_default_system_prompt"]:
                 notes.append(f"**'You are a helpful assistant.' injected in {c['rows_with_default_system_prompt']} "
                              "rows**")
@@ -149,11 +161,14 @@ def render(report: dict[str, Any], counts: dict[str, Any], seconds: float) -> st
         "",
         "- SpecForge's `scripts/validate_regenerated_data.py` is not in its wheel: its rules are encoded in "
         "synthwatch's own contract tests (tests/test_export_trainers.py, `test_specforge_validator_rules`), "
-        "and every `--for specforge` row is checked against them in the regular suite.",
+        "and every `--for specforge` row is checked against them in the regular suite. That validator accepts "
+        "only user/assistant turns with non-empty content, so the rows with tools (a `tool` turn, an answer "
+        "that is only a tool call) are outside it; `build_eagle3_dataset` reads them (above), and the export "
+        "checks them against its reader's turn-order rules instead.",
         "- speculators' training loader (`ArrowDataset`) loads the prepared rows; its hidden states come from a "
         "vLLM server at training time, which this CPU job does not run (items report as unavailable).",
-        "- Multi-turn regeneration of every assistant turn (`turns = all`) and tool calls are not in this "
-        "branch yet; the prompts with a history regenerate their last turn only.",
+        "- Multi-turn regeneration of every assistant turn (`turns = all`) is not in this branch yet; the "
+        "prompts with a history regenerate their last turn only.",
     ]
     return "\n".join(out) + "\n"
 

@@ -137,6 +137,9 @@ def main(folder: Path) -> dict[str, Any]:
             texts = [tok.decode(ids, skip_special_tokens=False) for ids, _ in rows]
             wanted = [t["reasoning_content"] for line in path.read_text(encoding="utf-8").splitlines() if line
                       for t in json.loads(line)["conversations"] if t.get("reasoning_content")]
+            calls_id = tok.convert_tokens_to_ids("<｜tool▁calls▁begin｜>")
+            facts.update(rows_with_trained_tool_call=sum(
+                any(i == calls_id and m == 1 for i, m in zip(ids, mask, strict=True)) for ids, mask in rows))
             facts.update(rows_out=len(rows), trained_spans_per_row=trained_turns,
                          rows_with_reasoning=sum(any(w in text for w in wanted) for text in texts),
                          rows_with_default_system_prompt=sum("You are a helpful assistant." in t for t in texts))

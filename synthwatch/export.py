@@ -413,9 +413,11 @@ def _columns(fmt: str) -> str:
     if fmt == "raw":
         return "*"
     if fmt == "tokens":
-        return _MESSAGE_COLS + ", token_ids_json"
+        return _MESSAGE_COLS + ", token_ids_json, extra_json"
     if fmt == "speculators":
-        return _MESSAGE_COLS + ", token_ids_json, usage_json"
+        return _MESSAGE_COLS + ", token_ids_json, usage_json, extra_json"
+    if fmt == "specforge":
+        return _MESSAGE_COLS + ", extra_json"
     return _MESSAGE_COLS
 
 

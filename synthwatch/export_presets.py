@@ -175,20 +175,34 @@ def has_think_marker(text: str) -> bool:
 
 def row_specforge(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
     from . import export as ex
+    from . import tool_calls
+    from .tokens import prompt_tools
 
     reasoning = rec.get("reasoning") or ""
     content = rec.get("content") or ""
+    stored = orjson.loads(rec["prompt_json"])
+    tools = prompt_tools(stored)
     turns: list[dict[str, Any]] = []
-    for m in ex.normalize_messages(orjson.loads(rec["prompt_json"])):
+    for m in ex.normalize_messages(stored):
         turn: dict[str, Any] = {"role": m.get("role"), "content": ex.text_content(m.get("content"))}
+        turn.update({k: m[k] for k in _TOOL_KEYS if m.get(k) is not None})
         turns.append(turn)
-    turns.append({"role": "assistant", "content": content, "reasoning_content": reasoning})
-    if not content.strip():
+    answer: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    calls = tool_calls.from_extra_json(rec.get("extra_json"))
+    if calls:
+        answer["tool_calls"] = calls
+    turns.append(answer)
+    if not content.strip() and not calls:
         raise ex.Skip("specforge:empty_content")
     if has_think_marker(content) or has_think_marker(reasoning):
         raise ex.Skip("specforge:think_marker")
-    row = {"id": ex.record_id(rec, plan.run["name"]), "conversations": turns, "status": "success"}
-    if specforge_row_error(row) is not None:
+    row: dict[str, Any] = {"id": ex.record_id(rec, plan.run["name"]), "conversations": turns, "status": "success"}
+    if tools or calls:
+        # SpecForge parses a tools column given as JSON text (one Arrow type for every row's schemas).
+        row["tools"] = orjson.dumps(tools or []).decode()
+        if specforge_reader_error(turns) is not None:
+            raise ex.Skip("specforge:conversation")
+    elif specforge_row_error(row) is not None:
         raise ex.Skip("specforge:conversation")
     lt = plan.tokenizer
     if lt is not None and reasoning.strip():
@@ -197,7 +211,7 @@ def row_specforge(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
         from .tokens import TokenizerError
 
         try:
-            rendered = lt.apply_chat_template(turns, add_generation_prompt=False)
+            rendered = lt.apply_chat_template(turns, add_generation_prompt=False, tools=tools)
         except TokenizerError:
             raise ex.Skip(ex.R_TOKENIZE) from None
         if reasoning.strip() not in rendered:
@@ -205,13 +219,36 @@ def row_specforge(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
     return row
 
 
+_TOOL_KEYS = ("tool_calls", "tool_call_id", "name")
+
+
+def specforge_reader_error(turns: list[dict[str, Any]]) -> str | None:
+    """Why SpecForge's reader (GeneralParser.parse, 0.2.0) would truncate a conversation with tool turns: a
+    leading system turn, then user first; an assistant turn follows a user or tool turn; a tool turn follows
+    an assistant or tool turn; and (ours) it ends with the assistant's answer."""
+    body = turns[1:] if turns and turns[0].get("role") == "system" else turns
+    if not body or body[0].get("role") != "user":
+        return "a conversation must start with a user turn"
+    for prev, turn in zip(body, body[1:], strict=False):
+        role = turn.get("role")
+        if role == "assistant" and prev.get("role") not in ("user", "tool"):
+            return "an assistant turn must follow a user or tool turn"
+        if role == "tool" and prev.get("role") not in ("assistant", "tool"):
+            return "a tool turn must follow an assistant or tool turn"
+        if role not in ("user", "assistant", "tool"):
+            return f"unsupported role {role!r}"
+    return None if body[-1].get("role") == "assistant" else "the conversation must end with the answer"
+
+
 def row_speculators(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
     from . import export as ex
 
     rid = ex.record_id(rec, plan.run["name"])
+    from . import tool_calls
     from .export_tokens import training_row
 
     row, source = training_row(rec, plan, as_generated=True)
+    calls = tool_calls.from_extra_json(rec.get("extra_json"))
     try:
         usage = orjson.loads(rec["usage_json"]) if rec.get("usage_json") else {}
     except orjson.JSONDecodeError:
@@ -221,7 +258,7 @@ def row_speculators(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
         "primary_id": rid,
         "input_ids": row.input_ids,
         "loss_mask": row.loss_mask,
-        "metadata": {"idx": rec.get("idx"), "finish_reason": rec.get("finish_reason"), "is_tool_call": False,
+        "metadata": {"idx": rec.get("idx"), "finish_reason": rec.get("finish_reason"), "is_tool_call": bool(calls),
                      "usage": usage if isinstance(usage, dict) else {}, "token_ids": source},
     }
 

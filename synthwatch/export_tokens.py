@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from . import tool_calls
 from .export import R_NO_IDS, R_TOKENIZE, ExportError, ExportOptions, ExportPlan, Skip, record_id
+
+R_TOOL_CALL_IDS = "tool_call_without_server_ids"
 
 if TYPE_CHECKING:
     from .tokens import LoadedTokenizer
@@ -83,6 +86,10 @@ def training_row(rec: Mapping[str, Any], plan: ExportPlan, *, as_generated: bool
         prompt, completion = ids.get("prompt"), ids.get("completion")
         if isinstance(prompt, list) and isinstance(completion, list) and completion:
             return TrainingRow(prompt, completion), "server"
+    if rec.get("extra_json") and tool_calls.from_extra_json(rec["extra_json"]):
+        # The answer is a tool call: its tokens are in the server's ids only (a re-tokenized answer would be
+        # rendered from the text, without the call).
+        raise Skip(R_TOOL_CALL_IDS)
     return retokenize(rec, plan, as_generated=as_generated), "retokenized"
 
 

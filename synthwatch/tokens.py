@@ -413,7 +413,8 @@ class LoadedTokenizer:
             return str(self._backend.decode(ids, skip_special_tokens=False))
         return str(self.tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
+                            tools: list[Any] | None = None) -> str:
         if self.template_source is None:
             raise TokenizerError(
                 f"tokenizer {self.spec.name_or_path!r} has no chat template; give one "
@@ -425,6 +426,7 @@ class LoadedTokenizer:
                 chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
+                tools=tools or None,
             )
         except TokenizerError:
             raise
@@ -528,8 +530,11 @@ class Assembled:
     """The generation prompt's ids are a token-level prefix of the full render's ids."""
 
 
-def _normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Accept ShareGPT `from`/`value` turns next to OpenAI `role`/`content` ones."""
+def _normalize_messages(messages: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:
+    """Accept ShareGPT `from`/`value` turns next to OpenAI `role`/`content` ones (and a prompt stored with its
+    tools, ``{"messages", "tools"}``: the messages)."""
+    if isinstance(messages, dict):
+        messages = messages.get("messages") or []
     roles = {
         "human": "user",
         "gpt": "assistant",
@@ -549,7 +554,7 @@ def _normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def assemble(
-    lt: LoadedTokenizer, messages: list[dict[str, Any]], reasoning: str, content: str
+    lt: LoadedTokenizer, messages: list[dict[str, Any]] | dict[str, Any], reasoning: str, content: str
 ) -> Assembled:
     """Render the prompt and the full conversation and split the full render's ids at the TOKEN level.
 
@@ -559,9 +564,10 @@ def assemble(
     end-of-sentence spelled in byte tokens when a template drops the reasoning).
     """
     prompt_messages = _normalize_messages(messages)
+    tools = prompt_tools(messages)
     answer = {"role": "assistant", "content": content or "", "reasoning_content": reasoning or ""}
-    prompt_text = lt.apply_chat_template(prompt_messages, add_generation_prompt=True)
-    full_text = lt.apply_chat_template([*prompt_messages, answer], add_generation_prompt=False)
+    prompt_text = lt.apply_chat_template(prompt_messages, add_generation_prompt=True, tools=tools)
+    full_text = lt.apply_chat_template([*prompt_messages, answer], add_generation_prompt=False, tools=tools)
     prompt_ids = lt.encode(prompt_text)
     full_ids = lt.encode(full_text)
     n = _common_prefix_len(prompt_ids, full_ids)
@@ -575,6 +581,12 @@ def assemble(
         completion_ids=full_ids[n:],
         prefix_ok=prefix_ok,
     )
+
+
+def prompt_tools(messages: Any) -> list[Any] | None:
+    """The tools of a prompt stored with them (``{"messages", "tools"}``), else None."""
+    tools = messages.get("tools") if isinstance(messages, dict) else None
+    return tools if isinstance(tools, list) and tools else None
 
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:

@@ -38,7 +38,21 @@ def merge_deltas(deltas: list[Any]) -> list[dict[str, Any]]:
 
 def from_extracted(extracted: Any) -> list[dict[str, Any]]:
     """The reply's tool calls: merged from the stream's deltas, or the message's own."""
-    extra = getattr(extracted, "extra", None) or {}
+    return from_extra(getattr(extracted, "extra", None) or {})
+
+
+def from_extra_json(extra_json: str | None) -> list[dict[str, Any]]:
+    """The tool calls of a stored record (its ``extra_json`` column)."""
+    if not extra_json:
+        return []
+    try:
+        extra = orjson.loads(extra_json)
+    except orjson.JSONDecodeError:
+        return []
+    return from_extra(extra) if isinstance(extra, dict) else []
+
+
+def from_extra(extra: dict[str, Any]) -> list[dict[str, Any]]:
     streamed = (extra.get("delta") or {}).get("tool_calls")
     if isinstance(streamed, list) and streamed:
         return merge_deltas(streamed)
@@ -64,4 +78,22 @@ def problems(calls: list[dict[str, Any]], tools: list[Any] | None) -> list[str]:
             continue
         if not isinstance(args, dict):
             out.append(f"tool call {i} ({name}): arguments are JSON but not an object")
+    return out
+
+
+def pretty(calls: list[Any]) -> list[Any]:
+    """The calls with their arguments parsed when they are JSON (for display: indented, never executed)."""
+    out = []
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            out.append(call)
+            continue
+        fn = dict(call["function"])
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                fn["arguments"] = orjson.loads(args)
+            except orjson.JSONDecodeError:
+                pass
+        out.append({**call, "function": fn})
     return out

@@ -54,7 +54,7 @@ class TrainingRow:
 
 def retokenized_row(
     lt: LoadedTokenizer,
-    messages: list[dict[str, Any]],
+    messages: list[dict[str, Any]] | dict[str, Any],
     reasoning: str,
     content: str,
     *,
@@ -88,11 +88,12 @@ def retokenized_row(
 
 
 def _as_generated(
-    lt: LoadedTokenizer, messages: list[dict[str, Any]], reasoning: str, content: str, finish_reason: str | None
+    lt: LoadedTokenizer, messages: list[dict[str, Any]] | dict[str, Any], reasoning: str, content: str, finish_reason: str | None
 ) -> TrainingRow:
-    from .tokens import _normalize_messages
+    from .tokens import _normalize_messages, prompt_tools
 
-    prompt_text = lt.apply_chat_template(_normalize_messages(messages), add_generation_prompt=True)
+    prompt_text = lt.apply_chat_template(_normalize_messages(messages), add_generation_prompt=True,
+                                         tools=prompt_tools(messages))
     open_, close = lt.spec.think_open, lt.spec.think_close
     prefilled = bool(open_) and prompt_text.rstrip().endswith(open_)
     text = content
