@@ -86,7 +86,9 @@ PRESETS: dict[str, Preset] = {
         },
         needs_token_ids=False,
         notes=["SpecForge's validator accepts only user/assistant (and a leading system) turns with non-empty "
-               "string content; rows with other roles are left out (specforge:conversation)"],
+               "string content: rows without tools that break it are left out (specforge:conversation); rows "
+               "with tools (tool turns, an answer that is only a tool call) are outside it and are checked "
+               "against the turn order its reader keeps instead"],
     ),
     "speculators": Preset(
         name="speculators",
