@@ -72,3 +72,23 @@ def test_probe_cli_ready_and_unreachable(sim) -> None:  # type: ignore[no-untype
     assert proc.stdout.strip().splitlines()[-1].startswith("READY")
     proc = run_cli("probe", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--timeout", "3")
     assert proc.returncode == 2 and "cannot reach http://127.0.0.1:9/v1" in proc.stderr
+
+
+def test_the_start_a_run_form_offers_the_probe(sim, live_app) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    url = sim(token_ids="deepseek", reasoning_field="reasoning_content", seed=8)
+    srv = live_app()
+    form = {"dataset": "", "endpoints": url, "model": "sim-reasoner", "reasoning_mode": "auto", "stream": "on"}
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        assert 'formaction="/runs/new/probe"' in c.get("/runs/new").text
+        r = c.post("/runs/new/probe", data=form)
+        assert r.status_code == 200, r.text[-2000:]
+        assert 'data-testid="probe-verdict">READY' in r.text and "vLLM 0.32.0" in r.text
+        assert '<option value="reasoning_content" selected>' in r.text  # the form follows the probe
+        assert "request_token_ids = True" in r.text and "tool calls parse" in r.text
+        r = c.post("/runs/new/probe", data={**form, "endpoints": "http://127.0.0.1:9/v1"})
+        assert r.status_code == 400 and "probe: cannot reach http://127.0.0.1:9/v1" in r.text
+        r = c.post("/runs/new/probe", data={**form, "model": ""})
+        assert r.status_code == 400 and "give an endpoint base URL and a model" in r.text
+        assert c.get("/api/runs").json()["runs"] == []  # a probe starts nothing
