@@ -36,7 +36,8 @@ class Preset:
     trainer: str
     package: str
     version: str
-    source_commit: str
+    source_commit: str | None
+    """The repository commit whose sources match the wheel's readers, when one was checked."""
     reader: str
     settings: dict[str, Any]
     conventions: dict[str, str]
@@ -95,7 +96,7 @@ PRESETS: dict[str, Preset] = {
         trainer="speculators (vllm-project/speculators)",
         package="speculators",
         version="0.9.0",
-        source_commit="c05b95b",
+        source_commit=None,  # read in the 0.9.0 wheel itself: the repository snapshot c05b95b predates it
         reader="speculators prepare-data --data <this .jsonl> (pre-tokenized rows pass through; no "
                "--render-endpoint needed), then its training loader (speculators.train.data.ArrowDataset on "
                "the prepared directory)",
