@@ -24,6 +24,9 @@ import orjson
 
 from .reasoning import ResponseShapeError, StreamAccumulator, extract_response
 
+KNOWN_THINK_IDS = {128821: "DeepSeek-V4", 128798: "DeepSeek-R1", 151667: "Qwen3", 163606: "Kimi-K2"}
+"""``<think>`` ids of common reasoning vocabularies: without a tokenizer, a prompt ending with one is taken as
+prefilled (reference/training-formats.md)."""
 QUESTION = "What is 17 + 25? Think it through, then answer in one short sentence."
 TOOL_QUESTION = "What is the weather in Paris right now? Use the get_weather tool."
 WEATHER_TOOL = {
@@ -107,6 +110,11 @@ def probe(options: ProbeOptions) -> ProbeReport:
                             "prompt_tail": (ex.prompt_token_ids or [])[-3:], "completion_tail": (ex.token_ids or [])[-3:],
                             "finish_reason": ex.finish_reason}
         report.tool_calls = _tools(client, base, options)
+    tail = (ex.prompt_token_ids or [])[-2:]
+    known = next((KNOWN_THINK_IDS[i] for i in tail if i in KNOWN_THINK_IDS), None)
+    if known is not None:
+        report.token_ids["prompt_prefilled_think"] = True
+        report.token_ids["prefill_evidence"] = f"the prompt ends with {known}'s <think> id"
     lt = _tokenizer(options, report)
     if lt is not None:
         _token_facts(lt, report, ex)
@@ -226,9 +234,9 @@ def _token_facts(lt: Any, report: ProbeReport, ex: Any) -> None:
     if not ids["returned"]:
         return
     prompt, completion = ex.prompt_token_ids, ex.token_ids
-    tail = [i for i in prompt[-3:]]
-    ids["prompt_tail_text"] = lt.decode(tail)
+    ids["prompt_tail_text"] = lt.decode(list(prompt[-3:]))
     ids["prompt_prefilled_think"] = lt.think_open_id is not None and lt.think_open_id in prompt[-2:]
+    ids["prefill_evidence"] = f"the tokenizer's <think> id {lt.think_open_id}"
     eos = lt.tok.eos_token_id
     ids["completion_ends_with_eos"] = bool(completion) and completion[-1] == eos
     ids["completion_think_close"] = lt.think_close_id in completion if lt.think_close_id is not None else None

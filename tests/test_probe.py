@@ -68,7 +68,10 @@ def test_probe_cli_ready_and_unreachable(sim) -> None:  # type: ignore[no-untype
     proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner", "--tokenizer", "deepseek-v4",
                    "--chat-template", R1_TEMPLATE)
     assert proc.returncode == 0, proc.stderr
-    assert "prefilled <think> yes; completion ends with EOS yes" in proc.stdout
+    assert "prefilled <think> yes (the tokenizer's <think> id 128821); completion ends with EOS yes" in proc.stdout
+    # without a tokenizer, DeepSeek-V4's <think> id at the end of the prompt is recognised
+    proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner")
+    assert "prefilled <think> yes (the prompt ends with DeepSeek-V4's <think> id)" in proc.stdout, proc.stdout
     assert proc.stdout.strip().splitlines()[-1].startswith("READY")
     proc = run_cli("probe", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--timeout", "3")
     assert proc.returncode == 2 and "cannot reach http://127.0.0.1:9/v1" in proc.stderr

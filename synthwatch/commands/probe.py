@@ -60,10 +60,14 @@ def handle(args: argparse.Namespace) -> int:
     line = f"token ids:  {'returned' if ids['returned'] else 'not returned'}"
     if ids["returned"]:
         line += f"; prompt ends {ids['prompt_tail']}"
+        if "prompt_tail_text" in ids:
+            line += f" ({ids['prompt_tail_text']!r})"
         if "prompt_prefilled_think" in ids:
-            line += (f" ({ids['prompt_tail_text']!r}): prefilled <think> "
-                     f"{'yes' if ids['prompt_prefilled_think'] else 'no'}; completion ends with EOS "
-                     f"{'yes' if ids['completion_ends_with_eos'] else 'no'} (finish {ids['finish_reason']})")
+            line += (f": prefilled <think> {'yes' if ids['prompt_prefilled_think'] else 'no'} "
+                     f"({ids['prefill_evidence']})")
+        if "completion_ends_with_eos" in ids:
+            line += (f"; completion ends with EOS {'yes' if ids['completion_ends_with_eos'] else 'no'} "
+                     f"(finish {ids['finish_reason']})")
     print(line)
     print(f"tool calls: {tools.get('detail')}")
     tok = report.tokenizer
