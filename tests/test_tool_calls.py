@@ -138,7 +138,7 @@ def test_the_viewer_escapes_tool_call_arguments_and_names_bad_ones(engine, live_
 
     from synthwatch import store
 
-    run_id = make_run(engine, [{}, {}])
+    run_id = make_run(engine, [{"prompt_json": {"messages": [{"role": "user", "content": "q"}], "tools": [WEATHER]}}, {}])
     hostile = {"message": {"tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "<img src=x onerror=alert(1)>",
                                                        "arguments": '{"q": "<script>alert(1)</script>"}'}},
@@ -153,3 +153,4 @@ def test_the_viewer_escapes_tool_call_arguments_and_names_bad_ones(engine, live_
     assert "<script>alert(1)</script>" not in page and "<img src=x" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # parsed, indented, escaped
     assert "tool call 1 (get_weather): arguments are not valid JSON" in page
+    assert "tool call 0 names an unknown tool &#39;&lt;img src=x onerror=alert(1)&gt;&#39;" in page

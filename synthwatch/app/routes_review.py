@@ -171,7 +171,12 @@ def _answer_tool_calls(rec: dict[str, Any], ws: bool) -> dict[str, Any] | None:
     calls = tool_calls.from_extra_json(rec.get("extra_json"))
     if not calls:
         return None
-    return {"n": len(calls), "problems": tool_calls.problems(calls, None),
+    try:
+        prompt = orjson.loads(rec.get("prompt_json") or "null")
+    except orjson.JSONDecodeError:
+        prompt = None
+    offered = prompt.get("tools") if isinstance(prompt, dict) and isinstance(prompt.get("tools"), list) else None
+    return {"n": len(calls), "problems": tool_calls.problems(calls, offered),
             **_text_block(_pretty(tool_calls.pretty(calls)), ws)}
 
 
