@@ -131,8 +131,9 @@ def describe(rule: Rule, fail: int, total: int, run_fail: int, run_total: int, c
         msg = (f"The endpoint sends reasoning in {where}; this run reads {reads}. {share}{whole} have it there "
                "(so their stored reasoning is empty).")
         target = fields[0] if fields else "auto"
-        fix = (f"Set reasoning.mode = \"{target}\" (or \"auto\") in the run config and run the affected records "
-               "again; records stored so far have their reasoning only in the raw unread field.")
+        fix = (f"Set reasoning.mode = \"{target}\" (or \"auto\"): Settings & repairs, or `synthwatch fix RUN "
+               f"--reasoning-mode {target}`. Then re-derive the affected records: their reasoning is in the raw "
+               "unread field, so no new request is needed (`synthwatch rederive RUN --check field_mismatch`).")
         return msg, fix
     if name == "empty_reasoning":
         return (f"{share}{whole} have no reasoning although the run expects it.",
@@ -212,6 +213,11 @@ class ActiveAlarm:
     count: int
     auto_paused: bool
     message: str
+    acked_at: float | None = None
+
+
+# Alarms about the data itself: a run that ends with one of these open is not a plain "completed".
+TRANSPORT_RULES = frozenset({"timeout", "error"})
 
 
 class AlarmKeeper:
@@ -223,16 +229,27 @@ class AlarmKeeper:
         self.notifier = notifier
         self.dashboard_url = dashboard_url.rstrip("/")
         self.active: dict[str, ActiveAlarm] = {}
+        self.no_pause: set[str] = set()  # checks whose auto-pause a person turned off (pause_override)
         self.loaded = False
+        self.paused = False  # set when an evaluation paused the run (the writer tells its worker at once)
 
     def load(self, conn: Connection) -> None:
         self.active = {}
-        for aid, rule, count, paused, msg in conn.execute(
-            text("SELECT id, rule, count, auto_paused, message FROM alarm WHERE run_id = :r AND active"
+        for aid, rule, count, paused, msg, acked in conn.execute(
+            text("SELECT id, rule, count, auto_paused, message, acked_at FROM alarm WHERE run_id = :r AND active"
                  " ORDER BY id"), {"r": self.run_id},
         ):
-            self.active[rule] = ActiveAlarm(aid, count, bool(paused), msg)
+            self.active[rule] = ActiveAlarm(aid, count, bool(paused), msg, acked)
+        self.no_pause = active_overrides(conn, self.run_id)
         self.loaded = True
+
+    def refresh(self, conn: Connection) -> None:
+        """Acknowledgements and auto-pause overrides are written by the dashboard: read them again."""
+        acked: dict[int, float | None] = dict(conn.execute(text("SELECT id, acked_at FROM alarm WHERE run_id = :r AND active"),
+                                  {"r": self.run_id}).all())
+        for cur in self.active.values():
+            cur.acked_at = acked.get(cur.id, cur.acked_at)
+        self.no_pause = active_overrides(conn, self.run_id)
 
     def evaluate(
         self,
@@ -246,14 +263,23 @@ class AlarmKeeper:
         allow_pause: bool = True,
         clear_sticky: bool = False,
         only: set[str] | None = None,
+        new_fail: dict[str, float] | None = None,
     ) -> list[str]:
         """Raise, update or clear alarms; returns the names of rules that raised a new alarm.
 
         windows: rule -> (fail, total) over the rule's window; run_stats: check -> (n_fail, n_total,
-        example_record_id) for the whole run; details: check -> latest failure's details.
+        example_record_id) for the whole run; details: check -> latest failure's details; new_fail: check ->
+        the latest finish time of a failing record written in this flush.
+
+        An acknowledgement is a snooze: when a rule of an acknowledged alarm still fires and a record that
+        finished after the acknowledgement fails it again, that alarm row ends and a new one is raised (banner,
+        webhook, and auto-pause again), pointing back at the acknowledged one.
         """
         if not self.loaded:
             self.load(conn)
+        elif new_fail:
+            self.refresh(conn)
+        new_fail = new_fail or {}
         raised: list[str] = []
         for name, rule in rules.items():
             if only is not None and name not in only:
@@ -274,14 +300,23 @@ class AlarmKeeper:
             ctx = details.get(name, {})
             message, fix = describe(rule, fail, total, n_fail, n_total, ctx)
             count = n_fail or fail
-            pause = allow_pause and should_pause(rule, fail, total)
+            pause = allow_pause and name not in self.no_pause and should_pause(rule, fail, total)
+            reraised_from = None
+            if cur is not None and cur.acked_at is not None and new_fail.get(name, 0.0) > cur.acked_at:
+                # the snooze is over: the condition came back in records finished after the acknowledgement
+                conn.execute(text("UPDATE alarm SET active = false, updated_at = :t WHERE id = :i"),
+                             {"t": t, "i": cur.id})
+                store.add_event(conn, self.run_id, "alarm_reraised", cur.id, actor="alarm",
+                                detail=f"{name}: failing again after the acknowledgement")
+                reraised_from, cur = cur.id, None
+                del self.active[name]
             if cur is None:
                 aid = int(conn.execute(
                     text("INSERT INTO alarm (run_id, rule, severity, title, message, fix, count, example_record_id,"
-                         " raised_at, updated_at, active, auto_paused) VALUES (:r, :rule, :sev, :title, :msg, :fix,"
-                         " :count, :ex, :t, :t, true, false) RETURNING id"),
+                         " raised_at, updated_at, active, auto_paused, reraised_from) VALUES (:r, :rule, :sev,"
+                         " :title, :msg, :fix, :count, :ex, :t, :t, true, false, :prev) RETURNING id"),
                     {"r": self.run_id, "rule": name, "sev": rule.severity, "title": rule.title, "msg": message,
-                     "fix": fix, "count": count, "ex": example, "t": t},
+                     "fix": fix, "count": count, "ex": example, "t": t, "prev": reraised_from},
                 ).scalar_one())
                 cur = self.active[name] = ActiveAlarm(aid, count, False, message)
                 raised.append(name)
@@ -302,10 +337,26 @@ class AlarmKeeper:
                     {"t": t, "r": self.run_id},
                 ).rowcount
                 if paused:
+                    self.paused = True
                     store.add_event(conn, self.run_id, "pause", None, actor="alarm",
                                     detail=f"{name}: {rule.title}. {message}")
                     self._notify("auto_pause", rule, cur.id, message, fix, fail, total, n_fail, n_total, example)
         return raised
+
+    def would_pause(self, rules: dict[str, Rule], windows: dict[str, tuple[int, int]],
+                    new_fail: dict[str, float]) -> bool:
+        """Whether evaluating now would pause the run (checked before a claim is answered)."""
+        for name in new_fail:
+            rule = rules.get(name)
+            if rule is None or not rule.enabled or name in self.no_pause:
+                continue
+            fail, total = windows.get(name, (0, 0))
+            if not (fires(rule, fail, total) and should_pause(rule, fail, total)):
+                continue
+            cur = self.active.get(name)
+            if cur is None or not cur.auto_paused or (cur.acked_at is not None and new_fail[name] > cur.acked_at):
+                return True
+        return False
 
     def _notify(self, event: str, rule: Rule, alarm_id: int, message: str, fix: str, fail: int, total: int,
                 n_fail: int, n_total: int, example: int | None) -> None:
@@ -330,7 +381,7 @@ class AlarmKeeper:
 # ------------------------------------------------------------------------------------ web side
 
 _ALARM_COLS = ("id, run_id, rule, severity, title, message, fix, count, example_record_id, raised_at, updated_at,"
-               " acked_at, active, auto_paused")
+               " acked_at, acked_by, active, auto_paused, reraised_from")
 
 
 def banner_alarms(conn: Connection, run_id: int) -> list[dict[str, Any]]:
@@ -357,13 +408,88 @@ class AlarmNotFound(LookupError):
 
 
 def acknowledge(engine: Engine, run_id: int, alarm_id: int, actor: str = "ui") -> dict[str, Any]:
+    """Snooze an alarm: the banner hides it until its condition comes back in records finished after now."""
     with engine.connect() as conn, store.write_begin(conn):
-        row = conn.execute(text("SELECT id, rule, acked_at FROM alarm WHERE id = :i AND run_id = :r"),
+        row = conn.execute(text("SELECT id, rule, acked_at, acked_by FROM alarm WHERE id = :i AND run_id = :r"),
                            {"i": alarm_id, "r": run_id}).first()
         if row is None:
             raise AlarmNotFound(f"run {run_id} has no alarm {alarm_id}")
         t = time.time()
         if row[2] is None:
-            conn.execute(text("UPDATE alarm SET acked_at = :t WHERE id = :i"), {"t": t, "i": alarm_id})
-            store.add_event(conn, run_id, "ack_alarm", alarm_id, actor=actor, detail=row[1])
-    return {"id": alarm_id, "rule": row[1], "acked_at": row[2] or t}
+            conn.execute(text("UPDATE alarm SET acked_at = :t, acked_by = :a WHERE id = :i"),
+                         {"t": t, "a": actor, "i": alarm_id})
+            store.add_event(conn, run_id, "ack_alarm", alarm_id, actor=actor,
+                            detail=f"{row[1]}: snoozed until it fails again in new records")
+    return {"id": alarm_id, "rule": row[1], "acked_at": row[2] or t, "acked_by": row[3] or actor}
+
+
+# ------------------------------------------------------------------------------------ auto-pause overrides
+
+
+class OverrideError(ValueError):
+    pass
+
+
+MIN_REASON_CHARS = 5
+
+
+def active_overrides(conn: Connection, run_id: int) -> set[str]:
+    return {r[0] for r in conn.execute(
+        text("SELECT check_name FROM pause_override WHERE run_id = :r AND ended_at IS NULL"), {"r": run_id})}
+
+
+def list_overrides(conn: Connection, run_id: int, *, active_only: bool = True) -> list[dict[str, Any]]:
+    where = " AND ended_at IS NULL" if active_only else ""
+    return [dict(r) for r in conn.execute(
+        text("SELECT id, check_name, reason, actor, created_at, ended_at, ended_by FROM pause_override"
+             f" WHERE run_id = :r{where} ORDER BY id DESC"), {"r": run_id}).mappings()]
+
+
+def set_auto_pause(engine: Engine, run_id: int, check: str, on: bool, *, reason: str | None = None,
+                   actor: str = "ui") -> dict[str, Any]:
+    """Turn auto-pause off (with a typed reason) or back on for one check of a run; both go to the audit log."""
+    if check not in DEFAULT_RULES:
+        raise OverrideError(f"unknown check {check[:60]!r} (one of {', '.join(DEFAULT_RULES)})")
+    reason = (reason or "").strip()
+    if not on and len(reason) < MIN_REASON_CHARS:
+        raise OverrideError(f"turning auto-pause off for {check} needs a reason of at least {MIN_REASON_CHARS}"
+                            " characters (it is kept in the audit log and shown on the run page)")
+    with engine.connect() as conn, store.write_begin(conn):
+        if conn.execute(text("SELECT id FROM run WHERE id = :r"), {"r": run_id}).first() is None:
+            raise store.NotFound(f"no run {run_id}")
+        open_ids = [r[0] for r in conn.execute(
+            text("SELECT id FROM pause_override WHERE run_id = :r AND check_name = :c AND ended_at IS NULL"),
+            {"r": run_id, "c": check})]
+        t = time.time()
+        if on:
+            if open_ids:
+                conn.execute(text("UPDATE pause_override SET ended_at = :t, ended_by = :a WHERE run_id = :r AND"
+                                  " check_name = :c AND ended_at IS NULL"), {"t": t, "a": actor, "r": run_id, "c": check})
+                store.add_event(conn, run_id, "auto_pause_on", check, actor=actor, detail=reason or None)
+            return {"check": check, "auto_pause": True, "changed": bool(open_ids)}
+        if open_ids:
+            raise OverrideError(f"auto-pause is already off for {check} on this run")
+        conn.execute(text("INSERT INTO pause_override (run_id, check_name, reason, actor, created_at)"
+                          " VALUES (:r, :c, :why, :a, :t)"), {"r": run_id, "c": check, "why": reason[:2000],
+                                                               "a": actor, "t": t})
+        store.add_event(conn, run_id, "auto_pause_off", check, actor=actor, detail=reason[:2000])
+    return {"check": check, "auto_pause": False, "changed": True, "reason": reason}
+
+
+def open_quality_alarms(conn: Connection, run_id: int) -> list[tuple[str, int]]:
+    """(check, failing records in the whole run) for every active data-quality alarm, most failures first."""
+    rows = conn.execute(
+        text("SELECT a.rule, COALESCE(s.n_fail, a.count) FROM alarm a LEFT JOIN check_stat s ON s.run_id = a.run_id"
+             " AND s.check_name = a.rule WHERE a.run_id = :r AND a.active"), {"r": run_id}).all()
+    out = [(rule, int(n or 0)) for rule, n in rows if rule not in TRANSPORT_RULES]
+    out.sort(key=lambda x: -x[1])
+    return out
+
+
+def completion_message(conn: Connection, run_id: int) -> str | None:
+    """'completed with N records failing <check>' when a data-quality alarm is open at the end, else None."""
+    failing = open_quality_alarms(conn, run_id)
+    if not failing:
+        return None
+    parts = [f"{n:,} record{'' if n == 1 else 's'} failing {rule}" for rule, n in failing]
+    return "completed with " + ", ".join(parts)

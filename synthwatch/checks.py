@@ -552,6 +552,35 @@ def _stat_upsert(n_rows: int) -> Any:
     )
 
 
+def recent_windows(conn: Connection, run_id: int, checker: RecordChecker, rules: dict[str, Rule]) -> dict[str, Window]:
+    """Each check's rolling window over the run's most recently finished records, from their stored results.
+
+    Which checks applied to a record is not stored: the cheap per-record rules decide it again (status,
+    expected reasoning, usage); what failed is the stored check_flags."""
+    size = max(rules[n].window for n in CHECK_NAMES)
+    rows = conn.execute(
+        text("SELECT status, reasoning_tokens, check_flags FROM record WHERE run_id = :r AND finished_at IS NOT NULL"
+             " AND status IN ('ok', 'error', 'timeout') ORDER BY finished_at DESC LIMIT :n"),
+        {"r": run_id, "n": size},
+    ).all()
+    windows = {n: Window(rules[n].window) for n in CHECK_NAMES}
+    en = checker.enabled
+    for status, reasoning_tokens, flags in reversed(rows):
+        applied = en & (BIT["timeout"] | BIT["error"])
+        if status == "ok":
+            applied |= en & (BIT["empty_content"] | BIT["both_empty_with_tokens"] | BIT["truncated"]
+                             | BIT["truncated_in_reasoning"] | BIT["think_tags_in_content"] | BIT["field_mismatch"]
+                             | BIT["repetition"] | BIT["duplicate_output"] | BIT["server_drift"])
+            if checker.ctx.expects:
+                applied |= en & BIT["empty_reasoning"]
+            if reasoning_tokens is not None:
+                applied |= en & BIT["reasoning_tokens_no_text"]
+        for name in CHECK_NAMES:
+            if applied & BIT[name]:
+                windows[name].add(bool((flags or 0) & BIT[name]))
+    return windows
+
+
 # ------------------------------------------------------------------------------------ the writer hook
 
 
@@ -578,7 +607,12 @@ class ChecksHook:
         self.template_done = False
         self.ok_seen = 0
         self.check_errors = 0
-        self._staged: list[tuple[int, int, int, bool]] = []  # (record_id, applied, failed, new)
+        # record_id -> (record_id, applied, failed, new): checked, not written yet. The writer checks finished
+        # records as they arrive (so an auto-pause lands before its worker's next claim) and again at the flush;
+        # a record is staged once.
+        self._staged: dict[int, tuple[int, int, int, bool]] = {}
+        self._new_fail: dict[str, float] = {}  # check -> latest finish time of a failing staged record
+        self._seen_seq: tuple[int, int] | None = None  # (config_version, repair_seq) the state was loaded at
         self._results: dict[int, tuple[int, int, dict[str, Any]]] = {}  # recent record -> result (retries)
         self._sample_details: dict[int, dict[str, Any]] = {}
         self._raw_checks = orjson.dumps(ctx.settings.model_dump(mode="json"))
@@ -618,14 +652,16 @@ class ChecksHook:
     # -- WriterHook ----------------------------------------------------------------------------
 
     def on_outcomes(self, outcomes: list[Any]) -> None:
-        staged: list[tuple[int, int, int, bool]] = []
+        staged = self._staged
         for o in outcomes:
-            if o.status == "pending":
+            if o.status == "pending" or o.record_id in staged:
                 continue
             prev = self._results.get(o.record_id)
             if prev is not None:  # the same outcome again: the previous write transaction failed
                 applied, failed, det = prev
-                staged.append((o.record_id, applied, failed, False))
+                o.check_flags = failed
+                o.check_json = orjson.dumps(det).decode() if det else None
+                staged[o.record_id] = (o.record_id, applied, failed, False)
                 continue
             v = view_from_outcome(o)
             try:
@@ -638,11 +674,15 @@ class ChecksHook:
             o.check_flags = failed
             o.check_json = orjson.dumps(det).decode() if det else None
             self._results[o.record_id] = (applied, failed, det)
-            staged.append((o.record_id, applied, failed, True))
+            staged[o.record_id] = (o.record_id, applied, failed, True)
+            if failed:
+                fin = o.finished_at or time.time()
+                for name in CHECK_NAMES:
+                    if failed & BIT[name] and fin > self._new_fail.get(name, 0.0):
+                        self._new_fail[name] = fin
             if v.status == "ok":
                 self.ok_seen += 1
                 self._maybe_tokenize(v, det)
-        self._staged = staged
         if len(self._results) > 20_000:  # keep only what a retried flush can ask for again
             for k in list(self._results)[: len(self._results) - 10_000]:
                 del self._results[k]
@@ -663,9 +703,31 @@ class ChecksHook:
             if len(self._sample_details) < 1000:
                 self._sample_details[v.record_id] = det
 
+    def pause_due(self) -> bool:
+        """Would the records checked but not yet written pause the run? (windows as they would be after them)"""
+        if not self._new_fail:
+            return False
+        windows = {n: (w.fail, w.total) for n, w in self.windows.items()}
+        for _rid, applied, failed, new in self._staged.values():
+            if not new:
+                continue
+            for name in self._new_fail:
+                b = BIT[name]
+                if applied & b:
+                    f, n = windows[name]
+                    w = self.windows[name]
+                    full = n >= w.size
+                    windows[name] = (f + bool(failed & b), n if full else n + 1)
+        return self.keeper.would_pause(self.rules, windows, self._new_fail)
+
+    def take_paused(self) -> bool:
+        """True once after a flush in which an alarm paused the run."""
+        paused, self.keeper.paused = self.keeper.paused, False
+        return paused
+
     def on_flush(self, conn: Connection, t: float) -> None:
         deltas: dict[str, list[Any]] = {}  # check -> [fail, total, example]
-        for rid, applied, failed, new in self._staged:
+        for rid, applied, failed, new in self._staged.values():
             for name in CHECK_NAMES:
                 b = BIT[name]
                 if applied & b:
@@ -704,7 +766,8 @@ class ChecksHook:
         if touched or self._reevaluate_all:
             self._evaluate(conn, t, None if self._reevaluate_all else touched)
             self._reevaluate_all = False
-        self._staged = []
+        self._staged = {}
+        self._new_fail = {}
 
     def _apply_token_results(self, conn: Connection, deltas: dict[str, list[Any]]) -> None:
         assert self.tokens is not None
@@ -730,13 +793,31 @@ class ChecksHook:
         if "field_mismatch" in details:
             details["field_mismatch"] = {**details["field_mismatch"], "fields": sorted(self.mismatch_fields),
                                          "mode": self.ctx.mode}
-        self.keeper.evaluate(conn, t, self.rules, windows, self.run_stats, details, only=only)
+        self.keeper.evaluate(conn, t, self.rules, windows, self.run_stats, details, only=only,
+                             new_fail=self._new_fail)
 
     def _reload(self, conn: Connection) -> None:
-        """Pick up check settings changed in the UI (stored in run.config_json) while running."""
-        row = conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": self.run_id}).first()
+        """Pick up what changed while running: check settings, a new config version (reading settings), and
+        repairs (re-derive / re-run rewrote check results: whole-run counts, windows and alarms are re-read)."""
+        row = conn.execute(text("SELECT config_json, config_version, repair_seq FROM run WHERE id = :r"),
+                           {"r": self.run_id}).first()
         if row is None:
             return
+        seq = (int(row[1] or 1), int(row[2] or 0))
+        if self._seen_seq is None:
+            self._seen_seq = seq
+        elif seq != self._seen_seq:
+            self._seen_seq = seq
+            try:
+                cfg = orjson.loads(row[0]) or {}
+                fresh = RunContext.from_config(self.run_id, self.ctx.name, cfg)
+            except (orjson.JSONDecodeError, ConfigError) as exc:
+                log.warning("ignoring invalid config of run %d: %s", self.run_id, exc)
+            else:
+                self.ctx.mode, self.ctx.expects = fresh.mode, fresh.expects
+                self.ctx.think_open, self.ctx.think_close = fresh.think_open, fresh.think_close
+                self.checker.set_context(self.ctx)
+            self.reload_state(conn)
         try:
             raw = (orjson.loads(row[0]) or {}).get("checks") or {}
             settings = parse_settings(raw)
@@ -748,6 +829,17 @@ class ChecksHook:
             return
         self._raw_checks = dumped
         self.apply_settings(settings)
+
+    def reload_state(self, conn: Connection) -> None:
+        """Whole-run counts, rolling windows and active alarms as stored (after a repair changed them)."""
+        self.run_stats = {name: (n_fail, n_total, ex) for name, n_fail, n_total, ex in conn.execute(
+            text("SELECT check_name, n_fail, n_total, example_record_id FROM check_stat WHERE run_id = :r"),
+            {"r": self.run_id})}
+        self.windows = recent_windows(conn, self.run_id, self.checker, self.rules)
+        self.details = {}
+        self.mismatch_fields = set()
+        self.keeper.load(conn)
+        self._reevaluate_all = True
 
     def apply_settings(self, settings: CheckSettings) -> None:
         self.ctx.settings = settings
@@ -816,15 +908,28 @@ _RECORD_COLS = ("id, idx, status, reasoning, content, finish_reason, completion_
 
 def save_settings(engine: Engine, run_id: int, raw: dict[str, Any], actor: str = "cli") -> CheckSettings:
     """Validate and store a run's `[checks]` table in its config snapshot."""
+    from .versions import create_version
+
     settings = parse_settings(raw)
     with engine.connect() as conn, store.write_begin(conn):
+        store.lock_run(conn, run_id)
         row = conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": run_id}).first()
         if row is None:
             raise store.NotFound(f"no run {run_id}")
         cfg = orjson.loads(row[0]) or {}
-        cfg["checks"] = settings.model_dump(mode="json", exclude_defaults=True)
-        conn.execute(text("UPDATE run SET config_json = :c, updated_at = :t WHERE id = :r"),
-                     {"c": orjson.dumps(cfg).decode(), "t": time.time(), "r": run_id})
+        before = effective_rules(parse_settings(cfg.get("checks") or {}).rules)
+        after = effective_rules(settings.rules)
+        dropped = [n for n in CHECK_NAMES if before[n].auto_pause and not after[n].auto_pause]
+        if dropped:
+            # an off switch for the run's protection is its own action, with a reason on the record
+            raise ChecksConfigError(
+                f"turning auto-pause off ({', '.join(dropped)}) is a separate action with a reason: "
+                f"`synthwatch autopause RUN {dropped[0]} off --reason ...`, the run page's alarm banner, or "
+                f"POST /api/runs/{run_id}/autopause")
+        new_checks = settings.model_dump(mode="json", exclude_defaults=True)
+        if cfg.get("checks") != new_checks:
+            # settings are never overwritten: the change is the run's next config version
+            create_version(conn, run_id, {**cfg, "checks": new_checks}, actor=actor, reason="check settings")
         store.add_event(conn, run_id, "check_settings", None, actor=actor)
     return settings
 

@@ -18,6 +18,7 @@ COMMANDS = (
     "synthwatch.commands.watch",
     "synthwatch.commands.control",
     "synthwatch.commands.checks",
+    "synthwatch.commands.repair",
     "synthwatch.commands.db",
 )
 

@@ -51,6 +51,7 @@ R_EMPTY = "empty_reasoning"
 R_TRUNCATED = "truncated"
 R_NO_IDS = "no_token_ids"
 R_TOKENIZE = "tokenize_failed"
+R_VERSION = "other_config_version"
 
 _SECRET_KEY = re.compile(
     r"(?i)(^|[_-])(api[_-]?keys?|apikeys?|secrets?|password|passwd|pwd|credentials?|authorization|bearer|"
@@ -59,7 +60,8 @@ _SECRET_KEY = re.compile(
 # Keys whose value may embed a secret even though the key does not say so (Slack/Discord webhook URLs).
 _SECRET_VALUE_KEYS = frozenset({"webhook_url", "headers", "default_headers"})
 
-_MESSAGE_COLS = "id, idx, source_id, prompt_json, reasoning, content, finish_reason, review, check_flags"
+_MESSAGE_COLS = ("id, idx, source_id, prompt_json, reasoning, content, finish_reason, review, check_flags,"
+                 " gen_version, derive_version, revision")
 
 
 class ExportError(Exception):
@@ -94,6 +96,10 @@ class ExportOptions:
     not rendered through it but appended as generated (generation prompt + [<think>]reasoning</think>content
     + EOS). Without it, a record whose reasoning the template drops is left out."""
     page_size: int = PAGE_SIZE
+    config_version: int | None = None
+    """Only records whose current output was read under this config version (record.derive_version)."""
+    generated_under: int | None = None
+    """Only records generated under this config version (record.gen_version)."""
 
 
 @dataclass
@@ -315,8 +321,12 @@ def exclusion_reason(rec: Mapping[str, Any], plan: ExportPlan) -> str | None:
     """Why this ok record is left out, or None to export it."""
     if int(rec.get("idx") or 0) < 0:
         return R_CANARY
-    review = rec.get("review")
     opts = plan.options
+    if opts.config_version is not None and rec.get("derive_version") != opts.config_version:
+        return R_VERSION
+    if opts.generated_under is not None and rec.get("gen_version") != opts.generated_under:
+        return R_VERSION
+    review = rec.get("review")
     if opts.only_good:
         if review != "good":
             return R_FLAGGED if review == "bad" else R_NOT_GOOD
@@ -484,6 +494,7 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
     excluded: Counter[str] = Counter()
     scanned = exported = 0
     sources: Counter[str] = Counter()
+    repaired = {"rederived": 0, "rerun": 0, "generated": Counter(), "derived": Counter()}
     sink: JsonlSink | ParquetSink = ParquetSink(partial) if plan.parquet else JsonlSink(partial)
     try:
         if progress:
@@ -499,6 +510,7 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
                         reason = skip.reason
                     else:
                         rows.append(row)
+                        _count_repair(repaired, rec)
                         source = _row_source(fmt, row)
                         if source is not None:
                             sources[source] += 1
@@ -510,7 +522,10 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
             if progress:
                 progress(scanned, max(plan.total, scanned))
         digest = sink.close()
-        manifest = _manifest(plan, scanned, exported, excluded, sources, digest, partial.stat().st_size, started)
+        from .export_manifest import build_manifest
+
+        manifest = build_manifest(plan, scanned, exported, excluded, sources, digest, partial.stat().st_size, started)
+        manifest["repairs"] = _repairs_summary(engine, plan, repaired)
         os.replace(partial, out)
         write_atomic(manifest_path(out), orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     except BaseException:
@@ -521,85 +536,38 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
     return manifest
 
 
+def _count_repair(acc: dict[str, Any], rec: Mapping[str, Any]) -> None:
+    gen, der = rec.get("gen_version"), rec.get("derive_version")
+    acc["generated"][str(gen)] += 1
+    acc["derived"][str(der)] += 1
+    if gen is not None and der is not None and der != gen:
+        acc["rederived"] += 1
+
+
+def _repairs_summary(engine: Engine, plan: ExportPlan, acc: dict[str, Any]) -> dict[str, Any]:
+    """How the exported records came to be: re-derived, re-run, and under which config versions."""
+    from sqlalchemy import text as sql
+
+    with engine.connect() as conn:
+        rerun = int(conn.execute(sql(
+            "SELECT COUNT(DISTINCT h.record_id) FROM record_history h JOIN record r ON r.id = h.record_id"
+            " WHERE h.run_id = :r AND h.action = 'rerun' AND r.status = 'ok'"), {"r": plan.run["id"]}).scalar() or 0)
+        current = conn.execute(sql("SELECT config_version FROM run WHERE id = :r"), {"r": plan.run["id"]}).scalar()
+        conn.rollback()
+    return {
+        "rederived": acc["rederived"],
+        "rerun": rerun,
+        "config_versions": {"generated": dict(sorted(acc["generated"].items())),
+                            "derived": dict(sorted(acc["derived"].items()))},
+        "current_config_version": current,
+        "config_version_filter": plan.options.config_version,
+        "generated_under_filter": plan.options.generated_under,
+        "note": "rederived: exported records whose answer was read again under a later config version than it was"
+                " generated under; rerun: records in the run generated again by a re-run (earlier outputs are in"
+                " record_history)",
+    }
+
+
 def export_run(engine: Engine, run_ref: int | str, options: ExportOptions,
                progress: ProgressFn | None = None) -> dict[str, Any]:
     return run_export(engine, prepare_export(engine, run_ref, options), progress)
-
-
-def _manifest(plan: ExportPlan, scanned: int, exported: int, excluded: Counter[str], sources: Counter[str],
-              digest: str, size: int, started: float) -> dict[str, Any]:
-    opts = plan.options
-    not_ok = {s: n for s, n in sorted(plan.status_counts.items()) if s != "ok"}
-    checks_applied = []
-    for name in plan.checks:
-        if name == R_EMPTY:
-            rule = ("reasoning is empty or blank (the run expects reasoning)" if plan.expects_reasoning
-                    else "not applied: the run does not expect reasoning")
-        elif name == R_TRUNCATED:
-            rule = "finish_reason == 'length'"
-        else:
-            rule = f"check_flags has bit {plan.check_bits[name]} (synthwatch.checks)"
-        checks_applied.append({"name": name, "rule": rule})
-    tok: dict[str, Any] | None = None
-    if opts.format in TOKEN_FORMATS:
-        as_generated = opts.format == "speculators" or opts.template_drops_past_reasoning
-        tok = {
-            "sources": dict(sources),
-            "server_token_ids": plan.server_ids,
-            "loss_mask": "0 over the prompt, 1 over the assistant turn",
-            "split": "token level: the server's prompt/completion ids, or the generation prompt's ids when they "
-                     "are a prefix of the full render's ids (else the record is left out: prompt_not_prefix)",
-            "retokenized_answer": (
-                "appended as generated: generation prompt + [<think>]reasoning</think>content + EOS when it stopped"
-                if as_generated else "rendered by the chat template; a record whose reasoning the template drops "
-                                     "is left out (template_drops_reasoning)"),
-            "tokenizer": plan.tokenizer_info,
-            "chat_template": plan.tokenizer.template_source if plan.tokenizer else None,
-        }
-    elif opts.format == "specforge":
-        tok = {"reasoning_check": (
-            f"rows rendered with {plan.tokenizer.template_source} ({plan.tokenizer.spec.name_or_path}); rows whose "
-            "reasoning it drops are left out" if plan.tokenizer else "no tokenizer: not checked"),
-            "tokenizer": plan.tokenizer_info}
-    preset = None
-    if opts.format in PRESET_FORMATS:
-        from .export_presets import PRESETS
-
-        preset = PRESETS[opts.format].manifest()
-    return {
-        "synthwatch_version": version(),
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "duration_s": round(time.time() - started, 3),
-        "file": {"name": plan.out.name, "path": str(plan.out), "bytes": size, "sha256": digest,
-                 "container": "parquet" if plan.parquet else "jsonl"},
-        "format": opts.format,
-        "format_options": {
-            "think_inline": opts.think_inline if opts.format == "sharegpt" else None,
-            "from_value": opts.from_value if opts.format == "sharegpt" else None,
-            "think_open": plan.think_open, "think_close": plan.think_close,
-            "retokenize": opts.retokenize if opts.format in TOKEN_FORMATS else None,
-            "template_drops_past_reasoning": opts.template_drops_past_reasoning,
-        },
-        "run": {"id": plan.run["id"], "name": plan.run["name"], "status": plan.run["status"],
-                "database": plan.db_url},
-        "selection": {
-            "only_ok": True,
-            "only_good": opts.only_good,
-            "include_flagged": opts.include_flagged,
-            "default_exclusions": opts.default_exclusions,
-            "checks_applied": checks_applied,
-            "precedence": "each excluded record is counted once, under the first reason that applies: "
-                          "review, then the checks in the order listed",
-        },
-        "counts": {
-            "records_in_run": sum(plan.status_counts.values()),
-            "not_ok": not_ok,
-            "ok_scanned": scanned,
-            "exported": exported,
-            "excluded": dict(sorted(excluded.items())),
-            "excluded_total": sum(excluded.values()),
-        },
-        "tokens": tok,
-        "preset": preset,
-        "run_config": plan.config,
-    }

@@ -44,6 +44,9 @@ class Run(SQLModel, table=True):
     n_error: int = 0
     n_timeout: int = 0
     n_cancelled: int = 0
+    config_version: int = Field(default=1, sa_column_kwargs={"server_default": "1"})  # current config_version
+    n_rerun: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # re-runs queued, not finished
+    repair_seq: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # bumped by every repair
 
 
 class Record(SQLModel, table=True):
@@ -103,6 +106,10 @@ class Record(SQLModel, table=True):
     review: str | None = None  # good | bad (latest, denormalised from the flag table)
     review_reason: str | None = None
     reviewed_at: float | None = None
+    gen_version: int | None = None  # config version the output was generated under
+    derive_version: int | None = None  # config version the output was last derived (read) under
+    revision: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # earlier outputs in history
+    rerun: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # 1 while queued again
 
 
 class Series(SQLModel, table=True):
@@ -230,8 +237,10 @@ class Alarm(SQLModel, table=True):
     raised_at: float
     updated_at: float
     acked_at: float | None = None
+    acked_by: str | None = None
     active: bool = True
     auto_paused: bool = False
+    reraised_from: int | None = None  # the acknowledged alarm whose condition came back
 
 
 class Flag(SQLModel, table=True):
@@ -299,3 +308,103 @@ class ExportJob(SQLModel, table=True):
     finished_at: float | None = None
     manifest_json: str | None = Field(default=None, sa_column=_text())
     error: str | None = Field(default=None, sa_column=_text())
+
+
+class ConfigVersion(SQLModel, table=True):
+    """Every version of a run's settings; run.config_json is the current one's snapshot."""
+
+    __tablename__ = "config_version"
+    __table_args__ = (UniqueConstraint("run_id", "version", name="uq_config_version"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    version: int
+    created_at: float
+    actor: str
+    reason: str | None = Field(default=None, sa_column=_text())
+    config_json: str = Field(sa_column=_text(False))
+    changes_json: str = Field(sa_column=_text(False))  # [{"path", "old", "new"}] against the version before
+
+
+class Repair(SQLModel, table=True):
+    """One re-derive, re-run or undo over a selection of a run's records."""
+
+    __tablename__ = "repair"
+    __table_args__ = (Index("ix_repair_run", "run_id", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    kind: str  # rederive | rerun | undo
+    t: float
+    actor: str
+    selection: str = Field(sa_column=_text(False))  # what was selected, in words and as JSON
+    config_version: int
+    n_selected: int
+    n_changed: int
+    n_skipped: int
+    status: str  # running | done | failed
+    summary_json: str | None = Field(default=None, sa_column=_text())
+    undone_at: float | None = None
+    undo_of: int | None = None
+
+
+class RecordHistory(SQLModel, table=True):
+    """An earlier output of a record, copied whole before a repair replaced it (append-only)."""
+
+    __tablename__ = "record_history"
+    __table_args__ = (Index("ix_record_history_record", "record_id", "revision"),
+                      Index("ix_record_history_repair", "repair_id"))
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int
+    record_id: int = Field(foreign_key="record.id")
+    revision: int
+    t: float
+    action: str  # rederive | rerun | undo: what replaced this output
+    repair_id: int | None = None
+    status: str | None = None
+    reasoning: str | None = Field(default=None, sa_column=_text())
+    content: str | None = Field(default=None, sa_column=_text())
+    content_null: bool | None = None
+    reasoning_source: str | None = None
+    reasoning_len: int | None = None
+    content_len: int | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    usage_json: str | None = Field(default=None, sa_column=_text())
+    token_ids_json: str | None = Field(default=None, sa_column=_text())
+    latency_s: float | None = None
+    ttft_s: float | None = None
+    n_chunks: int | None = None
+    attempts: int | None = None
+    attempts_json: str | None = Field(default=None, sa_column=_text())
+    error_kind: str | None = None
+    error: str | None = Field(default=None, sa_column=_text())
+    endpoint: str | None = None
+    model: str | None = None
+    system_fingerprint: str | None = None
+    response_id: str | None = None
+    extra_json: str | None = Field(default=None, sa_column=_text())
+    finished_at: float | None = None
+    check_flags: int | None = None
+    check_json: str | None = Field(default=None, sa_column=_text())
+    gen_version: int | None = None
+    derive_version: int | None = None
+
+
+class PauseOverride(SQLModel, table=True):
+    """Auto-pause turned off for one check of a run (with a reason) until ended_at."""
+
+    __tablename__ = "pause_override"
+    __table_args__ = (Index("ix_pause_override_run", "run_id", "check_name"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    check_name: str
+    reason: str = Field(sa_column=_text(False))
+    actor: str
+    created_at: float
+    ended_at: float | None = None
+    ended_by: str | None = None

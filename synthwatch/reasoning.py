@@ -40,6 +40,7 @@ __all__ = [
     "ResponseShapeError",
     "StreamAccumulator",
     "extract_response",
+    "rederive",
     "split_inline",
 ]
 
@@ -93,6 +94,9 @@ class Extracted:
     duplicate_fields: list[str]
     n_chunks: int  # streamed events parsed (0 for non-streaming)
     problems: list[str] = field(default_factory=list)  # malformed shapes seen, never raised
+    # the content as the server sent it, when the reading changed it (inline think tags split off): with the
+    # field texts (reasoning, unread_fields, duplicate_fields) it is what a re-derive reads again
+    raw_content: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -393,6 +397,7 @@ def extract_response(
         texts["thinking"] = "".join(thinking_parts)
 
     finish_reason = _opt_str(choice.get("finish_reason"), "finish_reason", problems)
+    sent_content = content
     reasoning, content, source, unread, dups = _resolve(
         texts, content, finish_reason, mode, think_open, think_close, prefilled_open
     )
@@ -428,7 +433,23 @@ def extract_response(
         duplicate_fields=dups,
         n_chunks=0,
         problems=problems.as_list(),
+        raw_content=None if content == sent_content else sent_content,
     )
+
+
+def rederive(
+    texts: dict[str, str],
+    sent_content: str,
+    finish_reason: str | None,
+    mode: str,
+    think_open: str = "<think>",
+    think_close: str = "</think>",
+    prefilled_open: bool = False,
+) -> tuple[str, str, str, dict[str, str], list[str]]:
+    """Read a stored answer again under other reading settings: the field texts and the content as sent ->
+    (reasoning, content, source, unread_fields, duplicate_fields), exactly as a live response would give."""
+    _check_mode(mode)
+    return _resolve(texts, sent_content, finish_reason, mode, think_open, think_close, prefilled_open)
 
 
 # --------------------------------------------------------------------------------------------
@@ -757,6 +778,7 @@ class StreamAccumulator:
         }
         content = "".join(self._content)
         finish_reason = _opt_str(self._finish, "finish_reason", problems)
+        sent_content = content
         reasoning, content, source, unread, dups = _resolve(
             texts, content, finish_reason, self.mode, self.think_open, self.think_close, self.prefilled_open
         )
@@ -795,4 +817,5 @@ class StreamAccumulator:
             duplicate_fields=dups,
             n_chunks=self._n,
             problems=problems.as_list(),
+            raw_content=None if content == sent_content else sent_content,
         )

@@ -64,6 +64,7 @@ class Claimed:
     messages: list[dict[str, Any]]
     attempts: int
     attempts_json: str | None
+    rerun: bool = False  # queued again by a re-run (synthwatch.repair)
 
 
 # ---------------------------------------------------------------- runs
@@ -98,17 +99,25 @@ def create_run(conn: Connection, name: str, config: RunConfig | None, *, kind: s
         "expects": bool(config.reasoning.expect) if config else True,
         "t": t,
     }
-    return int(
+    run_id = int(
         conn.execute(
             text(
                 "INSERT INTO run (name, kind, status, desired, cap, concurrency, config_json, expects_reasoning,"
-                " created_at, updated_at, total, n_pending, n_in_flight, n_ok, n_error, n_timeout, n_cancelled)"
+                " created_at, updated_at, total, n_pending, n_in_flight, n_ok, n_error, n_timeout, n_cancelled,"
+                " config_version, n_rerun, repair_seq)"
                 " VALUES (:name, :kind, 'created', 'run', :cap, :concurrency, :config_json, :expects, :t, :t,"
-                " 0, 0, 0, 0, 0, 0, 0) RETURNING id"
+                " 0, 0, 0, 0, 0, 0, 0, 1, 0, 0) RETURNING id"
             ),
             params,
         ).scalar_one()
     )
+    # version 1 of the run's settings (synthwatch.versions keeps every later one)
+    conn.execute(
+        text("INSERT INTO config_version (run_id, version, created_at, actor, reason, config_json, changes_json)"
+             " VALUES (:r, 1, :t, :a, NULL, :c, '[]')"),
+        {"r": run_id, "t": t, "a": kind, "c": params["config_json"]},
+    )
+    return run_id
 
 
 # below every real key (those are in [0, 1)): sampling queries ask for rnd >= x with x in [0, 1)
@@ -321,7 +330,7 @@ def claim_sql(skip: str = "") -> str:
     """The claim statement (named parameters w, lease, t, r, n); the benchmark's SQLite floor runs it too."""
     return ("UPDATE record SET status = 'in_flight', worker_id = :w, lease_until = :lease, claimed_at = :t"
             " WHERE id IN (SELECT id FROM record WHERE run_id = :r AND status = 'pending' ORDER BY id"
-            f" LIMIT :n{skip}) RETURNING id, idx, prompt_json, attempts, attempts_json")
+            f" LIMIT :n{skip}) RETURNING id, idx, prompt_json, attempts, attempts_json, rerun")
 
 
 def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float) -> tuple[list[Claimed], str]:
@@ -361,7 +370,7 @@ def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float)
             text("UPDATE run SET n_in_flight = n_in_flight + :k, n_pending = n_pending - :k WHERE id = :r"),
             {"k": len(rows), "r": run_id},
         )
-    claimed = [Claimed(r[0], r[1], orjson.loads(r[2]), r[3] or 0, r[4]) for r in rows]
+    claimed = [Claimed(r[0], r[1], orjson.loads(r[2]), r[3] or 0, r[4], bool(r[5])) for r in rows]
     claimed.sort(key=lambda c: c.id)
     return claimed, limited if len(claimed) == n else "empty"
 

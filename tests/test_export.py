@@ -443,7 +443,9 @@ def test_cli_export_with_progress_and_sigint(engine, db_path, tmp_path) -> None:
     partial = tmp_path / "cut.jsonl.partial"
     child = subprocess.Popen(
         [sys.executable, "-m", "synthwatch", "export", "--db", str(db_path), "big", "-f", "raw", "-o", str(out2),
-         "--page-size", "2", "--quiet"], cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+         "--page-size", "2", "--quiet"], cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        # a test runner started with SIGINT ignored (nohup, `cmd &`) would pass that on: Ctrl-C is the default here
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     while not (partial.exists() and partial.stat().st_size > 0):
         assert child.poll() is None, child.communicate()

@@ -250,7 +250,9 @@ def test_resume_does_not_redo_ok_records(any_engine, sim, prompts) -> None:  # t
     after = {r["id"]: r["response_id"] for r in records(any_engine, run_id, "status = 'ok'")}
     assert len(after) == 25
     assert all(after[i] == rid for i, rid in first.items())
-    assert orjson.loads(run_row(any_engine, run_id)["config_json"])["cap"] == 25
+    # the cap is a control (the run row), not a setting: the stored config version is untouched
+    assert run_row(any_engine, run_id)["cap"] == 25
+    assert orjson.loads(run_row(any_engine, run_id)["config_json"])["cap"] == 10
 
 
 @pytest.mark.parametrize("control", ["pause", "stop", "cap"])

@@ -18,7 +18,16 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.engine import Connection, Engine
 
 from .. import store
-from ..alarms import DEFAULT_RULES, AlarmNotFound, acknowledge, banner_alarms, effective_rules, list_alarms
+from ..alarms import (
+    DEFAULT_RULES,
+    AlarmNotFound,
+    acknowledge,
+    active_overrides,
+    banner_alarms,
+    effective_rules,
+    list_alarms,
+    list_overrides,
+)
 from ..checks import CHECK_INFO, CHECK_NAMES, ChecksConfigError, parse_settings, recompute, save_settings
 from .deps import ReadConn, WriteEngine, render
 
@@ -53,8 +62,10 @@ def _config(run: dict[str, Any]) -> dict[str, Any]:
 def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
     """One data function for the banner fragment and the JSON list."""
     run = _run(conn, run_id)
+    overrides = list_overrides(conn, run_id)
     return {"run": {"id": run["id"], "name": run["name"], "status": run["status"]},
-            "alarms": banner_alarms(conn, run_id), "live": _live(run), "poll_s": BANNER_POLL_S}
+            "alarms": banner_alarms(conn, run_id), "live": _live(run), "poll_s": BANNER_POLL_S,
+            "overrides": overrides, "overrides_by_check": {o["check_name"] for o in overrides}}
 
 
 def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
@@ -79,6 +90,7 @@ def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
         "disabled": set(settings.disabled),
         "recomputing": run_id in _recomputing,
         "last_recompute": _last_recompute.get(run_id),
+        "no_pause": active_overrides(conn, run_id),
         "poll_s": BANNER_POLL_S,
     }
 
@@ -140,6 +152,8 @@ def _form_to_settings(form: Any, current: dict[str, Any]) -> dict[str, Any]:
             else:
                 ov.pop(fld, None)
         for fld in ("enabled", "auto_pause"):
+            if fld == "auto_pause" and form.get(f"auto_pause_shown__{name}") is None:
+                continue  # shown as "on": turning it off is its own action, with a reason (set_auto_pause)
             on = form.get(f"{fld}__{name}") is not None
             if on != getattr(DEFAULT_RULES[name], fld):
                 ov[fld] = on
@@ -225,7 +239,8 @@ def _jsonable_rule(rule: Any) -> dict[str, Any]:
 def api_alarms(run_id: int, conn: ReadConn) -> dict[str, Any]:
     """Every alarm of the run (newest first) and the ones the banner shows (active, not acknowledged)."""
     ctx = banner_context(conn, run_id)
-    return {"run_id": run_id, "banner": ctx["alarms"], "alarms": list_alarms(conn, run_id)}
+    return {"run_id": run_id, "banner": ctx["alarms"], "alarms": list_alarms(conn, run_id),
+            "auto_pause_off": ctx["overrides"]}
 
 
 @router.post("/api/runs/{run_id}/alarms/{alarm_id}/ack", tags=["alarms"])

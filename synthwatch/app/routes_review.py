@@ -224,7 +224,22 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         "records_url": f"/runs/{run['id']}/records{_qs(f.params())}",
         "sample_url": f"/runs/{run['id']}/sample{sample_qs}",
         "tokens_url": f"/runs/{run['id']}/records/{rec['id']}/tokens",
+        "history": _history(conn, rec["id"]),
     }
+
+
+def _history(conn: Any, record_id: int) -> list[dict[str, Any]]:
+    from ..repair import history
+
+    out = []
+    for h in history(conn, record_id):
+        h["failed"] = review.failed_checks(h["check_flags"])
+        try:
+            h["attempt_list"] = orjson.loads(h["attempts_json"]) if h["attempts_json"] else []
+        except orjson.JSONDecodeError:
+            h["attempt_list"] = []
+        out.append(h)
+    return out
 
 
 @router.get("/runs/{run_id}/records/{record_id:int}", include_in_schema=False)
@@ -239,7 +254,10 @@ def record_api(run_id: int, record_id: int, conn: ReadConn) -> Any:
     """One record with its JSON columns decoded and its flag history."""
     _run_or_404(conn, run_id)
     rec = _record_or_404(conn, run_id, record_id)
-    return {"record": review.record_json(rec), "flags": review.flag_history(conn, record_id)}
+    from ..repair import history
+
+    return {"record": review.record_json(rec), "flags": review.flag_history(conn, record_id),
+            "history": history(conn, record_id)}
 
 
 # --------------------------------------------------------------------------------------------- flags

@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 
-from .. import stats, store
+from .. import stats, store, versions
 from ..charts import run_charts
 from ..config import REASONING_MODES
 from . import launch
@@ -173,6 +173,7 @@ def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m
     ctx.update(_audit_context(request, conn, run))
     ctx["message"] = None
     ctx["control_error"] = None
+    ctx["versions"] = list(reversed(versions.list_versions(conn, run_id, counts=False)))[:5]
     return render(request, "run.html", ctx)
 
 

@@ -42,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="also leave out records failing this check; repeat for several")
     g.add_argument("--no-default-exclusions", action="store_true",
                    help="keep records with empty reasoning and truncated records")
+    g.add_argument("--config-version", type=positive_int, metavar="N",
+                   help="only records whose current output was read under config version N (synthwatch versions RUN)")
+    g.add_argument("--generated-under", type=positive_int, metavar="N",
+                   help="only records generated under config version N")
     g = p.add_argument_group("tokens")
     g.add_argument("--tokenizer", help="tokenizer folder or cached name (default: the run's)")
     g.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4' (default: the run's)")
@@ -121,6 +125,7 @@ def handle(args: argparse.Namespace) -> int:
         from_value=args.from_value,
         only_good=args.only_good, include_flagged=args.include_flagged,
         default_exclusions=not args.no_default_exclusions, exclude_checks=tuple(args.exclude_check),
+        config_version=args.config_version, generated_under=args.generated_under,
         tokenizer=args.tokenizer, chat_template=args.chat_template, trust_remote_code=args.trust_remote_code,
         retokenize=args.retokenize, template_drops_past_reasoning=args.template_drops_past_reasoning,
         page_size=args.page_size,

@@ -25,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--config", help="TOML file with the run settings")
     p.add_argument("--name", help="run name (default: <dataset>-<model>-<time>); an existing name resumes")
     p.add_argument("--join", metavar="RUN", help="add this worker to a run in progress (shares its queue)")
+    p.add_argument("--new-config-version", action="store_true",
+                   help="resuming with settings that differ from the run's: make them a new config version "
+                   "(without it such a resume is refused, listing the differences)")
+    p.add_argument("--reason", help="with --new-config-version: why (kept with the version)")
     g = p.add_argument_group("dataset")
     g.add_argument("--dataset", help="JSONL / Parquet file or HF save_to_disk folder")
     g.add_argument("--dataset-format", choices=["auto", "jsonl", "parquet", "hf"])
@@ -278,6 +282,33 @@ def _fmt_duration(s: float) -> str:
     return f"{s}s"
 
 
+def _resume_settings(engine: Any, a: argparse.Namespace, run: dict[str, Any], config: Any) -> None:
+    """A resume never changes settings silently: differences are refused, or become a new config version."""
+    from ..versions import create_version, refusal, resume_check
+
+    stored = json.loads(run["config_json"])
+    changes = resume_check(stored, config)
+    if changes and not a.new_config_version:
+        raise CliError(refusal(run["name"], changes))
+    if changes:
+        from ..store import write_begin
+
+        with engine.connect() as conn, write_begin(conn):
+            snap = config.snapshot()
+            # cap and concurrency are controls: the version keeps what the run was created with
+            for key in ("cap", "concurrency"):
+                snap[key] = stored.get(key, snap[key])
+            version, _ = create_version(conn, run["id"], snap, actor="cli", reason=a.reason)
+        print(f"run {run['name']!r}: config version {version} ("
+              + "; ".join(c.describe() for c in changes) + ")", file=sys.stderr)
+    # cap and concurrency: a flag sets them (a control, in the audit log); without one the run keeps its own
+    flags = _flags_to_config(a)
+    if "cap" not in flags:
+        config.cap = run["cap"]
+    if "concurrency" not in flags and run["concurrency"]:
+        config.concurrency = run["concurrency"]
+
+
 def handle(a: argparse.Namespace) -> int:
     from ..db import DatabaseError, open_engine, safe_url
     from ..store import NotFound, run_row
@@ -288,15 +319,24 @@ def handle(a: argparse.Namespace) -> int:
         engine = open_engine(a.db)
     except DatabaseError as exc:
         raise CliError(str(exc)) from None
-    if a.join:
+    existing = None
+    ref = a.join or a.name
+    if ref:
         try:
             with engine.connect() as conn:
-                row = run_row(conn, a.join)
+                existing = run_row(conn, ref)
         except NotFound as exc:
-            raise CliError(str(exc)) from None
-        config = resolve_config(a, json.loads(row["config_json"]))
-        config.name = row["name"]
-        run_id, resumed = row["id"], True
+            if a.join:
+                raise CliError(str(exc)) from None
+    if existing is not None:
+        if existing["kind"] != "generate":
+            raise CliError(f"run {existing['name']!r} is a {existing['kind']} run (synthwatch {existing['kind']});"
+                           " choose another --name")
+        # resume (or join): the run's current config version, with what the flags and --config file change
+        config = resolve_config(a, json.loads(existing["config_json"]))
+        config.name = existing["name"]
+        run_id, resumed = existing["id"], True
+        _resume_settings(engine, a, existing, config)
     else:
         config = resolve_config(a)
         if not config.name:
@@ -326,9 +366,14 @@ def handle(a: argparse.Namespace) -> int:
     progress.close()
     with engine.connect() as conn:
         row = run_row(conn, run_id)
+    message = row.get("status_message") or ""
+    head = final
+    if final == "completed" and message.startswith("completed with "):
+        head, _, rest = message.partition(" (")
+        message = rest.rstrip(")")
     print(
-        f"run {config.name!r} {final}: {row['n_ok']} ok, {row['n_error']} errors, {row['n_timeout']} timeouts, "
-        f"{row['n_pending']} pending" + (f" — {row['status_message']}" if row.get("status_message") else ""),
+        f"run {config.name!r} {head}: {row['n_ok']} ok, {row['n_error']} errors, {row['n_timeout']} timeouts, "
+        f"{row['n_pending']} pending" + (f" — {message}" if message else ""),
         file=out,
     )
     return EXIT_CODES.get(final, 1)

@@ -26,8 +26,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from .. import store
+from ..alarms import completion_message
 from ..config import RunConfig
 from ..settings import get_settings
+from ..versions import versioned_changes
 from .client import Requester
 from .endpoints import EndpointPool
 from .gc_tuning import tuned_for_worker
@@ -112,6 +114,7 @@ class RunWorker:
         self._cap_seen: Any = None  # the cap the reserve was claimed under
         self._claim_fut: Future[tuple[list[store.Claimed], str]] | None = None
         self._loop_ref: asyncio.AbstractEventLoop | None = None
+        self.config_version = 1  # the run's config version this worker generates under (read in _prepare)
 
     # ------------------------------------------------------------ request bodies
 
@@ -161,13 +164,25 @@ class RunWorker:
                 store.recount(conn, self.run_id)
             self.worker_id = store.register_worker(conn, self.run_id)
             if not self.join:
+                # the settings themselves are the run's current config version (synthwatch.versions): a resume
+                # never rewrites them; cap and concurrency are controls
                 conn.execute(
-                    text("UPDATE run SET desired = 'run', cap = :cap, concurrency = :c, config_json = :cfg,"
-                         " expects_reasoning = :e WHERE id = :r"),
-                    {"cap": self.config.cap, "c": self.config.concurrency,
-                     "cfg": orjson.dumps(self.config.snapshot()).decode(), "e": self.config.reasoning.expect,
-                     "r": self.run_id},
+                    text("UPDATE run SET desired = 'run', cap = :cap, concurrency = :c WHERE id = :r"),
+                    {"cap": self.config.cap, "c": self.config.concurrency, "r": self.run_id},
                 )
+            version, stored = conn.execute(
+                text("SELECT config_version, config_json FROM run WHERE id = :r"), {"r": self.run_id}).one()
+            self.config_version = int(version or 1)
+            try:
+                differs = bool(versioned_changes(orjson.loads(stored), self.config.snapshot()))
+            except (orjson.JSONDecodeError, TypeError):
+                differs = False
+            if differs:
+                # the run's current config version is the truth every record is labelled with: a worker given
+                # other settings (the CLI refuses or versions them first) generates under the stored ones
+                log.warning("run %d: this worker's settings differ from the run's config version %d; using the"
+                            " run's", self.run_id, self.config_version)
+                self.config_version = -1  # adopted by the loop before its first claim
             store.add_event(conn, self.run_id, "worker_start", self.worker_id, actor="worker")
             store.set_status(conn, self.run_id, "running")
 
@@ -198,6 +213,7 @@ class RunWorker:
             self.engine, self.run_id, self.worker_id,
             flush_interval_s=self.config.flush_interval_ms / 1000, lease_s=self.config.lease_s,
             heartbeat_s=get_settings().worker_heartbeat_s, gauges=self._gauges, hooks=self.hooks,
+            on_control=self._loop_wake,
         )
         self.writer.start()
         final = "failed"
@@ -240,7 +256,13 @@ class RunWorker:
             ).scalar_one()
             store.add_event(conn, self.run_id, "worker_exit", f"{self.worker_id}:{final}", actor="worker")
             if not others or final == "completed":
-                store.set_status(conn, self.run_id, final, message)
+                msg = message
+                if final == "completed":
+                    # a run whose data-quality alarm is still open is never a plain "completed"
+                    failing = completion_message(conn, self.run_id)
+                    if failing:
+                        msg = failing + (f" ({message})" if message else "")
+                store.set_status(conn, self.run_id, final, msg)
 
         fut = writer.call(finish)
         # the status write must land even if we are being cancelled
@@ -281,6 +303,9 @@ class RunWorker:
                     claim_backoff = min(max(claim_backoff * 2, 0.05), 0.5)
                     next_claim = m_last + claim_backoff
             ctl = writer.control
+            version = ctl.get("config_version")
+            if version is not None and version != self.config_version:
+                await self._adopt_config(int(version))
             desired = self.local_stop or ctl.get("desired", "run")
             m = m_last = time.monotonic()
             if m - rate_t >= 0.25:
@@ -368,8 +393,12 @@ class RunWorker:
     def _fill(self) -> None:
         """Start reserved records while slots are free (and the run is running)."""
         ready, tasks = self.ready, self.tasks
-        if self.writer is not None and self.writer.control.get("cap") != self._cap_seen:
-            return  # a new cap: the loop hands the reserve back and claims again under it
+        if self.writer is not None:
+            ctl = self.writer.control
+            if ctl.get("cap") != self._cap_seen:
+                return  # a new cap: the loop hands the reserve back and claims again under it
+            if ctl.get("desired", "run") != "run":
+                return  # paused (an alarm's auto-pause lands here at once) or stopping: nothing new starts
         while ready and len(tasks) < self._slots and self.state == "running":
             task = asyncio.create_task(self._process(ready.popleft()))
             tasks.add(task)
@@ -389,6 +418,45 @@ class RunWorker:
             return moved
 
         await asyncio.wrap_future(self.writer.call(release))
+
+    async def _adopt_config(self, version: int) -> None:
+        """A new config version of the run: requests started from now on use it (running ones finish as they are)."""
+        from ..config import ConfigError, build_config
+
+        def load() -> Any:
+            with self.engine.connect() as conn:
+                row = conn.execute(text("SELECT config_json, config_version FROM run WHERE id = :r"),
+                                   {"r": self.run_id}).first()
+                conn.rollback()
+            return row
+
+        row = await asyncio.to_thread(load)
+        if row is None:
+            return
+        try:
+            cfg = orjson.loads(row[0])
+            cfg["name"] = self.config.name
+            # cap, concurrency and per-process settings stay this worker's (controls and process settings)
+            for key in ("cap", "concurrency", "lease_s", "flush_interval_ms"):
+                cfg[key] = getattr(self.config, key)
+            new = build_config(cfg, f"config version {row[1]}")
+        except (orjson.JSONDecodeError, ConfigError, TypeError) as exc:
+            log.error("config version %s of run %d cannot be used (%s); staying on version %d",
+                      row[1], self.run_id, exc, self.config_version)
+            self.config_version = int(row[1] or version)  # do not retry it on every tick
+            return
+        old_endpoints = [e.model_dump() for e in self.config.endpoints]
+        self.config = new
+        self.config_version = int(row[1] or version)
+        self._body_base = self._base_body()
+        r, t = new.reasoning, new.timeouts
+        req = self.requester
+        req.mode, req.think_open, req.think_close, req.prefilled_open = (
+            r.mode, r.think_open, r.think_close, r.prefilled_open)
+        req.connect_timeout_s, req.total_timeout_s, req.idle_timeout_s = t.connect_s, t.total_s, t.idle_s
+        if [e.model_dump() for e in new.endpoints] != old_endpoints:
+            self.pool = EndpointPool(new.endpoints, new.pool)
+        log.warning("run %d: now generating under config version %d", self.run_id, self.config_version)
 
     def _finished_reason(self, ctl: dict[str, Any], why: str) -> str:
         n_ok = ctl.get("n_ok") or 0
@@ -430,6 +498,7 @@ class RunWorker:
         body = self.body_for(claimed.messages)
         stream = self.config.stream
         max_attempts = self.config.retries.max_attempts
+        version = self.config_version
         last: AttemptResult | None = None
         ep = None
         started = time.time()
@@ -479,7 +548,7 @@ class RunWorker:
             claimed.id, claimed.idx, status, claimed.messages, extracted=ex, attempts=attempts,
             error_kind=None if last.ok else last.kind, error=None if last.ok else last.message,
             endpoint=last.endpoint, latency_s=last.latency_s, ttft_s=last.ttft_s, n_chunks=last.n_chunks,
-            finished_at=time.time(),
+            finished_at=time.time(), config_version=version, rerun=claimed.rerun,
         )
         s = self.stats
         if status == "ok":

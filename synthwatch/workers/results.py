@@ -59,6 +59,8 @@ class Outcome:
     finished_at: float = 0.0
     check_flags: int = 0
     check_json: str | None = None
+    config_version: int | None = None  # the run's config version the request was made under
+    rerun: bool = False  # the record was queued again by a re-run
 
 
 @dataclass(slots=True)

@@ -32,6 +32,10 @@ from .results import TIMEOUT_KINDS, AttemptFailure, Outcome
 
 log = logging.getLogger("synthwatch.writer")
 CHECKPOINT_EVERY_S = 1.0
+# Finished records are checked at least this often, before their flush: a check whose alarm pauses the run
+# then pauses it before this worker's next claim, whatever the request rate (a flush interval at thousands of
+# records per second let hundreds more records through).
+CHECK_EVERY_S = 0.02
 WAKE_AT_RESULTS = 2000  # finished records that wake the writer before its flush interval is up
 MAX_BATCH = 5000  # queued items taken into one write transaction
 
@@ -49,6 +53,10 @@ class WriterHook(Protocol):
     def on_outcomes(self, outcomes: list[Outcome]) -> None: ...
 
     def on_flush(self, conn: Connection, t: float) -> None: ...
+
+    def pause_due(self) -> bool: ...
+
+    def take_paused(self) -> bool: ...
 
 
 @dataclass
@@ -128,6 +136,8 @@ def record_columns(ex: Any, extra: dict[str, Any] | None = None) -> dict[str, An
         raw["duplicate_fields"] = ex.duplicate_fields
     if ex.problems:
         raw["problems"] = ex.problems
+    if ex.raw_content is not None:
+        raw["raw_content"] = ex.raw_content
     return {
         "reasoning": ex.reasoning, "content": ex.content, "content_null": ex.content_was_null,
         "reasoning_source": ex.reasoning_source, "reasoning_len": len(ex.reasoning),
@@ -276,6 +286,7 @@ class Writer:
         control_interval_s: float = 0.25,
         gauges: Callable[[], tuple[int, int, dict[str, int], dict[str, Any]]] | None = None,
         hooks: list[WriterHook] | None = None,
+        on_control: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
         self.run_id = run_id
@@ -286,6 +297,7 @@ class Writer:
         self.control_interval_s = control_interval_s
         self.gauges = gauges
         self.hooks = hooks or []
+        self.on_control = on_control  # told (from the writer thread) when the control changed under it
         self.q: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         # Finished records and failed attempts wait here without waking the thread: a wake per record (a
         # futex wake, two context switches and a GIL handover on the worker's one core) cost about as much
@@ -381,6 +393,8 @@ class Writer:
             results = self._results
             timeout = self.flush_interval_s if not pending and not results else max(
                 0.0, self.flush_interval_s - (time.monotonic() - last_flush))
+            if self.hooks:
+                timeout = min(timeout, CHECK_EVERY_S)
             try:
                 item = self.q.get(timeout=timeout)
                 pending.append(item)
@@ -388,10 +402,15 @@ class Writer:
                     pending.append(self.q.get_nowait())
             except queue.Empty:
                 pass
+            fresh: list[Outcome] = []
             while results and len(pending) < MAX_BATCH:
-                pending.append(results.popleft())
+                it = results.popleft()
+                pending.append(it)
+                if it[0] == "o":
+                    fresh.append(it[1])
+            pause_due = bool(fresh) and self._check_early(fresh)
             m = time.monotonic()
-            urgent = any(it[0] == "x" for it in pending)
+            urgent = pause_due or any(it[0] == "x" for it in pending)
             claims = any(it[0] == "c" for it in pending)
             stopping = self._stop.is_set()
             beat = m - last_beat >= self.heartbeat_s
@@ -434,6 +453,12 @@ class Writer:
                     backoff = 0.5
                     pending = []
                     last_flush = m
+                    if any(h.take_paused() for h in self.hooks if hasattr(h, "take_paused")):
+                        # this worker's checks paused the run: its loop hands back its reserve and claims
+                        # nothing more from now on, without waiting for the next control refresh
+                        self.control = {**self.control, "desired": "pause"}
+                        if self.on_control is not None:
+                            self.on_control()
                     if beat:
                         last_beat = m
                     if lease:
@@ -447,6 +472,15 @@ class Writer:
                 last_control = m
             if stopping and not pending and self.q.empty() and not self._results:
                 return
+
+    def _check_early(self, outcomes: list[Outcome]) -> bool:
+        """Run the checks on records as they arrive; True when their alarm would pause the run now."""
+        due = False
+        for hook in self.hooks:
+            if hasattr(hook, "pause_due"):
+                hook.on_outcomes(outcomes)
+                due = hook.pause_due() or due
+        return due
 
     @contextlib.contextmanager
     def _write_conn(self) -> Iterator[Connection]:
@@ -531,7 +565,7 @@ class Writer:
         with self.engine.connect() as conn:
             row = conn.execute(
                 text("SELECT status, desired, cap, concurrency, n_ok, n_in_flight, n_pending, n_error,"
-                     " n_timeout FROM run WHERE id = :r"),
+                     " n_timeout, config_version, repair_seq, n_rerun FROM run WHERE id = :r"),
                 {"r": self.run_id},
             ).mappings().first()
             conn.rollback()
@@ -614,6 +648,8 @@ class Writer:
                 "endpoint": o.endpoint, "latency_s": o.latency_s, "ttft_s": o.ttft_s, "n_chunks": o.n_chunks,
                 "finished_at": o.finished_at, "check_flags": o.check_flags, "check_json": o.check_json,
                 "rnd": rnd(),  # the sampling key, drawn now (see store.insert_prompts)
+                "gen_version": o.config_version, "derive_version": o.config_version, "rerun": 0,
+                "was_rerun": o.rerun,
             }
             row.update(record_columns(ex))
             final_rows.append(row)
@@ -636,8 +672,10 @@ class Writer:
             log.warning("%d results discarded: their claims had been taken over",
                         n_results - len(final_rows) - len(back_rows))
         by_status = {"ok": 0, "error": 0, "timeout": 0}
+        reruns = 0
         for r in final_rows:
             by_status[r["status"]] += 1
+            reruns += bool(r["was_rerun"])
         if final_rows:
             search_index.enqueue(conn, [r["id"] for r in final_rows
                                         if r["reasoning"] is not None or r["content"] is not None])
@@ -645,10 +683,10 @@ class Writer:
             conn.execute(_BACK_UPDATE, back_rows)
         conn.execute(
             text("UPDATE run SET n_ok = n_ok + :ok, n_error = n_error + :err, n_timeout = n_timeout + :to,"
-                 " n_in_flight = n_in_flight - :fin, n_pending = n_pending + :back, updated_at = :t"
-                 " WHERE id = :r"),
+                 " n_in_flight = n_in_flight - :fin, n_pending = n_pending + :back, n_rerun = n_rerun - :rr,"
+                 " updated_at = :t WHERE id = :r"),
             {"ok": by_status["ok"], "err": by_status["error"], "to": by_status["timeout"],
-             "fin": len(final_rows) + len(back_rows), "back": len(back_rows), "t": time.time(),
+             "fin": len(final_rows) + len(back_rows), "back": len(back_rows), "rr": reruns, "t": time.time(),
              "r": self.run_id},
         )
 
@@ -714,6 +752,7 @@ _FINAL_COLS = (
     "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json",
     "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
     "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags", "check_json", "rnd",
+    "gen_version", "derive_version", "rerun",
 )
 # run through the driver (exec_driver_sql, positional parameters): SQLAlchemy's processing of ~30 named
 # parameters per row cost more than SQLite's UPDATE itself (measured ~35 us vs ~25 us per record)

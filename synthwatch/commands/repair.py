@@ -1,0 +1,303 @@
+"""`synthwatch fix | rederive | rerun | repairs | versions | autopause`: repair a run from a terminal.
+
+Thin: parse flags, call synthwatch.versions / synthwatch.repair / synthwatch.alarms, print. Every verb that
+changes records previews first (`--dry-run` previews only; on a terminal it asks before applying).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ..cli import CliError
+from ._common import add_db_arg, positive_float, positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "fix", help="change a run's settings: a new config version (reading and generation settings)",
+        description="Each change makes a new config version of the run; running workers adopt it within a "
+        "second. Reading settings (reasoning.*) can then be applied to stored records with `synthwatch "
+        "rederive`; generation settings apply to records generated or re-run from now on.")
+    add_db_arg(p)
+    p.add_argument("run", help="run name or id")
+    g = p.add_argument_group("reading settings")
+    g.add_argument("--reasoning-mode", choices=["auto", "reasoning", "reasoning_content", "reasoning_details",
+                                                "thinking", "inline", "none"])
+    g.add_argument("--think-open")
+    g.add_argument("--think-close")
+    g.add_argument("--prefilled-think", dest="prefilled", action="store_true", default=None)
+    g.add_argument("--no-prefilled-think", dest="prefilled", action="store_false")
+    g.add_argument("--expect-reasoning", dest="expect", action="store_true", default=None)
+    g.add_argument("--no-expect-reasoning", dest="expect", action="store_false")
+    g = p.add_argument_group("generation settings")
+    g.add_argument("--model")
+    g.add_argument("--base-url", action="append", help="replaces the run's endpoints; repeat for several")
+    g.add_argument("--api-key-env")
+    g.add_argument("--max-tokens", type=positive_int)
+    g.add_argument("--temperature", type=float)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--extra-body", help="JSON object: replaces sampling.extra_body")
+    g.add_argument("--connect-timeout-s", type=positive_float)
+    g.add_argument("--timeout-s", type=positive_float)
+    g.add_argument("--idle-timeout-s", type=positive_float)
+    g.add_argument("--max-attempts", type=positive_int)
+    p.add_argument("--set", action="append", metavar="KEY=JSON", default=[],
+                   help="any setting by dotted key, value as JSON (or a bare string), e.g. sampling.stop='[\"END\"]'")
+    p.add_argument("--reason", help="why (kept with the version and in the audit log)")
+    p.set_defaults(func=handle_fix)
+
+    for verb, helptext in (
+        ("rederive", "read stored answers again under the run's current reading settings (no new request)"),
+        ("rerun", "queue records to be generated again under the current config version (history kept)"),
+    ):
+        q = sub.add_parser(verb, help=helptext, description=helptext + ". Choose the records with exactly one of "
+                           "--alarm, --check, --flag, --filter or --ids. --dry-run shows the preview only.")
+        add_db_arg(q)
+        q.add_argument("run", help="run name or id")
+        q.add_argument("--alarm", type=int, metavar="ALARM_ID", help="the records this alarm names")
+        q.add_argument("--check", help="records failing this check")
+        q.add_argument("--flag", choices=["good", "bad", "flagged", "unreviewed"], help="records with this flag")
+        q.add_argument("--filter", metavar="QUERY",
+                       help="a records-table filter as in its URL, e.g. 'status=ok&finish_reason=length'")
+        q.add_argument("--ids", help="comma-separated record ids")
+        q.add_argument("--dry-run", action="store_true", help="preview only: change nothing")
+        q.add_argument("--yes", action="store_true", help="do not ask on a terminal")
+        q.add_argument("--json", action="store_true", help="print JSON")
+        q.set_defaults(func=handle_repair, verb=verb)
+
+    r = sub.add_parser("repairs", help="a run's repairs (re-derive, re-run, undo); undo one",
+                       description="Lists the run's repairs, newest first. --undo ID gives the records a re-derive "
+                       "(or a re-run not generated yet) changed their earlier output back; nothing is deleted.")
+    add_db_arg(r)
+    r.add_argument("run", help="run name or id")
+    r.add_argument("--undo", type=int, metavar="REPAIR_ID")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=handle_repairs)
+
+    v = sub.add_parser("versions", help="a run's config versions with their changes and record counts")
+    add_db_arg(v)
+    v.add_argument("run", help="run name or id")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=handle_versions)
+
+    a = sub.add_parser("autopause", help="turn a check's auto-pause off (with a reason) or back on for a run",
+                       description="Acknowledging an alarm only snoozes it: its auto-pause fires again when new "
+                       "records fail. Turning auto-pause off is this separate action, with a typed reason kept in "
+                       "the audit log and shown on the run page while it holds.")
+    add_db_arg(a)
+    a.add_argument("run", help="run name or id")
+    a.add_argument("check", help="check name, e.g. empty_reasoning")
+    a.add_argument("state", choices=["on", "off"])
+    a.add_argument("--reason", help="required for off")
+    a.set_defaults(func=handle_autopause)
+
+
+def _open(a: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    from ..db import DatabaseError, open_engine
+    from ..store import NotFound, run_row
+
+    try:
+        engine = open_engine(a.db)
+    except DatabaseError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        with engine.connect() as conn:
+            run = run_row(conn, a.run)
+    except NotFound as exc:
+        raise CliError(str(exc)) from None
+    return engine, run
+
+
+def _fix_changes(a: argparse.Namespace) -> dict[str, Any]:
+    ch: dict[str, Any] = {}
+    for key, value in (
+        ("reasoning.mode", a.reasoning_mode), ("reasoning.think_open", a.think_open),
+        ("reasoning.think_close", a.think_close), ("reasoning.prefilled_open", a.prefilled),
+        ("reasoning.expect", a.expect), ("model", a.model), ("sampling.max_tokens", a.max_tokens),
+        ("sampling.temperature", a.temperature), ("sampling.top_p", a.top_p), ("sampling.seed", a.seed),
+        ("timeouts.connect_s", a.connect_timeout_s), ("timeouts.total_s", a.timeout_s),
+        ("timeouts.idle_s", a.idle_timeout_s), ("retries.max_attempts", a.max_attempts),
+    ):
+        if value is not None:
+            ch[key] = value
+    if a.extra_body is not None:
+        try:
+            extra = json.loads(a.extra_body)
+        except json.JSONDecodeError as exc:
+            raise CliError(f"--extra-body is not valid JSON: {exc}") from None
+        if not isinstance(extra, dict):
+            raise CliError("--extra-body must be a JSON object")
+        ch["sampling.extra_body"] = extra
+    if a.base_url:
+        ch["endpoints"] = [{"base_url": u, **({"api_key_env": a.api_key_env} if a.api_key_env else {})}
+                           for u in a.base_url]
+    elif a.api_key_env:
+        raise CliError("--api-key-env goes with --base-url (the endpoints are replaced as a whole)")
+    for item in a.set:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"--set {item!r}: expected KEY=VALUE, e.g. sampling.temperature=0.6")
+        try:
+            ch[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            ch[key.strip()] = raw
+    return ch
+
+
+def handle_fix(a: argparse.Namespace) -> int:
+    from ..versions import VersionError, change_settings
+
+    engine, run = _open(a)
+    changes = _fix_changes(a)
+    try:
+        res = change_settings(engine, int(run["id"]), changes, actor="cli", reason=a.reason)
+    except VersionError as exc:
+        raise CliError(str(exc)) from None
+    out = sys.stdout
+    print(f"run {run['name']!r}: config version {res['version']}", file=out)
+    for c in res["changes"]:
+        print(f"  {c['kind']:10} {c['path']}: {json.dumps(c['old'])} -> {json.dumps(c['new'])}", file=out)
+    if any(c["kind"] == "reading" for c in res["changes"]):
+        print(f"stored records keep their answers until re-derived: synthwatch rederive {run['name']!r} --check "
+              "CHECK (or --alarm ID)", file=out)
+    return 0
+
+
+def _selection(a: argparse.Namespace, engine: Any, run_id: int) -> Any:
+    from ..repair import RepairError, select
+
+    ids = None
+    if a.ids:
+        try:
+            ids = [int(x) for x in a.ids.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise CliError(f"--ids: not a comma-separated list of whole numbers: {a.ids[:60]!r}") from None
+    params = dict(parse_qsl(a.filter, keep_blank_values=False)) if a.filter else None
+    try:
+        with engine.connect() as conn:
+            return select(conn, run_id, alarm_id=a.alarm, check=a.check, flag=a.flag, params=params, ids=ids)
+    except RepairError as exc:
+        raise CliError(str(exc)) from None
+
+
+def handle_repair(a: argparse.Namespace) -> int:
+    from ..repair import RepairError, preview_rederive, preview_rerun, rederive_records, rerun_records
+
+    engine, run = _open(a)
+    run_id = int(run["id"])
+    sel = _selection(a, engine, run_id)
+    out = sys.stdout
+    preview = preview_rederive(engine, run_id, sel) if a.verb == "rederive" else preview_rerun(engine, run_id, sel)
+    if a.json and a.dry_run:
+        print(json.dumps({"dry_run": True, **preview}, default=str), file=out)
+        return 0
+    if not a.json:
+        _print_preview(a.verb, run, preview, out)
+    if a.dry_run:
+        return 0
+    if sys.stdin.isatty() and not a.yes:
+        answer = input("apply? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("nothing changed", file=out)
+            return 1
+    try:
+        res = rederive_records(engine, run_id, sel, actor="cli") if a.verb == "rederive" \
+            else rerun_records(engine, run_id, sel, actor="cli")
+    except RepairError as exc:
+        raise CliError(str(exc)) from None
+    if a.json:
+        print(json.dumps(res, default=str), file=out)
+    elif a.verb == "rederive":
+        print(f"re-derived {res['changed']:,} records (repair #{res['repair_id']}; undo: synthwatch repairs "
+              f"{run['name']!r} --undo {res['repair_id']})", file=out)
+    else:
+        print(f"re-runs: {res['queued']:,} queued (repair #{res['repair_id']}); they are generated when the run "
+              f"runs: synthwatch run --name {run['name']!r}", file=out)
+    return 0
+
+
+def _print_preview(verb: str, run: dict[str, Any], p: dict[str, Any], out: Any) -> None:
+    print(f"run {run['name']!r}: {p['selection']}: {p['selected']:,} selected", file=out)
+    if verb == "rederive":
+        print(f"  under config version {p['config_version']} (reasoning.mode = {p['reading']['mode']}):"
+              f" {p['changed']:,} change, {p['unchanged']:,} stay the same, {p['cannot']:,} cannot be re-derived",
+              file=out)
+        for why, n in p["cannot_why"].items():
+            print(f"    {n:,}: {why}", file=out)
+        for ex in p["examples"]:
+            b, f = ex["before"], ex["after"]
+            print(f"  record #{ex['record_id']}: reasoning {len(b['reasoning'] or '')} -> {len(f['reasoning'] or '')}"
+                  f" chars (source {b['reasoning_source']} -> {f['reasoning_source']}); failing"
+                  f" {','.join(b['failing']) or 'nothing'} -> {','.join(f['failing']) or 'nothing'}", file=out)
+    else:
+        print(f"  {p['queued']:,} would be queued again, {p['skipped']:,} skipped", file=out)
+        for why, n in p["skipped_why"].items():
+            print(f"    {n:,}: {why}", file=out)
+
+
+def handle_repairs(a: argparse.Namespace) -> int:
+    from ..repair import RepairError, list_repairs, undo
+
+    engine, run = _open(a)
+    out = sys.stdout
+    if a.undo is not None:
+        try:
+            res = undo(engine, int(run["id"]), a.undo, actor="cli")
+        except RepairError as exc:
+            raise CliError(str(exc)) from None
+        if a.json:
+            print(json.dumps(res), file=out)
+        else:
+            print(f"undid repair #{res['undid']}: {res['restored']:,} records restored, {res['skipped']:,} left as "
+                  f"they are{' (' + res['skipped_why'] + ')' if res['skipped_why'] else ''}", file=out)
+        return 0
+    with engine.connect() as conn:
+        rows = list_repairs(conn, int(run["id"]))
+    if a.json:
+        print(json.dumps(rows, default=str), file=out)
+        return 0
+    if not rows:
+        print(f"run {run['name']!r} has no repairs", file=out)
+    for r in rows:
+        undone = " (undone)" if r["undone_at"] else ""
+        print(f"#{r['id']} {r['kind']}{undone} by {r['actor']}: {r['n_changed']:,} of {r['n_selected']:,} — "
+              f"{r['selection']} [config v{r['config_version']}, {r['status']}]", file=out)
+    return 0
+
+
+def handle_versions(a: argparse.Namespace) -> int:
+    from ..versions import list_versions
+
+    engine, run = _open(a)
+    with engine.connect() as conn:
+        rows = list_versions(conn, int(run["id"]))
+    out = sys.stdout
+    if a.json:
+        print(json.dumps(rows, default=str), file=out)
+        return 0
+    for v in rows:
+        cur = " (current)" if v["version"] == run.get("config_version") else ""
+        print(f"v{v['version']}{cur} by {v['actor']}: generated {v['generated']:,}, derived {v['derived']:,}"
+              + (f" — {v['reason']}" if v["reason"] else ""), file=out)
+        for c in v["changes"]:
+            print(f"    {c['path']}: {json.dumps(c['old'])} -> {json.dumps(c['new'])}", file=out)
+    return 0
+
+
+def handle_autopause(a: argparse.Namespace) -> int:
+    from ..alarms import OverrideError, set_auto_pause
+
+    engine, run = _open(a)
+    try:
+        res = set_auto_pause(engine, int(run["id"]), a.check, a.state == "on", reason=a.reason, actor="cli")
+    except OverrideError as exc:
+        raise CliError(str(exc)) from None
+    state = "on" if res["auto_pause"] else "off"
+    print(f"run {run['name']!r}: auto-pause for {a.check} is {state}"
+          + ("" if res["changed"] else " (it already was)"), file=sys.stdout)
+    return 0
