@@ -105,7 +105,8 @@ def attempt(name: str, path: Path, fn: Any) -> dict[str, Any]:
         entry["ok"] = True
     except Exception as exc:  # a reader refusing the file is a result, not a crash
         entry["ok"] = False
-        entry["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        text = " ".join(str(exc).split()).replace(str(path.parent), "EXPORTS_DIR")  # stable across runs
+        entry["error"] = f"{type(exc).__name__}: {text[:300]}"
         entry["trace"] = traceback.format_exc(limit=3)[-600:]
     return entry
 
