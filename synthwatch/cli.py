@@ -14,6 +14,7 @@ COMMANDS = (
     "synthwatch.commands.serve",
     "synthwatch.commands.demo",
     "synthwatch.commands.export",
+    "synthwatch.commands.probe",
     "synthwatch.commands.watch",
     "synthwatch.commands.control",
     "synthwatch.commands.checks",

@@ -17,6 +17,11 @@ target model writes the answer. Extra keys are ignored; the source id comes from
 
 ``system_prompt`` is prepended only when the prompt has no system message; a dataset's own system
 message always wins and nothing is recorded about the override.
+
+Tool use (``messages`` rows): assistant turns may carry ``tool_calls`` (OpenAI shape; their ``content``
+may then be null), ``tool`` turns carry the result (``content``, ``tool_call_id``, ``name``), and the row's
+``tools`` list (function definitions) is sent with the request. Such a prompt may end with a ``tool``
+turn (the model answers the result); it is stored as ``{"messages": [...], "tools": [...]}``.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ SHAPE_PROMPT = "prompt"
 
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson", ".ndjson.gz")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
-_ROLES = frozenset({"system", "user", "assistant"})
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
 _SHAREGPT_ROLES = {
     "human": "user",
     "gpt": "assistant",
@@ -382,12 +387,19 @@ def _parse_slowly(raw: bytes) -> tuple[Any, str | None]:
 
 def _check_encodable(messages: list[dict[str, str]], source_id: str | None) -> None:
     try:
+        if isinstance(messages, dict):  # a prompt with tools
+            orjson.dumps(messages["tools"])
+            messages = messages["messages"]
         for message in messages:
             message["content"].encode("utf-8")
+            if "tool_calls" in message:
+                orjson.dumps(message["tool_calls"])
         if source_id is not None:
             source_id.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise _BadRow(f"invalid text: {exc.reason} (a lone \\u surrogate escape?)") from exc
+    except orjson.JSONEncodeError as exc:
+        raise _BadRow(f"invalid text in tools or tool calls: {exc} (a lone \\u surrogate escape?)") from exc
 
 
 # ----------------------------------------------------------------------------------------------
@@ -556,7 +568,7 @@ def _messages(value: Any, label: str) -> list[dict[str, str]]:
     out = []
     for i, turn in enumerate(value):
         # fast path for well-formed turns; _message_turn explains everything else
-        if turn.__class__ is dict:
+        if turn.__class__ is dict and len(turn) == 2:
             role = turn.get("role")
             content = turn.get("content")
             if content.__class__ is str and (
@@ -577,8 +589,51 @@ def _message_turn(turn: Any, label: str, i: int) -> dict[str, str]:
     if not isinstance(role, str):
         raise _BadRow(f"{label}[{i}].role must be a string, got {_type_name(role)}")
     if role not in _ROLES:
-        raise _BadRow(f"{label}[{i}].role is {role!r}: expected system/user/assistant")
-    return _turn(role, turn, "content", f"{label}[{i}].content")
+        raise _BadRow(f"{label}[{i}].role is {role!r}: expected system/user/assistant/tool")
+    where = f"{label}[{i}]"
+    calls = turn.get("tool_calls")
+    if role == "assistant" and calls is not None:
+        out: dict[str, Any] = {"role": role, "content": "" if turn.get("content") is None else
+                               _text(turn.get("content"), f"{where}.content", turn, "content"),
+                               "tool_calls": _tool_calls(calls, f"{where}.tool_calls")}
+        return out
+    out = _turn(role, turn, "content", f"{where}.content")
+    if role == "tool":
+        for key in ("tool_call_id", "name"):
+            value = turn.get(key)
+            if value is not None and not isinstance(value, str):
+                raise _BadRow(f"{where}.{key} must be a string, got {_type_name(value)}")
+            if value is not None:
+                out[key] = value
+    return out
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """OpenAI tool calls [{"id", "type": "function", "function": {"name", "arguments": JSON text}}]."""
+    if not isinstance(calls, list) or not calls:
+        raise _BadRow(f"{where} must be a non-empty array")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise _BadRow(f"{where}[{j}].function.name must be a non-empty string")
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, str):  # some datasets store the arguments as an object: send JSON text
+            args = json.dumps(args, ensure_ascii=False)
+        item: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+        if isinstance(call.get("id"), str):
+            item = {"id": call["id"], **item}
+        out.append(item)
+    return out
+
+
+def _tools(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
+        for t in value
+    ):
+        raise _BadRow("tools must be an array of {\"type\": \"function\", \"function\": {\"name\", ...}} objects")
+    return value
 
 
 def _conversations(value: Any, label: str) -> list[dict[str, str]]:
@@ -716,17 +771,20 @@ class _RowConverter:
                 raise _BadRow(f"field {label!r} is null")
             messages = _PARSERS[shape](value, label)
 
+        tools = row.get("tools") if shape == SHAPE_MESSAGES else None
         while messages and messages[-1]["role"] == "assistant":
             messages.pop()
         if not messages:
             raise _BadRow(f"{label} has no user turn" if value else f"{label} is empty")
         last = messages[-1]["role"]
-        if last != "user":
+        if last != "user" and not (last == "tool" and tools):
             if not any(m["role"] == "user" for m in messages):
                 raise _BadRow(f"{label} has no user turn")
             raise _BadRow(f"last turn is {last!r}, not 'user', after dropping trailing assistant turns")
         if self.system_prompt is not None and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
+        if tools:
+            return shape, {"messages": messages, "tools": _tools(tools)}, self._source_id(row)  # type: ignore[return-value]
         return shape, messages, self._source_id(row)
 
     def _source_id(self, row: dict[str, Any]) -> str | None:

@@ -14,7 +14,6 @@ applied and the file's sha256.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import time
@@ -29,17 +28,20 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from . import store
+from .export_sinks import PARTIAL_SUFFIX, JsonlSink, ParquetSink, write_atomic
 
 if TYPE_CHECKING:
     from .tokens import LoadedTokenizer
 
-FORMATS = ("messages", "sharegpt", "tokens", "raw")
+FORMATS = ("messages", "sharegpt", "tokens", "raw", "specforge", "speculators")
+PRESET_FORMATS = ("specforge", "speculators")
+"""Formats that are trainer presets (synthwatch.export_presets): ``--for NAME``."""
+TOKEN_FORMATS = ("tokens", "speculators")
 PARQUET_FORMATS = ("tokens",)
 DEFAULT_CHECKS = ("empty_reasoning", "truncated")
 """Checks applied unless ``default_exclusions`` is off; computed from the record's own fields."""
 PAGE_SIZE = 5000
 MANIFEST_SUFFIX = ".manifest.json"
-PARTIAL_SUFFIX = ".partial"
 
 # Exclusion reasons, in the order they are tested: a record is counted once, under the first that applies.
 R_CANARY = "canary"  # known test prompts injected by the checks (negative idx); never training data
@@ -89,6 +91,10 @@ class ExportOptions:
     trust_remote_code: bool | None = None
     retokenize: bool = False
     """tokens: re-tokenize even when the server's token ids are stored."""
+    template_drops_past_reasoning: bool = False
+    """Re-tokenizing: the template drops the reasoning of past turns by design, so the trained answer is
+    not rendered through it but appended as generated (generation prompt + [<think>]reasoning</think>content
+    + EOS). Without it, a record whose reasoning the template drops is left out."""
     page_size: int = PAGE_SIZE
     config_version: int | None = None
     """Only records whose current output was read under this config version (record.derive_version)."""
@@ -120,7 +126,7 @@ class ExportPlan:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class _Skip(Exception):
+class Skip(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -185,7 +191,7 @@ def check_bit_map(*, ok_records_only: bool = False) -> dict[str, int]:
     return out
 
 
-def _normalize_messages(messages: Any) -> list[dict[str, Any]]:
+def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     """OpenAI role/content messages (ShareGPT from/value turns converted)."""
     if isinstance(messages, dict):
         messages = messages.get("messages") or messages.get("conversations") or []
@@ -200,7 +206,7 @@ def _normalize_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _record_id(rec: Mapping[str, Any], run_name: str) -> str:
+def record_id(rec: Mapping[str, Any], run_name: str) -> str:
     sid = rec.get("source_id")
     return str(sid) if sid not in (None, "") else f"{run_name}-{rec['idx']}"
 
@@ -282,13 +288,23 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
         if name not in checks:
             checks.append(name)
 
+    from .export_tokens import tokens_tokenizer
+
     server_ids = bool(config.get("request_token_ids")) and not options.retokenize
     lt = None
     tok_info = None
-    if fmt == "tokens":
-        lt, tok_info = _tokens_tokenizer(config, options, think_open, think_close, expects, server_ids)
+    if fmt in TOKEN_FORMATS:
+        lt, tok_info = tokens_tokenizer(config, options, think_open, think_close, expects, server_ids)
+    elif fmt == "specforge":
+        # Optional: with a tokenizer, rows whose reasoning the chat template would drop are left out.
+        lt, tok_info = tokens_tokenizer(config, options, think_open, think_close, expects, True)
+        if lt is not None and lt.template_source is None:
+            lt = None
     elif options.tokenizer or options.chat_template:
-        raise ExportError("--tokenizer/--chat-template apply to the tokens format only")
+        raise ExportError("--tokenizer/--chat-template apply to the tokens, speculators and specforge formats only")
+    if options.template_drops_past_reasoning and fmt != "tokens":
+        raise ExportError("--template-drops-past-reasoning applies to the tokens format only (speculators "
+                          "always appends the answer as generated)")
 
     return ExportPlan(
         run=run, config=strip_secrets(config), options=options, out=out, parquet=parquet, checks=checks,
@@ -296,53 +312,6 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
         think_open=think_open, think_close=think_close, server_ids=server_ids, tokenizer=lt,
         tokenizer_info=tok_info, status_counts=status_counts, total=status_counts.get("ok", 0), db_url=db_url,
     )
-
-
-def _tokens_tokenizer(
-    config: dict[str, Any], options: ExportOptions, think_open: str, think_close: str, expects: bool,
-    server_ids: bool,
-) -> tuple[LoadedTokenizer | None, dict[str, Any] | None]:
-    from .tokens import TokenizerError, TokenizerSpec, load_tokenizer
-
-    run_tok: dict[str, Any] = config["tokenizer"] if isinstance(config.get("tokenizer"), dict) else {}
-    name = options.tokenizer or run_tok.get("name_or_path")
-    template = options.chat_template if options.chat_template is not None else (
-        run_tok.get("chat_template") if not options.tokenizer else None
-    )
-    trust = options.trust_remote_code if options.trust_remote_code is not None else bool(
-        run_tok.get("trust_remote_code", False)
-    )
-    if not name:
-        if options.chat_template:
-            raise ExportError("--chat-template needs a tokenizer: give --tokenizer too")
-        if server_ids:
-            return None, None
-        raise ExportError(
-            "a tokens export needs token ids: this run did not ask the server for them (request_token_ids) "
-            "and has no tokenizer configured; give --tokenizer (and --chat-template if it has none)"
-        )
-    spec = TokenizerSpec(str(name), chat_template=template, trust_remote_code=trust, think_open=think_open,
-                         think_close=think_close)
-    try:
-        lt = load_tokenizer(spec)
-    except TokenizerError as exc:
-        if server_ids and not (options.tokenizer or options.chat_template):
-            # The server's ids are enough; the run's tokenizer would only serve records stored without them.
-            return None, {"unavailable": str(exc)}
-        raise ExportError(f"tokens export: {exc}") from None
-    if not server_ids and lt.template_source is None:
-        raise ExportError(
-            f"tokens export: tokenizer {name!r} has no chat template; give --chat-template (a .jinja file or "
-            "'deepseek-v4')"
-        )
-    if expects and not server_ids:
-        for text_, ids in ((think_open, lt.think_open_ids), (think_close, lt.think_close_ids)):
-            if text_ and len(ids) != 1:
-                raise ExportError(
-                    f"tokens export: tokenizer {name!r} encodes {text_!r} to {len(ids)} tokens, not one id; "
-                    "the draft model would train on sequences the target never produces (wrong tokenizer?)"
-                )
-    return lt, lt.describe()
 
 
 # ---------------------------------------------------------------------------------------- selection
@@ -388,18 +357,18 @@ def row_messages(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
         # Already OpenAI messages (no ShareGPT key anywhere): splice the stored JSON instead of parsing it;
         # the output is byte-for-byte what parsing and re-serialising would give.
         spliced = prompt[:-1].encode() + b"," + orjson.dumps(answer) + b"]"
-        return {"id": _record_id(rec, plan.run["name"]), "messages": orjson.Fragment(spliced)}
+        return {"id": record_id(rec, plan.run["name"]), "messages": orjson.Fragment(spliced)}
     return {
-        "id": _record_id(rec, plan.run["name"]),
-        "messages": [*_normalize_messages(orjson.loads(prompt)), answer],
+        "id": record_id(rec, plan.run["name"]),
+        "messages": [*normalize_messages(orjson.loads(prompt)), answer],
     }
 
 
 def row_sharegpt(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
     """SpecForge/EAGLE-style conversations; reasoning as reasoning_content or inline between think strings."""
     turns: list[dict[str, Any]] = []
-    for m in _normalize_messages(orjson.loads(rec["prompt_json"])):
-        turns.append({"role": m.get("role"), "content": _text_content(m.get("content"))})
+    for m in normalize_messages(orjson.loads(rec["prompt_json"])):
+        turns.append({"role": m.get("role"), "content": text_content(m.get("content"))})
     reasoning = rec.get("reasoning") or ""
     content = rec.get("content") or ""
     if plan.options.think_inline:
@@ -411,13 +380,13 @@ def row_sharegpt(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
         turns = [{"from": _FROM.get(t["role"], t["role"]), "value": t["content"],
                   **({"reasoning_content": t["reasoning_content"]} if "reasoning_content" in t else {})}
                  for t in turns]
-    return {"id": _record_id(rec, plan.run["name"]), "conversations": turns}
+    return {"id": record_id(rec, plan.run["name"]), "conversations": turns}
 
 
 _FROM = {"user": "human", "assistant": "gpt", "system": "system"}
 
 
-def _text_content(content: Any) -> str:
+def text_content(content: Any) -> str:
     """ShareGPT readers want a string: OpenAI content parts are joined (text parts only)."""
     if content is None:
         return ""
@@ -428,48 +397,47 @@ def _text_content(content: Any) -> str:
     return str(content)
 
 
-def row_tokens(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
-    """input_ids + loss_mask + prompt_len: the server's ids when stored, else re-tokenized."""
-    rid = _record_id(rec, plan.run["name"])
-    if plan.server_ids and rec.get("token_ids_json"):
-        ids = orjson.loads(rec["token_ids_json"])
-        prompt, completion = ids.get("prompt"), ids.get("completion")
-        if isinstance(prompt, list) and isinstance(completion, list) and completion:
-            return {
-                "id": rid, "input_ids": prompt + completion, "loss_mask": [0] * len(prompt) + [1] * len(completion),
-                "prompt_len": len(prompt), "source": "server",
-            }
-    lt = plan.tokenizer
-    if lt is None:
-        raise _Skip(R_NO_IDS)
-    from .tokens import TokenizerError, training_ids
-
-    try:
-        input_ids, loss_mask, prompt_len = training_ids(
-            lt, orjson.loads(rec["prompt_json"]), rec.get("reasoning") or "", rec.get("content") or ""
-        )
-    except TokenizerError:
-        raise _Skip(R_TOKENIZE) from None
-    return {"id": rid, "input_ids": input_ids, "loss_mask": loss_mask, "prompt_len": prompt_len,
-            "source": "retokenized"}
-
-
 def row_raw(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
     """Every stored column, values exactly as stored (JSON columns stay JSON text)."""
     return dict(rec)
 
 
 ROW_FUNCTIONS: dict[str, Callable[[Mapping[str, Any], ExportPlan], dict[str, Any]]] = {
-    "messages": row_messages, "sharegpt": row_sharegpt, "tokens": row_tokens, "raw": row_raw,
+    "messages": row_messages, "sharegpt": row_sharegpt, "raw": row_raw,
 }
+
+
+def row_function(fmt: str) -> Callable[[Mapping[str, Any], ExportPlan], dict[str, Any]]:
+    if fmt in PRESET_FORMATS:
+        from .export_presets import ROWS
+
+        return ROWS[fmt]
+    if fmt == "tokens":
+        from .export_tokens import row_tokens
+
+        return row_tokens
+    return ROW_FUNCTIONS[fmt]
 
 
 def _columns(fmt: str) -> str:
     if fmt == "raw":
         return "*"
     if fmt == "tokens":
-        return _MESSAGE_COLS + ", token_ids_json"
+        return _MESSAGE_COLS + ", token_ids_json, extra_json"
+    if fmt == "speculators":
+        return _MESSAGE_COLS + ", token_ids_json, usage_json, extra_json"
+    if fmt == "specforge":
+        return _MESSAGE_COLS + ", extra_json"
     return _MESSAGE_COLS
+
+
+def _row_source(fmt: str, row: Mapping[str, Any]) -> str | None:
+    """Where a token row's ids came from ("server" | "retokenized"), for the manifest."""
+    if fmt == "tokens":
+        return str(row["source"])
+    if fmt == "speculators":
+        return str(row["metadata"]["token_ids"])
+    return None
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -512,100 +480,22 @@ def iter_ok_pages(
 # ------------------------------------------------------------------------------------------ writing
 
 
-class _JsonlSink:
-    def __init__(self, path: Path) -> None:
-        self.fh = path.open("wb")
-        self.hash = hashlib.sha256()
-
-    def write(self, rows: list[dict[str, Any]]) -> None:
-        if not rows:
-            return
-        data = b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows)
-        self.hash.update(data)
-        self.fh.write(data)
-        self.fh.flush()  # a page at a time: the partial file shows real progress
-
-    def close(self) -> str:
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
-        self.fh.close()
-        return self.hash.hexdigest()
-
-    def abort(self) -> None:
-        with contextlib.suppress(OSError):
-            self.fh.close()
-
-
-class _TokensParquetSink:
-    def __init__(self, path: Path) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        self.pa = pa
-        self.path = path
-        self.schema = pa.schema([
-            ("id", pa.string()),
-            ("input_ids", pa.list_(pa.int32())),
-            ("loss_mask", pa.list_(pa.int8())),
-            ("prompt_len", pa.int32()),
-            ("source", pa.string()),
-        ])
-        self.writer = pq.ParquetWriter(str(path), self.schema, compression="zstd")
-
-    def write(self, rows: list[dict[str, Any]]) -> None:
-        if not rows:
-            return
-        table = self.pa.Table.from_pylist(rows, schema=self.schema)
-        self.writer.write_table(table)  # one row group per page
-
-    def close(self) -> str:
-        self.writer.close()
-        with self.path.open("rb") as fh:
-            os.fsync(fh.fileno())
-            return _sha256_file(fh)
-
-    def abort(self) -> None:
-        with contextlib.suppress(Exception):
-            self.writer.close()
-
-
-def _sha256_file(fh: Any) -> str:
-    h = hashlib.sha256()
-    for block in iter(lambda: fh.read(1 << 20), b""):
-        h.update(block)
-    return h.hexdigest()
-
-
 def manifest_path(out: Path) -> Path:
     return out.with_name(out.name + MANIFEST_SUFFIX)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + PARTIAL_SUFFIX)
-    try:
-        with tmp.open("wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Write the export and its manifest; returns the manifest. Leaves no partial file behind on failure."""
     started = time.time()
     fmt = plan.options.format
-    make_row = ROW_FUNCTIONS[fmt]
+    make_row = row_function(fmt)
     out = plan.out
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
     excluded: Counter[str] = Counter()
     scanned = exported = 0
     sources: Counter[str] = Counter()
     repaired = {"rederived": 0, "rerun": 0, "generated": Counter(), "derived": Counter()}
-    sink: _JsonlSink | _TokensParquetSink = _TokensParquetSink(partial) if plan.parquet else _JsonlSink(partial)
+    sink: JsonlSink | ParquetSink = ParquetSink(partial) if plan.parquet else JsonlSink(partial)
     try:
         if progress:
             progress(0, plan.total)
@@ -616,13 +506,14 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
                 if reason is None:
                     try:
                         row = make_row(rec, plan)
-                    except _Skip as skip:
+                    except Skip as skip:
                         reason = skip.reason
                     else:
                         rows.append(row)
                         _count_repair(repaired, rec)
-                        if fmt == "tokens":
-                            sources[row["source"]] += 1
+                        source = _row_source(fmt, row)
+                        if source is not None:
+                            sources[source] += 1
                 if reason is not None:
                     excluded[reason] += 1
             sink.write(rows)
@@ -631,10 +522,12 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
             if progress:
                 progress(scanned, max(plan.total, scanned))
         digest = sink.close()
-        manifest = _manifest(plan, scanned, exported, excluded, sources, digest, partial.stat().st_size, started)
+        from .export_manifest import build_manifest
+
+        manifest = build_manifest(plan, scanned, exported, excluded, sources, digest, partial.stat().st_size, started)
         manifest["repairs"] = _repairs_summary(engine, plan, repaired)
         os.replace(partial, out)
-        _write_atomic(manifest_path(out), orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+        write_atomic(manifest_path(out), orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     except BaseException:
         sink.abort()
         with contextlib.suppress(OSError):
@@ -678,63 +571,3 @@ def _repairs_summary(engine: Engine, plan: ExportPlan, acc: dict[str, Any]) -> d
 def export_run(engine: Engine, run_ref: int | str, options: ExportOptions,
                progress: ProgressFn | None = None) -> dict[str, Any]:
     return run_export(engine, prepare_export(engine, run_ref, options), progress)
-
-
-def _manifest(plan: ExportPlan, scanned: int, exported: int, excluded: Counter[str], sources: Counter[str],
-              digest: str, size: int, started: float) -> dict[str, Any]:
-    opts = plan.options
-    not_ok = {s: n for s, n in sorted(plan.status_counts.items()) if s != "ok"}
-    checks_applied = []
-    for name in plan.checks:
-        if name == R_EMPTY:
-            rule = ("reasoning is empty or blank (the run expects reasoning)" if plan.expects_reasoning
-                    else "not applied: the run does not expect reasoning")
-        elif name == R_TRUNCATED:
-            rule = "finish_reason == 'length'"
-        else:
-            rule = f"check_flags has bit {plan.check_bits[name]} (synthwatch.checks)"
-        checks_applied.append({"name": name, "rule": rule})
-    tok: dict[str, Any] | None = None
-    if opts.format == "tokens":
-        tok = {
-            "sources": dict(sources),
-            "server_token_ids": plan.server_ids,
-            "loss_mask": "0 over the prompt, 1 over the assistant turn",
-            "tokenizer": plan.tokenizer_info,
-            "chat_template": plan.tokenizer.template_source if plan.tokenizer else None,
-        }
-    return {
-        "synthwatch_version": version(),
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "duration_s": round(time.time() - started, 3),
-        "file": {"name": plan.out.name, "path": str(plan.out), "bytes": size, "sha256": digest,
-                 "container": "parquet" if plan.parquet else "jsonl"},
-        "format": opts.format,
-        "format_options": {
-            "think_inline": opts.think_inline if opts.format == "sharegpt" else None,
-            "from_value": opts.from_value if opts.format == "sharegpt" else None,
-            "think_open": plan.think_open, "think_close": plan.think_close,
-            "retokenize": opts.retokenize if opts.format == "tokens" else None,
-        },
-        "run": {"id": plan.run["id"], "name": plan.run["name"], "status": plan.run["status"],
-                "database": plan.db_url},
-        "selection": {
-            "only_ok": True,
-            "only_good": opts.only_good,
-            "include_flagged": opts.include_flagged,
-            "default_exclusions": opts.default_exclusions,
-            "checks_applied": checks_applied,
-            "precedence": "each excluded record is counted once, under the first reason that applies: "
-                          "review, then the checks in the order listed",
-        },
-        "counts": {
-            "records_in_run": sum(plan.status_counts.values()),
-            "not_ok": not_ok,
-            "ok_scanned": scanned,
-            "exported": exported,
-            "excluded": dict(sorted(excluded.items())),
-            "excluded_total": sum(excluded.values()),
-        },
-        "tokens": tok,
-        "run_config": plan.config,
-    }

@@ -251,6 +251,8 @@ def _prompt_messages(v: Any, label: str) -> list[dict[str, Any]]:
         return [{"role": "user", "content": v}]
     if isinstance(v, list):
         return _turns(v, label)
+    if isinstance(v, dict) and isinstance(v.get("messages"), list):  # a prompt stored with its tools
+        return _turns(v["messages"], label)
     raise LineError(f"{label} is {_tname(v)}, not a string or a messages array")
 
 

@@ -643,6 +643,8 @@ def prompt_preview(prompt_json: str, limit: int = 140) -> str:
     text_value = prompt_json
     try:
         messages = orjson.loads(prompt_json)
+        if isinstance(messages, dict):  # a prompt with tools
+            messages = messages.get("messages") or []
         users = [m for m in messages if isinstance(m, dict) and m.get("role", m.get("from")) in ("user", "human")]
         last = users[-1] if users else (messages[-1] if messages else {})
         content = last.get("content", last.get("value", ""))

@@ -3,9 +3,10 @@
 A record (prompt messages + the model's reasoning and content) becomes a training sequence the way
 SpecForge-style pipelines build one: the chat template renders the prompt (with the generation prompt)
 and the full conversation (the record's answer appended as an assistant message carrying
-`reasoning_content`); the assistant span is the full text minus the prompt text. Both parts are tokenized
-separately with ``add_special_tokens=False`` (the template emits BOS itself) and concatenated; the loss
-mask is 0 over the prompt and 1 over the assistant span. A template that prefills ``<think>`` in its
+`reasoning_content`). The full render is tokenized once with ``add_special_tokens=False`` (the template
+emits BOS itself) and split at the TOKEN level: the prompt is the generation prompt's ids when they are
+a prefix of the full ids. The loss mask is 0 over the prompt and 1 over the assistant span. A template
+that prefills ``<think>`` in its
 generation prompt therefore leaves that tag in the prompt (loss mask 0), as the server-side token ids of
 vLLM's ``return_token_ids`` do.
 
@@ -25,8 +26,8 @@ Integrity warnings (``TokenWarning.code``):
 - ``server_ids_differ``: the server's prompt/completion token ids differ from the re-tokenized ones. Extra
   trailing end-of-turn tokens on our side only (a completion cut by ``max_tokens`` has no EOS) are not
   reported.
-- ``prompt_not_prefix``: the template rendered the prompt differently inside the full conversation, so
-  the split falls back to the longest common prefix.
+- ``prompt_not_prefix``: the generation prompt's token ids are not a prefix of the full conversation's
+  token ids, so the split falls back to the longest common run of ids (never a character boundary).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ __all__ = [
     "classify_token",
     "clear_tokenizer_cache",
     "load_tokenizer",
+    "assemble",
     "render_record",
     "training_ids",
 ]
@@ -411,7 +413,8 @@ class LoadedTokenizer:
             return str(self._backend.decode(ids, skip_special_tokens=False))
         return str(self.tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
+                            tools: list[Any] | None = None) -> str:
         if self.template_source is None:
             raise TokenizerError(
                 f"tokenizer {self.spec.name_or_path!r} has no chat template; give one "
@@ -423,6 +426,7 @@ class LoadedTokenizer:
                 chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
+                tools=tools or None,
             )
         except TokenizerError:
             raise
@@ -516,17 +520,21 @@ def classify_token(lt: LoadedTokenizer, token_id: int) -> str:
 
 
 @dataclass(slots=True)
-class _Assembled:
+class Assembled:
     prompt_text: str
     full_text: str
-    split: int  # character offset of the assistant span in full_text
+    split: int  # character offset of the assistant span in full_text (the decoded length of prompt_ids)
     prompt_ids: list[int]
     completion_ids: list[int]
     prefix_ok: bool
+    """The generation prompt's ids are a token-level prefix of the full render's ids."""
 
 
-def _normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Accept ShareGPT `from`/`value` turns next to OpenAI `role`/`content` ones."""
+def _normalize_messages(messages: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:
+    """Accept ShareGPT `from`/`value` turns next to OpenAI `role`/`content` ones (and a prompt stored with its
+    tools, ``{"messages", "tools"}``: the messages)."""
+    if isinstance(messages, dict):
+        messages = messages.get("messages") or []
     roles = {
         "human": "user",
         "gpt": "assistant",
@@ -545,41 +553,55 @@ def _normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _assemble(
-    lt: LoadedTokenizer, messages: list[dict[str, Any]], reasoning: str, content: str
-) -> _Assembled:
+def assemble(
+    lt: LoadedTokenizer, messages: list[dict[str, Any]] | dict[str, Any], reasoning: str, content: str
+) -> Assembled:
+    """Render the prompt and the full conversation and split the full render's ids at the TOKEN level.
+
+    The full render is tokenized once; the prompt is the generation-prompt render's ids when they are a
+    prefix of it (``prefix_ok``), else the longest common run of ids. A split at a character boundary
+    would tokenize the halves separately and invent tokens the model never sees (a lone ``<`` and an
+    end-of-sentence spelled in byte tokens when a template drops the reasoning).
+    """
     prompt_messages = _normalize_messages(messages)
+    tools = prompt_tools(messages)
     answer = {"role": "assistant", "content": content or "", "reasoning_content": reasoning or ""}
-    prompt_text = lt.apply_chat_template(prompt_messages, add_generation_prompt=True)
-    full_text = lt.apply_chat_template([*prompt_messages, answer], add_generation_prompt=False)
-    if full_text.startswith(prompt_text):
-        split, prefix_ok = len(prompt_text), True
-    else:
-        split = len(_common_prefix(prompt_text, full_text))
-        prefix_ok = False
-    return _Assembled(
+    prompt_text = lt.apply_chat_template(prompt_messages, add_generation_prompt=True, tools=tools)
+    full_text = lt.apply_chat_template([*prompt_messages, answer], add_generation_prompt=False, tools=tools)
+    prompt_ids = lt.encode(prompt_text)
+    full_ids = lt.encode(full_text)
+    n = _common_prefix_len(prompt_ids, full_ids)
+    prefix_ok = n == len(prompt_ids)
+    split = len(prompt_text) if prefix_ok and full_text.startswith(prompt_text) else len(lt.decode(full_ids[:n]))
+    return Assembled(
         prompt_text=prompt_text,
         full_text=full_text,
         split=split,
-        prompt_ids=lt.encode(full_text[:split]),
-        completion_ids=lt.encode(full_text[split:]),
+        prompt_ids=full_ids[:n],
+        completion_ids=full_ids[n:],
         prefix_ok=prefix_ok,
     )
 
 
-def _common_prefix(a: str, b: str) -> str:
+def prompt_tools(messages: Any) -> list[Any] | None:
+    """The tools of a prompt stored with them (``{"messages", "tools"}``), else None."""
+    tools = messages.get("tools") if isinstance(messages, dict) else None
+    return tools if isinstance(tools, list) and tools else None
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
-    return a[:i]
+    return i
 
 
 def training_ids(
     lt: LoadedTokenizer, messages: list[dict[str, Any]], reasoning: str, content: str
 ) -> tuple[list[int], list[int], int]:
     """(input_ids, loss_mask, prompt_len) with the same semantics as render_record, without chips."""
-    asm = _assemble(lt, messages, reasoning, content)
+    asm = assemble(lt, messages, reasoning, content)
     prompt_len = len(asm.prompt_ids)
     return asm.prompt_ids + asm.completion_ids, [0] * prompt_len + [1] * len(asm.completion_ids), prompt_len
 
@@ -601,7 +623,7 @@ def render_record(
     """Render one record into training tokens with chips, loss mask, totals and integrity warnings."""
     reasoning = reasoning or ""
     content = content or ""
-    asm = _assemble(lt, messages, reasoning, content)
+    asm = assemble(lt, messages, reasoning, content)
     prompt_len = len(asm.prompt_ids)
     input_ids = asm.prompt_ids + asm.completion_ids
     loss_mask = [0] * prompt_len + [1] * len(asm.completion_ids)
@@ -617,9 +639,11 @@ def render_record(
         warnings.append(
             TokenWarning(
                 "prompt_not_prefix",
-                "the chat template renders the prompt differently once the answer is appended; the "
-                f"assistant span was split at the longest common prefix (character {asm.split})",
-                {"split_char": asm.split, "prompt_chars": len(asm.prompt_text)},
+                "the chat template renders the prompt differently once the answer is appended: the "
+                "generation prompt's tokens are not a prefix of the full render's tokens, so the assistant "
+                f"span was split after the longest common run of tokens (token {len(asm.prompt_ids)}); an "
+                "export leaves such a record out",
+                {"split_token": len(asm.prompt_ids), "split_char": asm.split, "prompt_chars": len(asm.prompt_text)},
             )
         )
     warnings += _think_token_warnings(lt, asm.full_text, input_ids, expected_think_ids)
@@ -720,7 +744,7 @@ def _think_token_warnings(
     return out
 
 
-def _dropped_reasoning_warnings(lt: LoadedTokenizer, asm: _Assembled, reasoning: str) -> list[TokenWarning]:
+def _dropped_reasoning_warnings(lt: LoadedTokenizer, asm: Assembled, reasoning: str) -> list[TokenWarning]:
     wanted = reasoning.strip()
     if not wanted:
         return []

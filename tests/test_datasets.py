@@ -297,7 +297,7 @@ BAD_ROWS: list[Any] = [
     {"messages": [{"role": "user", "content": "   "}]},  # 8 empty user content
     b'{"prompt": "caf\xe9"}',  # 9 invalid UTF-8 (latin-1 byte)
     "   ",  # 10 blank
-    {"messages": [user("q"), {"role": "tool", "content": "x"}]},  # 11 bad role in messages
+    {"messages": [user("q"), {"role": "robot", "content": "x"}]},  # 11 bad role in messages
     {"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]},  # 12 no user
     {"conversations": [{"from": "gpt", "value": "only the model"}]},  # 13 nothing left
     {"messages": [user("look"), {"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},  # 14
@@ -315,7 +315,7 @@ EXPECTED_BAD = [
     (7, "conversations[1].from is 'robot': expected human/gpt/system/user/assistant"),
     (8, "messages[0].content is empty (user turn)"),
     (9, "invalid UTF-8 at byte 16 of the line"),
-    (11, "messages[1].role is 'tool': expected system/user/assistant"),
+    (11, "messages[1].role is 'robot': expected system/user/assistant/tool"),
     (12, "messages has no user turn"),
     (13, "conversations has no user turn"),
     (14, "messages[1].content[0] has type 'image_url': only text parts are supported"),

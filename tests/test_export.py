@@ -263,8 +263,9 @@ def test_tokens_from_server_ids_of_a_real_worker_run(engine, sim, prompts, tmp_p
         assert row["loss_mask"] == [0] * len(server["prompt"]) + [1] * len(server["completion"])
         assert row["prompt_len"] == len(server["prompt"])
         answer = row["input_ids"][row["prompt_len"]:]
-        assert lt.decode(answer) == f"{rec['reasoning']}</think>{rec['content']}"
-        assert answer.count(THINK_CLOSE_ID) == 1
+        assert lt.decode(answer) == f"{rec['reasoning']}</think>{rec['content']}<｜end▁of▁sentence｜>"
+        assert answer.count(THINK_CLOSE_ID) == 1 and answer[-1] == 1  # vLLM's ids end with EOS on "stop"
+        assert row["input_ids"][row["prompt_len"] - 3:row["prompt_len"]] == [128804, THINK_OPEN_ID, 201]
 
 
 def test_server_ids_suffice_when_the_runs_tokenizer_is_not_here(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -370,7 +371,11 @@ def _cli(capsys: Any, *args: str) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize(("args", "message"), [
     (("nope", "--format", "messages"), "no run 'nope'"),
-    (("exp", "--format", "alpaca"), "unknown format 'alpaca'; choose one of messages, sharegpt, tokens, raw"),
+    (("exp", "--format", "alpaca"), "unknown format 'alpaca'; choose one of messages, sharegpt, tokens, raw, specforge, speculators"),
+    (("exp", "--for", "specforge", "--format", "tokens"), "--for specforge writes its own format"),
+    (("exp",), "give --format FORMAT or --for TRAINER"),
+    (("exp", "--format", "sharegpt", "--template-drops-past-reasoning"),
+     "--template-drops-past-reasoning applies to the tokens format only"),
     (("exp", "--format", "messages", "--parquet"), "Parquet output is available for the tokens format"),
     (("exp", "--format", "raw", "--exclude-check", "made_up"), "unknown check 'made_up'"),
     (("exp", "--format", "messages", "--think-inline"), "--think-inline applies to the sharegpt format only"),

@@ -54,6 +54,31 @@ def test_api_export_progress_manifest_and_download(engine, db_path, live_app) ->
         assert fragment.status_code == 200 and f'href="{job["download_url"]}"' in fragment.text
 
 
+def test_trainer_presets_from_the_dashboard(engine, live_app) -> None:  # type: ignore[no-untyped-def]
+    """The form offers both presets; the API starts them and the manifest names the trainer and its settings."""
+    from synthwatch.export_presets import specforge_row_error
+
+    run_id = make_run(engine, VARIED)
+    srv = live_app()
+    with httpx.Client(base_url=srv.url, timeout=30) as client:
+        form = client.get(f"/runs/{run_id}/export").text
+        assert 'value="specforge"' in form and 'value="speculators"' in form
+        assert 'name="template_drops_past_reasoning"' in form
+        r = client.post(f"/api/runs/{run_id}/exports", json={"format": "specforge"})
+        assert r.status_code == 202, r.text
+        job = _wait_done(client, run_id, r.json()["id"])
+        assert job["status"] == "done" and job["manifest"]["preset"]["checked_against"]["package"] == "specforge"
+        rows = [orjson.loads(line) for line in client.get(job["download_url"]).content.splitlines()]
+        assert len(rows) == len(VARIED) and all(specforge_row_error(row) is None for row in rows)
+        # speculators through the HTML form (a plain POST, as the browser sends it)
+        r = client.post(f"/runs/{run_id}/export", data={"format": "speculators", "default_exclusions": "on"})
+        assert r.status_code == 303, r.text
+        job_id = int(r.headers["location"].rsplit("/", 1)[1])
+        job = _wait_done(client, run_id, job_id)
+        assert job["status"] == "done" and job["manifest"]["counts"]["exported"] == len(VARIED)
+        row = orjson.loads(client.get(job["download_url"]).content.splitlines()[0])
+        assert set(row) == {"id", "primary_id", "input_ids", "loss_mask", "metadata"}
+
 
 def test_bad_requests_get_a_readable_400_and_write_nothing(engine, db_path, live_app) -> None:  # type: ignore[no-untyped-def]
     run_id = make_run(engine, [{}], tokenizer=None)

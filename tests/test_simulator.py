@@ -553,7 +553,7 @@ def test_token_ids_deepseek_inline(client: httpx.Client) -> None:
     tok = deepseek_tokenizer()
     reasoning = content[len("<think>") : content.index("</think>")]
     assert tok.decode(ids[1:close]) == reasoning
-    assert tok.decode(ids) == content
+    assert ids[-1] == 1 and tok.decode(ids[:-1]) == content  # ends with EOS: the reply stopped by itself
     assert data["usage"]["completion_tokens"] == len(ids)
     assert data["prompt_token_ids"][-1] != 128821
     chunks = stream_chunks(client, return_token_ids=True)
@@ -562,13 +562,86 @@ def test_token_ids_deepseek_inline(client: httpx.Client) -> None:
     # With a reasoning parser, the </think> token still arrives as an empty delta with its id.
     configure(client, reasoning_field="reasoning", token_ids="deepseek")
     chunks = stream_chunks(client, return_token_ids=True)
-    empty = [ch for ch in chunks[1:] if ch["choices"][0]["delta"] == {}]
+    empty = [ch for ch in chunks[1:] if ch["choices"][0]["delta"] == {} and not ch["choices"][0]["finish_reason"]]
     assert len(empty) == 1 and empty[0]["choices"][0]["token_ids"] == [128822]
     assert chunks[0]["prompt_token_ids"]
     configure(client, reasoning_field="inline-no-open", token_ids="deepseek")
     data = complete(client, return_token_ids=True)
     assert data["prompt_token_ids"][-2] == 128821  # the template's prefilled "<think>\n"
     assert 128821 not in data["choices"][0]["token_ids"]
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"]}}}
+
+
+def test_tool_calls_in_vllms_shape(client: httpx.Client) -> None:
+    """A request offering tools gets a call of the first one, as vLLM's tool parser returns it: content null,
+    finish_reason "tool_calls", arguments as JSON text; streamed as a head delta (id, type, index, name) and
+    argument pieces, which merge back into the same call."""
+    from synthwatch import tool_calls
+    from synthwatch.reasoning import StreamAccumulator
+
+    configure(client, reasoning_field="reasoning")
+    ask = [{"role": "user", "content": "What is the weather in Paris now?"}]
+    data = complete(client, "unused", messages=ask, tools=[WEATHER])
+    choice = data["choices"][0]
+    message = choice["message"]
+    assert choice["finish_reason"] == "tool_calls" and message["content"] is None and message["reasoning"]
+    (call,) = message["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("chatcmpl-tool-")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}
+    assert tool_calls.problems(message["tool_calls"], [WEATHER]) == []
+    chunks = stream_chunks(client, "unused", messages=ask, tools=[WEATHER])
+    deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if c["choices"]
+              and "tool_calls" in c["choices"][0]["delta"]]
+    assert deltas[0] == {"id": call["id"], "type": "function", "index": 0, "function": {"name": "get_weather"}}
+    assert all(set(d) == {"index", "function"} and set(d["function"]) == {"arguments"} for d in deltas[1:])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    acc = StreamAccumulator()
+    for chunk in chunks:
+        acc.feed(chunk)
+    assert tool_calls.from_extracted(acc.result()) == [call]
+    # After the tool's result, or with tool_choice "none", the model answers in text.
+    answered = [*ask, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": call["id"], "content": '{"temp_c": 21}'}]
+    for extra in ({"messages": answered, "tools": [WEATHER]}, {"messages": ask, "tools": [WEATHER], "tool_choice": "none"}):
+        choice = complete(client, "unused", **extra)["choices"][0]
+        assert choice["finish_reason"] == "stop" and choice["message"]["content"] and not choice["message"]["tool_calls"]
+    assert tool_calls.problems([{"function": {"name": "nope", "arguments": "{oops"}}], [WEATHER]) == [
+        "tool call 0 names an unknown tool 'nope'", "tool call 0 (nope): arguments are not valid JSON"]
+
+
+def test_token_ids_deepseek_look_like_vllm_032(client: httpx.Client) -> None:
+    """The facts of a real vLLM 0.32 run with return_token_ids (reference/training-formats.md): the prompt
+    ids end with the assistant header, the prefilled <think> and a newline; the completion ends with EOS
+    (id 1) only when finish_reason is "stop"."""
+    from synthwatch.workers.simulator import deepseek_tokenizer
+
+    tok = deepseek_tokenizer()
+    configure(client, reasoning_field="reasoning", token_ids="deepseek")
+    data = complete(client, return_token_ids=True)
+    choice = data["choices"][0]
+    prompt, completion = data["prompt_token_ids"], choice["token_ids"]
+    assert prompt[-3:] == [128804, 128821, 201] and tok.decode(prompt[-3:]) == "<｜Assistant｜><think>\n"
+    assert choice["finish_reason"] == "stop" and completion[-1] == 1 and completion.count(1) == 1
+    close = completion.index(128822)
+    assert tok.decode(completion[:close]) == choice["message"]["reasoning"]
+    assert tok.decode(completion[close + 1 : -1]) == choice["message"]["content"]
+    assert data["usage"]["completion_tokens"] == len(completion)
+    assert data["usage"]["prompt_tokens"] == len(prompt)
+    # Streamed: the same ids, the EOS in the finish chunk.
+    chunks = stream_chunks(client, return_token_ids=True)
+    assert chunks[0]["prompt_token_ids"] == prompt
+    assert [i for ch in chunks[1:] for i in ch["choices"][0]["token_ids"]] == completion
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and chunks[-1]["choices"][0]["token_ids"][-1] == 1
+    # Cut by max_tokens: finish_reason "length" and no EOS.
+    cut = complete(client, return_token_ids=True, max_tokens=5)["choices"][0]
+    assert cut["finish_reason"] == "length" and len(cut["token_ids"]) == 5 and 1 not in cut["token_ids"]
+    # A request with thinking off gets no prefilled <think>.
+    plain = complete(client, return_token_ids=True, chat_template_kwargs={"enable_thinking": False})
+    assert plain["prompt_token_ids"][-1] == 128804
 
 
 # ---------------------------------------------------------------------------- pacing

@@ -44,13 +44,18 @@ router = APIRouter()
 log = logging.getLogger("synthwatch.export")
 
 PROGRESS_WRITE_INTERVAL_S = 0.5
-_FORM_BOOLS = ("think_inline", "from_value", "only_good", "include_flagged", "parquet")
+_FORM_BOOLS = ("think_inline", "from_value", "only_good", "include_flagged", "parquet", "template_drops_past_reasoning")
 _FORMAT_HELP = {
     "messages": "OpenAI-style messages; the answer carries reasoning_content and content (HF chat templates).",
     "sharegpt": "SpecForge/EAGLE {id, conversations}; reasoning as reasoning_content or inline.",
     "tokens": "input_ids + loss_mask + prompt_len: the server's token ids, or re-tokenized with the run's "
               "tokenizer and chat template.",
     "raw": "Every stored field of each record.",
+    "specforge": "For SpecForge (checked against specforge 0.2.0): its regenerated-data rows {id, conversations, "
+                 "status: success} with reasoning_content; train with a 'thinking' chat-template entry (DeepSeek: "
+                 "deepseek-v32) and train_only_last_turn.",
+    "speculators": "For speculators (checked against speculators 0.9.0): pre-tokenized rows {id, input_ids, "
+                   "loss_mask, metadata} that its prepare-data passes through.",
 }
 _lock = threading.RLock()
 
@@ -192,6 +197,7 @@ def _options_from(values: dict[str, Any], out: Path) -> ExportOptions:
         default_exclusions=bool(values.get("default_exclusions", True)),
         exclude_checks=tuple(checks),
         retokenize=bool(values.get("retokenize")),
+        template_drops_past_reasoning=bool(values.get("template_drops_past_reasoning")),
     )
 
 
@@ -353,8 +359,9 @@ def api_list_exports(request: Request, run_id: int) -> dict[str, Any]:
 
 @router.post("/api/runs/{run_id}/exports", tags=["export"], status_code=202)
 async def api_start_export(request: Request, run_id: int) -> Response:
-    """Start an export. Body: {"format": "messages|sharegpt|tokens|raw", "think_inline", "only_good",
-    "include_flagged", "default_exclusions", "exclude_checks": [...], "parquet", "retokenize"}."""
+    """Start an export. Body: {"format": "messages|sharegpt|tokens|raw|specforge|speculators", "think_inline",
+    "only_good", "include_flagged", "default_exclusions", "exclude_checks": [...], "parquet", "retokenize",
+    "template_drops_past_reasoning"}."""
     try:
         body = orjson.loads(await request.body() or b"{}")
     except orjson.JSONDecodeError as exc:

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Body, Form, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from .. import review, store
+from .. import review, store, tool_calls
 from ..review import Filters, ReviewError
 from .deps import HX, ReadConn, ReadEngine, SearchBacklog, WriteEngine, catch_up_search, render
 
@@ -138,9 +138,12 @@ def _prompt_blocks(prompt_json: str, ws: bool) -> list[dict[str, Any]]:
         messages = orjson.loads(prompt_json)
     except orjson.JSONDecodeError:
         return [{"role": "raw", **_text_block(prompt_json, ws)}]
+    out = []
+    if isinstance(messages, dict) and isinstance(messages.get("messages"), list):  # a prompt with tools
+        out.append({"role": "tools", **_text_block(_pretty(messages.get("tools")), ws)})
+        messages = messages["messages"]
     if not isinstance(messages, list):
         messages = [messages]
-    out = []
     for m in messages:
         if not isinstance(m, dict):
             out.append({"role": "?", **_text_block(str(m), ws)})
@@ -150,8 +153,31 @@ def _prompt_blocks(prompt_json: str, ws: bool) -> list[dict[str, Any]]:
             content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
         elif content is not None and not isinstance(content, str):
             content = orjson.dumps(content).decode()
-        out.append({"role": str(m.get("role", m.get("from", "?"))), **_text_block(content, ws)})
+        role = str(m.get("role", m.get("from", "?")))
+        if role == "tool" and m.get("name"):
+            role = f"tool {m['name']}"
+        out.append({"role": role, **_text_block(content, ws)})
+        if m.get("tool_calls"):
+            out.append({"role": "tool calls", **_text_block(_pretty(tool_calls.pretty(m["tool_calls"])), ws)})
     return out
+
+
+def _pretty(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+
+
+def _answer_tool_calls(rec: dict[str, Any], ws: bool) -> dict[str, Any] | None:
+    """The answer's tool calls (arguments parsed and indented when they are JSON), or None."""
+    calls = tool_calls.from_extra_json(rec.get("extra_json"))
+    if not calls:
+        return None
+    try:
+        prompt = orjson.loads(rec.get("prompt_json") or "null")
+    except orjson.JSONDecodeError:
+        prompt = None
+    offered = prompt.get("tools") if isinstance(prompt, dict) and isinstance(prompt.get("tools"), list) else None
+    return {"n": len(calls), "problems": tool_calls.problems(calls, offered),
+            **_text_block(_pretty(tool_calls.pretty(calls)), ws)}
 
 
 def _flag_context(conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
@@ -188,6 +214,7 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         "prompt": _prompt_blocks(rec["prompt_json"], ws),
         "reasoning": _text_block(rec["reasoning"], ws),
         "content": _text_block(rec["content"], ws),
+        "tool_calls": _answer_tool_calls(rec, ws),
         "failed": review.failed_checks(rec["check_flags"]),
         "attempt_list": attempts if isinstance(attempts, list) else [],
         "raw": review.raw_fields(rec),

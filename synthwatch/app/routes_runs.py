@@ -105,8 +105,7 @@ def new_run_form(request: Request) -> Response:
     return render(request, "new_run.html", {"form": _new_run_defaults(), "error": None, "modes": REASONING_MODES})
 
 
-@router.post("/runs/new", include_in_schema=False)
-async def new_run_submit(request: Request) -> Response:
+async def _posted_form(request: Request) -> dict[str, str]:
     raw = await request.form()
     form = _new_run_defaults()
     form["stream"] = ""  # an unticked checkbox is simply absent
@@ -114,6 +113,40 @@ async def new_run_submit(request: Request) -> Response:
         v = raw.get(k)
         if isinstance(v, str):
             form[k] = v[:10_000]
+    return form
+
+
+@router.post("/runs/new/probe", include_in_schema=False)
+async def new_run_probe(request: Request) -> Response:
+    """The form's "Probe the endpoint" button: synthwatch probe on its first endpoint, shown above the form,
+    with the reasoning field set to where the reasoning arrived. Starts nothing."""
+    import os
+
+    from ..probe import ProbeError, ProbeOptions, probe
+
+    form = await _posted_form(request)
+    urls = [u.strip() for u in form["endpoints"].splitlines() if u.strip()]
+    ctx: dict[str, Any] = {"form": form, "error": None, "modes": REASONING_MODES, "probe": None}
+    if not urls or not form["model"].strip():
+        ctx["error"] = "probe: give an endpoint base URL and a model"
+        return render(request, "new_run.html", ctx, status_code=400)
+    key = os.environ.get(form["api_key_env"].strip()) if form["api_key_env"].strip() else None
+    try:
+        report = await run_in_threadpool(probe, ProbeOptions(urls[0], form["model"].strip(), api_key=key,
+                                                             timeout_s=30.0))
+    except ProbeError as exc:
+        ctx["error"] = f"probe: {exc}"
+        return render(request, "new_run.html", ctx, status_code=400)
+    mode = report.settings.get("reasoning.mode")
+    if mode in REASONING_MODES:
+        form["reasoning_mode"] = mode
+    ctx["probe"] = report.as_dict()
+    return render(request, "new_run.html", ctx)
+
+
+@router.post("/runs/new", include_in_schema=False)
+async def new_run_submit(request: Request) -> Response:
+    form = await _posted_form(request)
     try:
         launched = await run_in_threadpool(_launch, request, form)
     except launch.LaunchError as exc:

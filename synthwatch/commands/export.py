@@ -15,7 +15,7 @@ from ._common import add_db_arg, positive_int
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "export",
-        help="export a run's ok records as messages / sharegpt / tokens / raw",
+        help="export a run's ok records as messages / sharegpt / tokens / raw, or --for specforge / speculators",
         description="Streams the run's ok records to FILE (written as FILE.partial, renamed when complete) and "
         "writes FILE.manifest.json with the counts, every exclusion reason, the run config and the file's "
         "sha256. By default records flagged bad, records with empty reasoning (when the run expects reasoning) "
@@ -23,8 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     add_db_arg(p)
     p.add_argument("run", metavar="RUN", help="run name or id")
-    p.add_argument("--format", "-f", required=True, dest="fmt", metavar="FORMAT",
-                   help="messages | sharegpt | tokens | raw")
+    p.add_argument("--format", "-f", dest="fmt", metavar="FORMAT",
+                   help="messages | sharegpt | tokens | raw (or a trainer preset: specforge | speculators)")
+    p.add_argument("--for", dest="preset", metavar="TRAINER", choices=("specforge", "speculators"),
+                   help="write exactly what this trainer's current reader takes: specforge (regenerated "
+                        "conversations JSONL) | speculators (pre-tokenized JSONL); see docs/export.md")
     p.add_argument("--out", "-o", required=True, help="output file (.jsonl, or .parquet for tokens)")
     p.add_argument("--parquet", action="store_true", default=None,
                    help="write Parquet (tokens only; implied by a .parquet name)")
@@ -49,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--trust-remote-code", action="store_true", default=None)
     g.add_argument("--retokenize", action="store_true",
                    help="re-tokenize even when the server's token ids are stored")
+    g.add_argument("--template-drops-past-reasoning", action="store_true",
+                   help="the chat template drops the reasoning of past turns by design (DeepSeek-R1 style): "
+                        "append the answer as generated instead of rendering it (else such records are left out)")
     p.add_argument("--page-size", type=positive_int, default=5000, help=argparse.SUPPRESS)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=handle)
@@ -109,14 +115,20 @@ def handle(args: argparse.Namespace) -> int:
         path = sqlite_path(url)
         if path is not None and not path.is_file():
             raise CliError(f"no database at {path} (give --db or set SYNTHWATCH_DB)")
+    if args.preset and args.fmt and args.fmt != args.preset:
+        raise CliError(f"--for {args.preset} writes its own format; drop --format {args.fmt}")
+    fmt = args.preset or args.fmt
+    if not fmt:
+        raise CliError("give --format FORMAT or --for TRAINER (specforge | speculators)")
     options = ExportOptions(
-        format=args.fmt, out=args.out, parquet=args.parquet, think_inline=args.think_inline,
+        format=fmt, out=args.out, parquet=args.parquet, think_inline=args.think_inline,
         from_value=args.from_value,
         only_good=args.only_good, include_flagged=args.include_flagged,
         default_exclusions=not args.no_default_exclusions, exclude_checks=tuple(args.exclude_check),
         config_version=args.config_version, generated_under=args.generated_under,
         tokenizer=args.tokenizer, chat_template=args.chat_template, trust_remote_code=args.trust_remote_code,
-        retokenize=args.retokenize, page_size=args.page_size,
+        retokenize=args.retokenize, template_drops_past_reasoning=args.template_drops_past_reasoning,
+        page_size=args.page_size,
     )
     try:
         engine = open_engine(args.db, readonly=True)
@@ -127,7 +139,7 @@ def handle(args: argparse.Namespace) -> int:
             plan = prepare_export(engine, args.run, options)
         except ExportError as exc:
             raise CliError(str(exc)) from None
-        bar = None if args.quiet else ProgressBar(f"export {plan.run['name']} ({args.fmt})")
+        bar = None if args.quiet else ProgressBar(f"export {plan.run['name']} ({fmt})")
         try:
             manifest = run_export(engine, plan, bar)
         finally:
@@ -143,4 +155,10 @@ def handle(args: argparse.Namespace) -> int:
     if not_ok:
         print("not ok (never exported): " + ", ".join(f"{k} {v:,}" for k, v in not_ok.items()))
     print(f"manifest: {manifest_path(Path(plan.out))}  sha256 {manifest['file']['sha256'][:16]}…")
+    preset = manifest.get("preset")
+    if preset:
+        checked = preset["checked_against"]
+        print(f"for {preset['trainer']}, checked against {checked['package']} {checked['version']}; use:")
+        for key, value in preset["settings"].items():
+            print(f"  {key} = {value}")
     return 0

@@ -133,9 +133,13 @@ class RunWorker:
         body.update(s.extra_body)
         return body
 
-    def body_for(self, messages: list[dict[str, Any]]) -> bytes:
+    def body_for(self, messages: list[dict[str, Any]] | dict[str, Any]) -> bytes:
         body = dict(self._body_base)
-        body["messages"] = messages
+        if isinstance(messages, dict):  # a prompt with tools: {"messages": [...], "tools": [...]}
+            body["messages"] = messages["messages"]
+            body["tools"] = messages["tools"]
+        else:
+            body["messages"] = messages
         return orjson.dumps(body)
 
     # ------------------------------------------------------------ lifecycle

@@ -21,7 +21,13 @@ the ``</think>`` token only when ``return_token_ids`` is set; ``completion_token
 where a reasoning parser runs (the ``reasoning``, ``reasoning_content`` and ``both`` modes).
 Token accounting: ``completion_tokens`` counts every generated token, including the ``</think>``
 token in parser modes and the think tags in inline modes; ``reasoning_tokens`` counts the
-reasoning text only.
+reasoning text only. With ``token_ids="deepseek"`` the ids look like vLLM 0.32's with a DeepSeek
+R1-style template: in the parser modes the prompt ids end with the prefilled ``<think>`` and newline,
+and the completion ids end with EOS (id 1, counted as a token) only when the reply stopped by itself.
+A request offering ``tools`` whose last message is the user's is answered with a call of the first tool
+(after the reasoning), as vLLM's tool parser returns it: ``content`` null, ``finish_reason``
+``tool_calls``, the arguments as JSON text, streamed as a delta with the call's id and name and then the
+arguments in pieces.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import dataclasses
 import email.utils
 import hashlib
 import itertools
+import json
 import logging
 import math
 import random
@@ -74,6 +81,8 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 THINK_OPEN_ID = 128821
 THINK_CLOSE_ID = 128822
+EOS_ID = 1
+"""``<｜end▁of▁sentence｜>`` of the DeepSeek-V4 tokenizer: the last completion id of a reply that stopped."""
 _PARSER_MODES = ("reasoning", "reasoning_content", "both")
 
 
@@ -473,6 +482,7 @@ class _Gen:
     split_open: int  # 0, or where "<think>" is split across two chunks
     split_close: int
     rendered_prompt: str
+    question: str = ""
     plans: dict[tuple[Any, ...], _Plan] = field(default_factory=dict)
     prompt_info: dict[tuple[str, bool], tuple[int, list[int] | None]] = field(default_factory=dict)
 
@@ -527,7 +537,7 @@ def _generate(messages: list[Any], cfg: SimConfig, request_seed: Any, thinking: 
             content += _fill(body, _pad_content, c_target - len(content), rng, lead=" ")
     split_open = rng.randint(1, 6) if rng.random() < 0.5 else 0
     split_close = rng.randint(1, 7) if rng.random() < 0.5 else 0
-    return _Gen(reasoning, content, thinking, split_open, split_close, _render_prompt(messages))
+    return _Gen(reasoning, content, thinking, split_open, split_close, _render_prompt(messages), question)
 
 
 # --------------------------------------------------------------------------------------------
@@ -626,7 +636,35 @@ def _tag(text: str, split: int, ids: _TokenIds) -> list[_Event]:
     return [("content", text, token_ids, 1, 0)]
 
 
-def _events(gen: _Gen, mode: str, empty_reasoning: bool, ids: _TokenIds, need_ids: bool) -> list[_Event]:
+def _tool_arguments(fn: dict[str, Any], question: str) -> str:
+    """Arguments for a call of ``fn``: its required properties filled from the question (vLLM's JSON text)."""
+    params = fn.get("parameters")
+    params = params if isinstance(params, dict) else {}
+    props = params.get("properties")
+    props = props if isinstance(props, dict) else {}
+    required = params.get("required")
+    required = required if isinstance(required, list) else list(props)
+    words = question.split()
+    # a capitalised word that does not start a sentence: a name ("Paris")
+    names = [w.strip(".,!?;:'\"") for prev, w in zip(words, words[1:], strict=False)
+             if w[:1].isupper() and not prev.endswith((".", "?", "!"))]
+    capital = names[0] if names else "example"
+    kinds = {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}
+    args = {str(k): kinds.get(str((props.get(k) or {}).get("type")), capital) for k in required}
+    return json.dumps(args, ensure_ascii=False)
+
+
+def _tool_events(fn: dict[str, Any], gen_seed: str, question: str, ids: _TokenIds, lookup: bool) -> list[_Event]:
+    """A tool call as vLLM streams it: a delta with the call's id and name, then the arguments in pieces."""
+    call_id = "chatcmpl-tool-" + hashlib.blake2b(gen_seed.encode(), digest_size=16).hexdigest()
+    head = f"{fn['name']}\x00{call_id}"
+    out: list[_Event] = [("tool_head", head, ids.ids(fn["name"]) if lookup else _NO_IDS, 1, 0)]
+    out += _run("tool_args", pieces(_tool_arguments(fn, question)), False, False, ids, lookup)
+    return out
+
+
+def _events(gen: _Gen, mode: str, empty_reasoning: bool, ids: _TokenIds, need_ids: bool,
+            tool: dict[str, Any] | None = None) -> list[_Event]:
     # Token ids are looked up only when they are sent or decide the token count (deepseek).
     lookup = need_ids or ids.mode == "deepseek"
     out: list[_Event] = []
@@ -642,11 +680,24 @@ def _events(gen: _Gen, mode: str, empty_reasoning: bool, ids: _TokenIds, need_id
             out += _tag("</think>", gen.split_close, ids)
     elif empty_reasoning:  # mode "none": tokens spent on reasoning nobody sees
         out += _run(None, gen.reasoning, True, False, ids, lookup)
-    out += _run("content", gen.content, False, False, ids, lookup)
+    if tool is not None:
+        out += _tool_events(tool, gen.rendered_prompt, gen.question, ids, lookup)
+    else:
+        out += _run("content", gen.content, False, False, ids, lookup)
+    if ids.mode == "deepseek":
+        # vLLM's completion ids end with the EOS token the model stopped on (no text, one token); a reply cut
+        # by max_tokens or a stop string never reaches it.
+        out.append(("", "", [EOS_ID], 1, 0))
     return out
 
 
 def _delta_json(key: str | None, text: str) -> bytes:
+    if key == "tool_head":
+        name, call_id = text.split("\x00", 1)
+        call = {"id": call_id, "type": "function", "index": 0, "function": {"name": name}}
+        return b'{"tool_calls":' + orjson.dumps([call]) + b"}"
+    if key == "tool_args":
+        return b'{"tool_calls":' + orjson.dumps([{"index": 0, "function": {"arguments": text}}]) + b"}"
     if key == "both":
         quoted = orjson.dumps(text)
         return b'{"reasoning":' + quoted + b',"reasoning_content":' + quoted + b"}"
@@ -1048,6 +1099,9 @@ class _ChatRequest:
     with_ids: bool = False
     with_prompt_text: bool = False
     thinking: bool = True
+    tool: dict[str, Any] | None = None
+    """The function the reply calls: the first of ``tools`` when the last message is the user's (not a tool
+    result) and ``tool_choice`` is not "none"."""
 
     @classmethod
     def parse(cls, raw: bytes, served_model: str) -> _ChatRequest:
@@ -1086,7 +1140,17 @@ class _ChatRequest:
             with_ids=body.get("return_token_ids") is True,
             with_prompt_text=body.get("return_prompt_text") is True,
             thinking=not thinking_off,
+            tool=_tool_to_call(body.get("tools"), body.get("tool_choice"), messages),
         )
+
+
+def _tool_to_call(tools: Any, choice: Any, messages: list[Any]) -> dict[str, Any] | None:
+    if not isinstance(tools, list) or not tools or choice == "none" or messages[-1].get("role") != "user":
+        return None
+    fn = tools[0].get("function") if isinstance(tools[0], dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise _bad("tools[0].function.name must be a string", "tools")
+    return fn
 
 
 @dataclass(slots=True)
@@ -1344,13 +1408,17 @@ class Simulator:
         cfg = self.config
         gen = self._gen(chat, raw_body)
         ids = self._token_ids()
-        plan_key = (cfg.reasoning_field, chat.with_ids, faults.empty_reasoning)
+        plan_key = (cfg.reasoning_field, chat.with_ids, faults.empty_reasoning, chat.tool is not None)
         plan = gen.plans.get(plan_key)
         if plan is None:
-            events = _events(gen, cfg.reasoning_field, faults.empty_reasoning, ids, chat.with_ids)
+            events = _events(gen, cfg.reasoning_field, faults.empty_reasoning, ids, chat.with_ids, chat.tool)
             plan = gen.plans[plan_key] = _Plan(events, cfg.reasoning_field, chat.with_ids)
         prompt_text = gen.rendered_prompt
-        if cfg.reasoning_field == "inline-no-open" and gen.thinking:
+        if gen.thinking and (
+            cfg.reasoning_field == "inline-no-open" or (cfg.token_ids == "deepseek" and cfg.reasoning_field in _PARSER_MODES)
+        ):
+            # The template prefilled the think block, as DeepSeek-R1-style templates do and vLLM 0.32 reports
+            # in prompt_token_ids (…<｜Assistant｜> 128804, <think> 128821, "\n" 201).
             prompt_text += "<think>\n"
         info = gen.prompt_info.get((prompt_text, chat.with_ids))
         if info is None:
@@ -1366,7 +1434,7 @@ class Simulator:
             if stop_reason is not None:
                 plan = _Plan(events, plan.mode, chat.with_ids)
         cut = plan.cut(budget if chat.max_tokens is None else min(chat.max_tokens, budget))
-        finish = "stop" if cut == len(plan.events) else "length"
+        finish = ("tool_calls" if chat.tool is not None else "stop") if cut == len(plan.events) else "length"
         reply = _Reply(
             chat=chat,
             plan=plan,
@@ -1441,6 +1509,13 @@ class Simulator:
         content: str | None = "".join(content_parts)
         if mode in _PARSER_MODES and not content_parts:
             content = None
+        tool_calls = []
+        heads = [e[1] for e in events if e[0] == "tool_head"]
+        if heads:  # vLLM's tool parser: the call replaces the content (null)
+            name, call_id = heads[0].split("\x00", 1)
+            arguments = "".join(e[1] for e in events if e[0] == "tool_args")
+            tool_calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+            content = None
         message: dict[str, Any] = {
             "role": "assistant",
             "content": content,
@@ -1448,7 +1523,7 @@ class Simulator:
             "annotations": None,
             "audio": None,
             "function_call": None,
-            "tool_calls": [],
+            "tool_calls": tool_calls,
         }
         if mode in ("reasoning_content", "both"):
             message["reasoning_content"] = reasoning

@@ -1,0 +1,86 @@
+"""`synthwatch probe --base-url URL --model M`: preflight an endpoint before a long run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import orjson
+
+from ..cli import CliError
+from ._common import positive_float, positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "probe",
+        help="send a few requests to an endpoint and say how to configure a run and its export",
+        description="Sends a non-streamed request (asking for token ids), the same request streamed and a request "
+        "offering one tool, then reports the server's kind and version, where the reasoning arrives, whether "
+        "token ids come back and the prompt is prefilled with <think>, whether tool calls parse and, with "
+        "--tokenizer, what its chat template does to the answer. Ends with a one-line verdict and the settings "
+        "to use. Exit code 0 when ready, 1 when not. See docs/configuration.md.",
+    )
+    p.add_argument("--base-url", required=True, help="the endpoint's OpenAI base URL, e.g. http://host:8000/v1")
+    p.add_argument("--model", required=True, help="the served model name")
+    p.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the API key")
+    p.add_argument("--tokenizer", help="tokenizer folder, cached name or 'deepseek-v4' (checks the template)")
+    p.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4'")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--max-tokens", type=positive_int, default=512)
+    p.add_argument("--timeout", type=positive_float, default=60.0, metavar="S")
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..probe import ProbeError, ProbeOptions, probe
+
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise CliError(f"environment variable {args.api_key_env} is not set")
+    options = ProbeOptions(base_url=args.base_url, model=args.model, api_key=key, max_tokens=args.max_tokens,
+                           timeout_s=args.timeout, tokenizer=args.tokenizer, chat_template=args.chat_template,
+                           trust_remote_code=args.trust_remote_code)
+    try:
+        report = probe(options)
+    except ProbeError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        sys.stdout.write(orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0 if report.ready else 1
+    s, r, ids, tools = report.server, report.reasoning, report.token_ids, report.tool_calls
+    print(f"server:     {s.get('kind') or 'unknown'} {s.get('version') or ''} ({s.get('evidence') or 'no evidence'}); "
+          f"model listed: {'yes' if s.get('model_listed') else 'no'}")
+    print(f"reasoning:  non-streamed in {r['non_streamed']!r}, streamed in {r['streamed']!r}; "
+          f"{r['reasoning_chars']} reasoning / {r['content_chars']} content characters, finish {r['finish_reason']}")
+    line = f"token ids:  {'returned' if ids['returned'] else 'not returned'}"
+    if ids["returned"]:
+        line += f"; prompt ends {ids['prompt_tail']}"
+        if "prompt_tail_text" in ids:
+            line += f" ({ids['prompt_tail_text']!r})"
+        if "prompt_prefilled_think" in ids:
+            line += (f": prefilled <think> {'yes' if ids['prompt_prefilled_think'] else 'no'} "
+                     f"({ids['prefill_evidence']})")
+        if "completion_ends_with_eos" in ids:
+            line += (f"; completion ends with EOS {'yes' if ids['completion_ends_with_eos'] else 'no'} "
+                     f"(finish {ids['finish_reason']})")
+    print(line)
+    print(f"tool calls: {tools.get('detail')}")
+    tok = report.tokenizer
+    if tok is not None:
+        if tok.get("problem"):
+            print(f"template:   {tok['template']}: {tok['problem']} ({tok.get('detail', '')})")
+        else:
+            print(f"template:   {tok['template']}: reasoning survives: {'yes' if tok['reasoning_survives'] else 'NO'}; "
+                  f"trained span {tok['trained_span']!r}")
+        if "prompt_matches_server" in tok:
+            print(f"            its prompt ids match the server's: {'yes' if tok['prompt_matches_server'] else 'NO'}")
+    for problem in report.problems:
+        print(f"problem:    {problem}")
+    print("settings:   " + ", ".join(f"{k} = {v}" for k, v in report.settings.items()))
+    print(report.verdict)
+    return 0 if report.ready else 1

@@ -1,0 +1,330 @@
+"""Preflight before a long run: a few requests to an OpenAI-compatible endpoint, and what they tell.
+
+:func:`probe` sends a non-streamed request (asking for token ids), the same request streamed, and a
+request offering one tool, then reports:
+
+- the server's kind and version (``system_fingerprint``, ``GET /version``), and where the reasoning
+  arrives (which field, streamed and not; inline ``<think>`` text; nothing);
+- whether token ids come back (vLLM's ``return_token_ids``), whether the prompt ends with a prefilled
+  ``<think>`` and whether the completion ends with EOS when the reply stopped;
+- whether tool calls come back and parse (a function name and JSON arguments);
+- with a tokenizer: what its chat template does to the probe's answer (the trained span, whether the
+  reasoning survives, whether the template's prompt is the server's prompt id for id).
+
+It ends with a one-line verdict and the settings to use (run config and export).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .reasoning import ResponseShapeError, StreamAccumulator, extract_response
+
+KNOWN_THINK_IDS = {128821: "DeepSeek-V4", 128798: "DeepSeek-R1", 151667: "Qwen3", 163606: "Kimi-K2"}
+"""``<think>`` ids of common reasoning vocabularies: without a tokenizer, a prompt ending with one is taken as
+prefilled (reference/training-formats.md)."""
+QUESTION = "What is 17 + 25? Think it through, then answer in one short sentence."
+TOOL_QUESTION = "What is the weather in Paris right now? Use the get_weather tool."
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@dataclass
+class ProbeOptions:
+    base_url: str
+    model: str
+    api_key: str | None = None
+    max_tokens: int = 512
+    timeout_s: float = 60.0
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    trust_remote_code: bool = False
+
+
+@dataclass
+class ProbeReport:
+    server: dict[str, Any] = field(default_factory=dict)
+    reasoning: dict[str, Any] = field(default_factory=dict)
+    token_ids: dict[str, Any] = field(default_factory=dict)
+    tool_calls: dict[str, Any] = field(default_factory=dict)
+    tokenizer: dict[str, Any] | None = None
+    problems: list[str] = field(default_factory=list)
+    verdict: str = ""
+    ready: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("verdict", "ready", "settings", "server", "reasoning", "token_ids",
+                                              "tool_calls", "tokenizer", "problems")}
+
+
+class ProbeError(Exception):
+    """The endpoint cannot be probed at all (unreachable, not OpenAI-compatible); the message says why."""
+
+
+def probe(options: ProbeOptions) -> ProbeReport:
+    import httpx
+
+    base = options.base_url.rstrip("/")
+    headers = {"authorization": f"Bearer {options.api_key}"} if options.api_key else {}
+    report = ProbeReport()
+    with httpx.Client(timeout=options.timeout_s, headers=headers) as client:
+        report.server = _server(client, base, options.model)
+        body = {"model": options.model, "messages": [{"role": "user", "content": QUESTION}],
+                "max_tokens": options.max_tokens, "return_token_ids": True}
+        started = time.monotonic()
+        reply = _post(client, base, body)
+        if reply.status_code == 400 and "return_token_ids" in reply.text:
+            report.problems.append("the server refused return_token_ids; probing without it")
+            body.pop("return_token_ids")
+            reply = _post(client, base, body)
+        if reply.status_code != 200:
+            raise ProbeError(f"POST {base}/chat/completions answered {reply.status_code}: {reply.text[:300]}")
+        data = reply.json()
+        try:
+            ex = extract_response(data)
+        except ResponseShapeError as exc:
+            raise ProbeError(f"the reply is not a chat completion: {exc}") from None
+        report.server["latency_s"] = round(time.monotonic() - started, 3)
+        if not report.server.get("kind") and ex.system_fingerprint:
+            report.server.update(_kind_from_fingerprint(ex.system_fingerprint))
+        streamed = _stream(client, base, {**body, "stream": True, "stream_options": {"include_usage": True}})
+        report.reasoning = {
+            "non_streamed": ex.reasoning_source, "streamed": streamed.reasoning_source if streamed else None,
+            "reasoning_chars": len(ex.reasoning), "content_chars": len(ex.content),
+            "finish_reason": ex.finish_reason, "other_fields_with_reasoning": sorted(ex.unread_fields),
+            "duplicated_in": ex.duplicate_fields,
+        }
+        report.problems += ex.problems
+        report.token_ids = {"returned": bool(ex.prompt_token_ids and ex.token_ids),
+                            "prompt_tail": (ex.prompt_token_ids or [])[-3:], "completion_tail": (ex.token_ids or [])[-3:],
+                            "finish_reason": ex.finish_reason}
+        report.tool_calls = _tools(client, base, options)
+    tail = (ex.prompt_token_ids or [])[-2:]
+    known = next((KNOWN_THINK_IDS[i] for i in tail if i in KNOWN_THINK_IDS), None)
+    if known is not None:
+        report.token_ids["prompt_prefilled_think"] = True
+        report.token_ids["prefill_evidence"] = f"the prompt ends with {known}'s <think> id"
+    lt = _tokenizer(options, report)
+    if lt is not None:
+        _token_facts(lt, report, ex)
+        report.tokenizer = _template_facts(lt, ex)
+    _verdict(report, options)
+    return report
+
+
+# ------------------------------------------------------------------------------------------ requests
+
+
+def _post(client: Any, base: str, body: dict[str, Any]) -> Any:
+    import httpx
+
+    try:
+        return client.post(f"{base}/chat/completions", content=orjson.dumps(body),
+                           headers={"content-type": "application/json"})
+    except httpx.HTTPError as exc:
+        raise ProbeError(f"cannot reach {base}: {type(exc).__name__}: {exc}") from None
+
+
+def _server(client: Any, base: str, model: str) -> dict[str, Any]:
+    import httpx
+
+    out: dict[str, Any] = {"kind": None, "version": None, "evidence": None}
+    try:
+        r = client.get(f"{base}/models")
+        ids = [m.get("id") for m in r.json().get("data", [])] if r.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        ids = []
+    out["models"] = ids
+    out["model_listed"] = model in ids
+    root = base[: -len("/v1")] if base.endswith("/v1") else base
+    try:
+        r = client.get(f"{root}/version")
+        version = r.json().get("version") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        version = None
+    if isinstance(version, str):
+        out.update(kind="vLLM", version=version, evidence=f"GET {root}/version")
+    return out
+
+
+def _kind_from_fingerprint(fp: str) -> dict[str, Any]:
+    if fp.startswith("vllm-"):
+        return {"kind": "vLLM", "version": fp.split("-")[1], "evidence": f"system_fingerprint {fp!r}"}
+    return {"kind": None, "evidence": f"system_fingerprint {fp!r}"}
+
+
+def _stream(client: Any, base: str, body: dict[str, Any]) -> Any:
+    import httpx
+
+    acc = StreamAccumulator()
+    try:
+        with client.stream("POST", f"{base}/chat/completions", content=orjson.dumps(body),
+                           headers={"content-type": "application/json"}) as r:
+            if r.status_code != 200:
+                return None
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    acc.feed(orjson.loads(line[6:]))
+    except (httpx.HTTPError, orjson.JSONDecodeError):
+        return None
+    return acc.result()
+
+
+def _tools(client: Any, base: str, options: ProbeOptions) -> dict[str, Any]:
+    from . import tool_calls
+
+    body = {"model": options.model, "messages": [{"role": "user", "content": TOOL_QUESTION}],
+            "max_tokens": options.max_tokens, "tools": [WEATHER_TOOL], "tool_choice": "auto"}
+    r = _post(client, base, body)
+    if r.status_code != 200:
+        return {"parsed": False, "detail": f"the server refused a request with tools ({r.status_code}): {r.text[:200]}"}
+    try:
+        data = r.json()
+        ex = extract_response(data)
+    except (ValueError, ResponseShapeError):
+        return {"parsed": False, "detail": "the reply to a request with tools is not a chat completion"}
+    calls = tool_calls.from_extracted(ex)
+    if not calls:
+        inline = "<tool_call>" in ex.content or "tool▁call" in ex.content
+        return {"parsed": False, "detail": "no tool_calls came back" + (
+            " (a tool call is inline in the content: start the server with a tool-call parser)" if inline else
+            " (the server has no tool-call parser, or the model answered without calling)")}
+    streamed = _stream(client, base, {**body, "stream": True})
+    merged = tool_calls.from_extracted(streamed) if streamed else []
+    wrong = tool_calls.problems(calls, [WEATHER_TOOL]) + tool_calls.problems(merged, [WEATHER_TOOL])
+    same = [c["function"] for c in merged] == [c["function"] for c in calls]
+    good = not wrong and same
+    detail = ("tool calls parse, streamed and not (name known, arguments JSON)" if good else
+              "; ".join(wrong) or "the streamed tool calls differ from the non-streamed ones")
+    return {"parsed": good, "calls": [c["function"] for c in calls], "streamed_calls": [c["function"] for c in merged],
+            "finish_reason": ex.finish_reason, "detail": detail}
+
+
+# ----------------------------------------------------------------------------------------- tokenizer
+
+
+def _tokenizer(options: ProbeOptions, report: ProbeReport) -> Any:
+    if not options.tokenizer:
+        return None
+    from .tokens import TokenizerError, TokenizerSpec, load_tokenizer
+
+    try:
+        return load_tokenizer(TokenizerSpec(options.tokenizer, chat_template=options.chat_template,
+                                            trust_remote_code=options.trust_remote_code))
+    except TokenizerError as exc:
+        report.problems.append(str(exc))
+        return None
+
+
+def _token_facts(lt: Any, report: ProbeReport, ex: Any) -> None:
+    ids = report.token_ids
+    ids["think_open_id"], ids["think_close_id"] = lt.think_open_id, lt.think_close_id
+    ids["think_single_ids"] = lt.think_open_id is not None and lt.think_close_id is not None
+    if not ids["returned"]:
+        return
+    prompt, completion = ex.prompt_token_ids, ex.token_ids
+    ids["prompt_tail_text"] = lt.decode(list(prompt[-3:]))
+    ids["prompt_prefilled_think"] = lt.think_open_id is not None and lt.think_open_id in prompt[-2:]
+    ids["prefill_evidence"] = f"the tokenizer's <think> id {lt.think_open_id}"
+    eos = lt.tok.eos_token_id
+    ids["completion_ends_with_eos"] = bool(completion) and completion[-1] == eos
+    ids["completion_think_close"] = lt.think_close_id in completion if lt.think_close_id is not None else None
+
+
+def _template_facts(lt: Any, ex: Any) -> dict[str, Any]:
+    from .tokens import TokenizerError
+    from .training_rows import Unusable, retokenized_row
+
+    messages = [{"role": "user", "content": QUESTION}]
+    out: dict[str, Any] = {"name": lt.spec.name_or_path, "template": lt.template_source}
+    try:
+        row = retokenized_row(lt, messages, ex.reasoning, ex.content, finish_reason=ex.finish_reason)
+        out["problem"] = None
+        out["trained_span"] = _clip(lt.decode(row.completion_ids))
+        out["reasoning_survives"] = not ex.reasoning.strip() or ex.reasoning.strip() in lt.decode(row.completion_ids)
+    except Unusable as exc:
+        out.update(problem=exc.reason, detail=str(exc), reasoning_survives=exc.reason != "template_drops_reasoning")
+    except TokenizerError as exc:
+        out.update(problem="tokenize_failed", detail=str(exc), reasoning_survives=None)
+        return out
+    generated = retokenized_row(lt, messages, ex.reasoning, ex.content, as_generated=True,
+                                finish_reason=ex.finish_reason)
+    out["as_generated_span"] = _clip(lt.decode(generated.completion_ids))
+    if ex.prompt_token_ids:
+        out["prompt_matches_server"] = generated.prompt_ids == list(ex.prompt_token_ids)
+    return out
+
+
+def _clip(text: str, n: int = 160) -> str:
+    return text if len(text) <= n else text[: n // 2] + " … " + text[-n // 2 :]
+
+
+# ------------------------------------------------------------------------------------------- verdict
+
+
+def _verdict(report: ProbeReport, options: ProbeOptions) -> None:
+    r, ids, tok = report.reasoning, report.token_ids, report.tokenizer
+    settings: dict[str, Any] = {}
+    blockers: list[str] = []
+    caveats: list[str] = []
+    source = r.get("non_streamed")
+    if source in (None, "none"):
+        blockers.append("no reasoning arrives (no reasoning field, no <think> text): start the server with a "
+                        "reasoning parser or check include_reasoning/separate_reasoning")
+    elif source == "inline-no-open":
+        settings["reasoning.mode"] = "inline"
+        settings["reasoning.prefilled_open"] = True
+    else:
+        settings["reasoning.mode"] = source
+    if r.get("streamed") not in (None, source):
+        caveats.append(f"streamed reasoning arrives in {r.get('streamed')!r}, not {source!r}")
+    if ids.get("returned"):
+        settings["request_token_ids"] = True
+        settings["export"] = "--for speculators (the server's ids, exact); --for specforge for SpecForge"
+    else:
+        settings["request_token_ids"] = False
+        caveats.append("no token ids come back: exports re-tokenize (give [tokenizer])")
+    if ids.get("think_single_ids") is False:
+        blockers.append("the tokenizer does not encode <think>/</think> to single ids (wrong tokenizer?)")
+    if options.tokenizer:
+        settings["tokenizer.name_or_path"] = options.tokenizer
+        if options.chat_template:
+            settings["tokenizer.chat_template"] = options.chat_template
+    if tok is not None:
+        if tok.get("problem") == "template_drops_reasoning":
+            caveats.append("the chat template drops the answer's reasoning")
+            settings["export --format tokens"] = "--template-drops-past-reasoning"
+            settings["SpecForge"] = ("the tokenizer's template drops reasoning: give SpecForge a tokenizer whose "
+                                     "chat template keeps the last turn's reasoning_content")
+        elif tok.get("problem"):
+            caveats.append(f"re-tokenizing through the template fails: {tok['problem']}")
+        if tok.get("prompt_matches_server") is False:
+            caveats.append("the tokenizer/template's prompt ids differ from the server's: not the server's template")
+    if not report.tool_calls.get("parsed"):
+        caveats.append("tool calls: " + str(report.tool_calls.get("detail")))
+    server = report.server
+    who = f"{server.get('kind') or 'unknown server'}" + (f" {server['version']}" if server.get("version") else "")
+    where = {None: "nowhere", "none": "nowhere"}.get(source, f"in {source!r}")
+    facts = (f"{who}; reasoning {where}; token ids {'returned' if ids.get('returned') else 'not returned'}"
+             + (f" (prompt prefilled with <think>: {'yes' if ids['prompt_prefilled_think'] else 'no'})"
+                if "prompt_prefilled_think" in ids else "")
+             + ("; tool calls parse" if report.tool_calls.get("parsed") else ""))
+    if blockers:
+        report.verdict = f"NOT READY: {blockers[0]} ({facts})"
+    elif caveats:
+        report.verdict = f"READY WITH CAVEATS: {facts}; {'; '.join(caveats)}"
+    else:
+        report.verdict = f"READY: {facts}"
+    report.ready = not blockers
+    report.settings = settings

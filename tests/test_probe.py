@@ -1,0 +1,97 @@
+"""`synthwatch probe`: real requests to the simulator, the report and the verdict."""
+
+from __future__ import annotations
+
+import orjson
+from conftest import ROOT, run_cli
+
+from synthwatch.probe import ProbeOptions, probe
+
+R1_TEMPLATE = str(ROOT / "tests" / "data" / "r1_style_chat_template.jinja")
+
+
+def test_probe_a_vllm_like_server_with_an_r1_style_template(sim) -> None:  # type: ignore[no-untyped-def]
+    url = sim(token_ids="deepseek", reasoning_field="reasoning", seed=2)
+    report = probe(ProbeOptions(url, "sim-reasoner", tokenizer="deepseek-v4", chat_template=R1_TEMPLATE))
+    assert report.server["kind"] == "vLLM" and report.server["version"] == "0.32.0" and report.server["model_listed"]
+    assert report.reasoning["non_streamed"] == "reasoning" == report.reasoning["streamed"]
+    ids = report.token_ids
+    assert ids["returned"] and ids["prompt_tail"] == [128804, 128821, 201] and ids["prompt_prefilled_think"]
+    assert ids["completion_ends_with_eos"] and ids["finish_reason"] == "stop" and ids["think_single_ids"]
+    tok = report.tokenizer
+    assert tok is not None and tok["problem"] == "template_drops_reasoning" and tok["reasoning_survives"] is False
+    assert tok["prompt_matches_server"] is True  # the R1-style template renders the prompt vLLM-like
+    assert tok["as_generated_span"].endswith("<｜end▁of▁sentence｜>")
+    assert report.ready and report.verdict.startswith("READY WITH CAVEATS: vLLM 0.32.0; reasoning in 'reasoning'")
+    assert "the chat template drops the answer's reasoning" in report.verdict
+    assert report.settings["request_token_ids"] is True and report.settings["reasoning.mode"] == "reasoning"
+    assert report.settings["export --format tokens"] == "--template-drops-past-reasoning"
+    assert report.tool_calls["parsed"] is True and report.tool_calls["finish_reason"] == "tool_calls"
+    assert report.tool_calls["calls"] == report.tool_calls["streamed_calls"] == [
+        {"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+
+
+def test_probe_with_a_template_that_keeps_reasoning(sim) -> None:  # type: ignore[no-untyped-def]
+    url = sim(token_ids="deepseek", reasoning_field="reasoning_content", seed=4)
+    report = probe(ProbeOptions(url, "sim-reasoner", tokenizer="deepseek-v4", chat_template="deepseek-v4"))
+    tok = report.tokenizer
+    assert tok is not None and tok["problem"] is None and tok["reasoning_survives"] is True
+    assert tok["trained_span"].endswith("<｜end▁of▁sentence｜>")
+    # synthwatch's deepseek-v4 template prefills "<think>" without the newline: not the server's prompt
+    assert tok["prompt_matches_server"] is False
+    assert report.reasoning["non_streamed"] == "reasoning_content"
+    assert "prompt ids differ from the server's" in report.verdict
+
+
+def test_probe_inline_reasoning_after_a_prefilled_think(sim) -> None:  # type: ignore[no-untyped-def]
+    url = sim(reasoning_field="inline-no-open", seed=5)
+    report = probe(ProbeOptions(url, "sim-reasoner"))
+    assert report.reasoning["non_streamed"] == "inline-no-open"
+    assert report.settings["reasoning.mode"] == "inline" and report.settings["reasoning.prefilled_open"] is True
+    assert report.tokenizer is None and report.ready
+
+
+def test_probe_cli_says_not_ready_when_no_reasoning_arrives(sim) -> None:  # type: ignore[no-untyped-def]
+    url = sim(reasoning_field="none", seed=6)
+    proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner")
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1].startswith("NOT READY: no reasoning arrives") and "vLLM 0.32.0" in lines[-1]
+    assert any(line.startswith("settings:") for line in lines)
+    proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner", "--json")
+    report = orjson.loads(proc.stdout)
+    assert proc.returncode == 1 and report["ready"] is False and report["reasoning"]["non_streamed"] == "none"
+
+
+def test_probe_cli_ready_and_unreachable(sim) -> None:  # type: ignore[no-untyped-def]
+    url = sim(token_ids="deepseek", reasoning_field="reasoning", seed=7)
+    proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner", "--tokenizer", "deepseek-v4",
+                   "--chat-template", R1_TEMPLATE)
+    assert proc.returncode == 0, proc.stderr
+    assert "prefilled <think> yes (the tokenizer's <think> id 128821); completion ends with EOS yes" in proc.stdout
+    # without a tokenizer, DeepSeek-V4's <think> id at the end of the prompt is recognised
+    proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner")
+    assert "prefilled <think> yes (the prompt ends with DeepSeek-V4's <think> id)" in proc.stdout, proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("READY")
+    proc = run_cli("probe", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--timeout", "3")
+    assert proc.returncode == 2 and "cannot reach http://127.0.0.1:9/v1" in proc.stderr
+
+
+def test_the_start_a_run_form_offers_the_probe(sim, live_app) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    url = sim(token_ids="deepseek", reasoning_field="reasoning_content", seed=8)
+    srv = live_app()
+    form = {"dataset": "", "endpoints": url, "model": "sim-reasoner", "reasoning_mode": "auto", "stream": "on"}
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        assert 'formaction="/runs/new/probe"' in c.get("/runs/new").text
+        r = c.post("/runs/new/probe", data=form)
+        assert r.status_code == 200, r.text[-2000:]
+        assert 'data-testid="probe-verdict">READY' in r.text and "vLLM 0.32.0" in r.text
+        assert '<option value="reasoning_content" selected>' in r.text  # the form follows the probe
+        assert "request_token_ids = True" in r.text and "tool calls parse" in r.text
+        r = c.post("/runs/new/probe", data={**form, "endpoints": "http://127.0.0.1:9/v1"})
+        assert r.status_code == 400 and "probe: cannot reach http://127.0.0.1:9/v1" in r.text
+        r = c.post("/runs/new/probe", data={**form, "model": ""})
+        assert r.status_code == 400 and "give an endpoint base URL and a model" in r.text
+        assert c.get("/api/runs").json()["runs"] == []  # a probe starts nothing
