@@ -62,6 +62,7 @@ class HostileServer:
         self.good_delay_s = good_delay_s
         self.hostile_seen = threading.Event()
         self.requests = 0
+        self.heads: list[bytes] = []  # every request's head, as received
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -98,6 +99,7 @@ class HostileServer:
                           if line.lower().startswith(b"content-length:")), 0)
                 body = await r.readexactly(n)
                 self.requests += 1
+                self.heads.append(head_)
                 if b"HOSTILE" in body:
                     self.hostile_seen.set()
                     if not await self.reply(r, w):

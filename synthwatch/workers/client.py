@@ -1,6 +1,6 @@
 """One request attempt against an OpenAI-compatible endpoint, over aiohttp.
 
-HTTP is aiohttp's (its C parser, connection pool, TLS, proxies from the environment); what is
+HTTP is aiohttp's (its C parser, connection pool, TLS, proxies); what is
 ours is the SSE parsing, the capture and the bookkeeping. The streamed path hands each read of
 the response body (``readany``: whatever the socket delivered) straight to the SSE parser and
 feeds plain dicts (orjson) to the reasoning accumulator: no model object per chunk and no
@@ -14,7 +14,6 @@ event's size, header sizes) end the attempt with a kind of their own; a redirect
 from __future__ import annotations
 
 import asyncio
-import ssl
 import time
 from typing import Any
 
@@ -25,6 +24,7 @@ from aiohttp import http_exceptions
 from ..config import LimitsConfig
 from ..reasoning import ResponseShapeError, StreamAccumulator, extract_response
 from ..redact import redact
+from .endpoints import Endpoint
 from .results import AttemptResult
 from .sse import SSEParser
 
@@ -101,7 +101,7 @@ class Requester:
             # common servers drop them (uvicorn: 5 s): a request sent as the server closes would fail.
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
             timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s),  # the rest is ours
-            trust_env=True,  # HTTP(S)_PROXY, NO_PROXY
+            # proxies: each endpoint's, from the environment at start-up (endpoints.env_proxy), not trust_env
             cookie_jar=aiohttp.DummyCookieJar(),
             headers={"User-Agent": USER_AGENT},
             max_line_size=lim.max_header_bytes,
@@ -118,13 +118,12 @@ class Requester:
     def accumulator(self) -> StreamAccumulator:
         return StreamAccumulator(self.mode, self.think_open, self.think_close, self.prefilled_open)
 
-    async def attempt(self, url: str, body: bytes, headers: dict[str, str], stream: bool, endpoint: str,
-                      tls: ssl.SSLContext | bool = True) -> AttemptResult:
+    async def attempt(self, ep: Endpoint, body: bytes, stream: bool) -> AttemptResult:
         session = self._session
         assert session is not None, "use `async with Requester(...)`"
         t0 = time.perf_counter()
         acc = self.accumulator() if stream else None
-        res = AttemptResult(ok=False, endpoint=endpoint)
+        res = AttemptResult(ok=False, endpoint=ep.label)
         watch: _IdleWatch | None = None
         try:
             async with asyncio.timeout(self.total_timeout_s):
@@ -135,8 +134,8 @@ class Requester:
                 async with idle_cm:
                     if stream:
                         watch = _IdleWatch(asyncio.get_running_loop(), idle_cm, self.idle_timeout_s)
-                    async with session.post(url, data=body, headers=headers, allow_redirects=False,
-                                            ssl=tls) as resp:
+                    async with session.post(ep.url, data=body, headers=ep.headers, allow_redirects=False,
+                                            ssl=ep.ssl, proxy=ep.proxy, proxy_headers=ep.proxy_headers) as resp:
                         status = res.status_code = resp.status
                         if status >= 300 or status < 200:
                             await self._not_ok(resp, res)

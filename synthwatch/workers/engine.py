@@ -446,7 +446,7 @@ class RunWorker:
                 started = time.time()
                 try:
                     faults.hit(stage)
-                    res = await self.requester.attempt(ep.url, body, ep.headers, stream, ep.label, ep.ssl)
+                    res = await self.requester.attempt(ep, body, stream)
                 finally:
                     ep.outstanding -= 1
                 stage = "capture"
