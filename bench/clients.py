@@ -8,6 +8,8 @@ Three ways to send the same prompts to the simulator and keep the answers:
   model per streamed chunk.
 - ``worker``: synthwatch's :class:`RunWorker`, built exactly as ``synthwatch run`` builds it (the
   checks' writer hooks included), persisting every record to a SQLite file in WAL mode.
+- ``process``: the whole ``synthwatch run`` command in a process of its own, start-up, dataset load and
+  shutdown included (CPU from ``wait4``).
 
 Each measurement runs in a long-lived child process (``python -m bench.clients``) pinned to one
 core; the parent sends one JSON command per line on stdin and reads one JSON result per line.
@@ -313,6 +315,38 @@ def measure_worker(base_url: str, dataset: str, db: str, concurrency: int, strea
             "first_error": ", ".join(f"{k}: {n}" for k, n in errors) or None,
             "peak_rss_mb": peak_rss / 2**20 if sample_rss else None,
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def measure_process(base_url: str, dataset: str, db: str, concurrency: int, stream: bool) -> dict[str, Any]:
+    """The whole ``synthwatch run`` process, counted from exec to exit: interpreter start-up, imports, loading
+    the dataset into a fresh database, the run, the shutdown flush. Its CPU (every thread) comes from wait4;
+    it runs on this process's core (the affinity is inherited)."""
+    from sqlalchemy import text
+
+    from synthwatch.db import open_engine
+
+    args = [sys.executable, "-m", "synthwatch", "run", "--dataset", dataset, "--base-url", base_url,
+            "--model", MODEL, "--db", db, "--name", Path(db).stem, "--concurrency", str(concurrency), "--quiet"]
+    if not stream:
+        args.append("--no-stream")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNTHWATCH_")}
+    with tempfile.TemporaryFile("w+") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            log.seek(0)
+            raise RuntimeError(f"synthwatch run exited {proc.returncode}: {log.read()[-2000:]}")
+    engine = open_engine(db)
+    with engine.connect() as conn:
+        row = conn.execute(text(
+            "SELECT SUM(status = 'ok'), SUM(status != 'ok'), COALESCE(SUM(n_chunks), 0),"
+            " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(reasoning_len), 0) FROM record")).one()
+    engine.dispose()
+    return {"ok": row[0] or 0, "failed": row[1] or 0, "chunks": row[2], "tokens": row[3], "reasoning_chars": row[4],
+            "elapsed_s": elapsed, "cpu_s": usage.ru_utime + usage.ru_stime, "first_error": None}
 
 
 def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batch: int = 64,
@@ -635,6 +669,8 @@ def serve(out: Any) -> None:
                 result = measure_worker(**cmd)
             elif kind == "floor":
                 result = measure_floor(**cmd)
+            elif kind == "process":
+                result = measure_process(**cmd)
             else:
                 result = measure_client(kind, **cmd)
         except Exception as exc:  # reported to the parent, which fails the benchmark with it

@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("alembic", "httpx", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from .redact import install_log_redaction
+
+    install_log_redaction()  # bearer tokens out of every log line; keys are added as the worker reads them
     try:
         return int(args.func(args) or 0)
     except CliError as exc:

@@ -42,10 +42,52 @@ class DatasetConfig(_Strict):
     on_bad_line: Literal["error", "skip"] = "error"
 
 
+# names HTTP requires for a header field (RFC 9110 token characters)
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+# set by the HTTP client from the request itself: an endpoint may not override them
+_RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "content-type",
+                               "upgrade", "te", "trailer", "keep-alive", "proxy-authorization", "expect"})
+
+
+class TLSConfig(_Strict):
+    ca_bundle: str | None = Field(None, description="PEM file of the CAs to trust (instead of the system's).")
+    client_cert: str | None = Field(None, description="PEM client certificate (may hold the key too).")
+    client_key: str | None = Field(None, description="PEM private key of client_cert, if not in that file.")
+    verify: bool = Field(True, description="Verify the server's certificate and host name (off: testing only).")
+
+    @model_validator(mode="after")
+    def _key_needs_cert(self) -> TLSConfig:
+        if self.client_key and not self.client_cert:
+            raise ValueError("client_key needs client_cert")
+        return self
+
+
 class EndpointConfig(_Strict):
     base_url: str = Field(description="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     api_key_env: str | None = Field(None, description="Name of the environment variable holding the key.")
     name: str | None = None
+    headers_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra request headers: header name -> NAME of the environment variable holding its value.",
+    )
+    tls: TLSConfig = Field(default_factory=TLSConfig)
+
+    @field_validator("headers_env")
+    @classmethod
+    def _check_headers(cls, v: dict[str, str]) -> dict[str, str]:
+        seen: set[str] = set()
+        for name, env in v.items():
+            if not _HEADER_NAME.match(name):
+                raise ValueError(f"{name[:60]!r} is not a valid HTTP header name")
+            if name.lower() in _RESERVED_HEADERS:
+                raise ValueError(f"header {name!r} is set by the HTTP client and cannot be configured")
+            if name.lower() in seen:
+                raise ValueError(f"header {name!r} is given twice")
+            seen.add(name.lower())
+            if not _ENV_NAME.match(env):
+                raise ValueError(f"headers_env.{name} must be the NAME of an environment variable (got something "
+                                 f"else: {len(env)} characters); header values are never written to config files")
+        return v
 
     @field_validator("base_url")
     @classmethod
@@ -90,6 +132,14 @@ class TimeoutConfig(_Strict):
     idle_s: float = Field(60.0, gt=0, description="Longest silence between stream chunks.")
 
 
+class LimitsConfig(_Strict):
+    max_body_bytes: int = Field(64 * 2**20, ge=1024, description="Largest reply body that is not streamed (decoded).")
+    max_event_bytes: int = Field(16 * 2**20, ge=1024, description="Largest single event of a streamed reply.")
+    max_header_bytes: int = Field(
+        8190, ge=256, le=2**20, description="Longest status line or header field of a reply, in bytes.")
+    max_headers: int = Field(128, ge=8, le=10_000, description="Most header fields a reply may have.")
+
+
 class RetryConfig(_Strict):
     max_attempts: int = Field(4, ge=1, le=100)
     backoff_base_s: float = Field(1.0, ge=0)
@@ -129,6 +179,7 @@ class RunConfig(_Strict):
     cap: int | None = Field(None, ge=1, description="Stop once this many records are ok.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
     reasoning: ReasoningConfig = Field(default_factory=ReasoningConfig)
     tokenizer: TokenizerConfig | None = None
@@ -168,6 +219,10 @@ class RunConfig(_Strict):
         labels = [e.label for e in self.endpoints]
         if len(set(labels)) != len(labels):
             raise ValueError(f"endpoints must be distinct (got {labels})")
+        for e in self.endpoints:
+            if e.api_key_env and any(h.lower() == "authorization" for h in e.headers_env):
+                raise ValueError(f"endpoint {e.label}: give the key either as api_key_env or as an Authorization "
+                                 "header in headers_env, not both")
         return self
 
     def snapshot(self) -> dict[str, Any]:

@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     )
     worker_heartbeat_s: float = Field(1.0, gt=0, description="How often a worker writes its heartbeat.")
     dead_worker_after_s: float = Field(15.0, gt=0, description="A worker silent this long is shown dead.")
+    launch_key_envs: str = Field(
+        "", description="Comma-separated environment variables the start-a-run form may name as api_key_env, "
+        "besides those starting with SYNTHWATCH_KEY_.")
+    launch_dataset_dirs: str = Field(
+        "data", description="Folders the start-a-run form may read datasets from, separated by ':'; relative "
+        "folders are resolved against the dashboard's working directory.")
 
 
 @lru_cache(maxsize=1)

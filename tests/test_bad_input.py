@@ -115,7 +115,7 @@ def test_api_and_pages_answer_bad_input_with_readable_4xx(one_run: dict[str, Any
     for suffix in ("", "-wal", "-shm"):
         if Path(one_run["db"] + suffix).exists():
             shutil.copy(one_run["db"] + suffix, str(db_path) + suffix)
-    app = live_app()
+    app = live_app(launch_dataset_dirs=str(one_run["tmp"]))
     base = app.url
     status, _, body = _call("GET", f"{base}/api/runs")
     assert status == 200

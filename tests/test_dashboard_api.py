@@ -179,7 +179,7 @@ def test_cli_control(db_path, engine, finished_run) -> None:  # type: ignore[no-
 
 
 def test_start_run_form(live_app, engine, sim, prompts, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    srv = live_app()
+    srv = live_app(launch_dataset_dirs=str(tmp_path))
     url = sim(seed=9)
     data = prompts(6)
     form: dict[str, Any] = {"name": "from-ui", "dataset": str(data), "endpoints": url, "model": "sim-reasoner",

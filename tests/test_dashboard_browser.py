@@ -111,7 +111,7 @@ def test_run_page_live_controls(page, live_app, engine, sim, prompts) -> None:  
 
 def test_start_run_form_in_browser(page, browser_problems, live_app, engine, sim, prompts,  # type: ignore[no-untyped-def]
                                    tmp_path) -> None:
-    srv = live_app()
+    srv = live_app(launch_dataset_dirs=str(tmp_path))
     url = sim(seed=1)
     page.goto(f"{srv.url}/runs/new")
     page.fill('input[name="name"]', "browser-form")

@@ -29,6 +29,10 @@ def test_api_settings_rederive_rerun_undo_autopause(engine, sim, prompts, live_a
     assert bad.status_code == 400 and "reasoning.mode" in bad.json()["detail"]
     fixed = _post(srv, f"/api/runs/{run_id}/settings", {"changes": {"dataset.path": "/etc/passwd"}})
     assert fixed.status_code == 400 and "dataset" in fixed.json()["detail"]
+    # endpoints changed from the dashboard may not name just any variable: its value would go to the new URL
+    leak = _post(srv, f"/api/runs/{run_id}/settings",
+                 {"changes": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "api_key_env": "HOME"}]}})
+    assert leak.status_code == 400 and "HOME" in leak.json()["detail"] and "SYNTHWATCH_KEY_" in leak.json()["detail"]
     ok = _post(srv, f"/api/runs/{run_id}/settings", {"changes": {"reasoning": {"mode": "reasoning"}},
                                                      "reason": "renamed field"})
     assert ok.status_code == 200 and ok.json()["version"] == 2

@@ -8,6 +8,7 @@ stderr; every page, fragment and API response of the run; and each export format
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import urllib.error
 import urllib.request
@@ -72,30 +73,36 @@ def _get(url: str) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-@pytest.fixture
-def keyed_run(tmp_path: Path, sim: Any, prompts: Any) -> Iterator[dict[str, Any]]:
-    key = f"sk-test-{uuid.uuid4().hex}"
+@pytest.fixture(params=["ascii", "non_ascii", "contains_base_url"])
+def keyed_run(request: Any, tmp_path: Path, sim: Any, prompts: Any) -> Iterator[dict[str, Any]]:
+    """A run with a unique key: plain ASCII; with Latin-1 letters (sent UTF-8-encoded, as aiohttp writes every
+    header); and one that contains the endpoint's own base URL (which legitimately appears everywhere)."""
+    rand = uuid.uuid4().hex
     sim_url = sim(rate_500=0.1, rate_error_body=0.05, seed=3)
     sim_port = int(sim_url.split(":")[2].split("/")[0])
     db = tmp_path / "keyed.db"
     with RecordingRelay(sim_port) as relay:
-        proc = run_cli("run", "--dataset", str(prompts(40)), "--base-url", f"http://127.0.0.1:{relay.port}/v1",
+        base = f"http://127.0.0.1:{relay.port}/v1"
+        key = {"ascii": f"sk-test-{rand}", "non_ascii": f"sk-tést-clé-{rand}",
+               "contains_base_url": f"sk-test-{rand}-{base}"}[request.param]
+        proc = run_cli("run", "--dataset", str(prompts(40)), "--base-url", base,
                        "--model", "sim-reasoner", "--db", str(db), "--name", "keyed", "--api-key-env", "SW_KEY",
                        env=cli_env(SW_KEY=key), timeout=120)
     assert proc.returncode == 0, proc.stderr
-    yield {"key": key, "db": db, "proc": proc, "sent": bytes(relay.sent), "tmp": tmp_path}
+    yield {"key": key, "rand": rand, "db": db, "proc": proc, "sent": bytes(relay.sent), "tmp": tmp_path}
 
 
 def test_api_key_is_used_and_never_stored_or_shown(keyed_run: dict[str, Any], live_app: Any, db_path: Path) -> None:
     key, db = keyed_run["key"], keyed_run["db"]
-    needles = [key.encode(), key[8:].encode()]  # the whole key, and its random part alone
+    # the whole key in each encoding and escape it could be written in, and its random part alone
+    needles = {key.encode(), key.encode("latin-1"), json.dumps(key)[1:-1].encode(), keyed_run["rand"].encode()}
 
     def clean(where: str, data: bytes) -> None:
         for n in needles:
             assert n not in data, f"the API key leaked into {where}"
 
     # the endpoint did get it, as a bearer token
-    assert f"Bearer {key}".encode() in keyed_run["sent"]
+    assert f"Bearer {key}".encode() in keyed_run["sent"]  # UTF-8, as aiohttp writes header values
     assert keyed_run["sent"].count(b"POST /v1/chat/completions") >= 40
 
     proc = keyed_run["proc"]

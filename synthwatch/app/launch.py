@@ -21,6 +21,9 @@ from sqlalchemy.engine import Engine
 
 from .. import store
 from ..config import REASONING_MODES, ConfigError, RunConfig, build_config
+from ..settings import Settings, get_settings
+
+KEY_ENV_PREFIX = "SYNTHWATCH_KEY_"
 
 
 class LaunchError(Exception):
@@ -109,18 +112,63 @@ def form_to_data(form: dict[str, str]) -> dict[str, Any]:
     return data
 
 
-def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None = None) -> RunConfig:
+def allowed_key_envs(settings: Settings) -> set[str]:
+    """The extra variable names the dashboard's settings allow (besides the SYNTHWATCH_KEY_ prefix)."""
+    return {n.strip() for n in settings.launch_key_envs.split(",") if n.strip()}
+
+
+def check_key_env(name: str, settings: Settings) -> None:
+    """The form may only name variables meant for it: the worker sends the value to the form's URL."""
+    if (name.startswith(KEY_ENV_PREFIX) and len(name) > len(KEY_ENV_PREFIX)) or name in allowed_key_envs(settings):
+        return
+    raise LaunchError(
+        f"api_key_env: {name!r} may not be used from the dashboard: the worker would send that variable's value to "
+        f"the endpoint URL given in this form. Name a variable starting with {KEY_ENV_PREFIX} (e.g. "
+        f"{KEY_ENV_PREFIX}VLLM), or list it in the dashboard's SYNTHWATCH_LAUNCH_KEY_ENVS setting")
+
+
+def dataset_dirs(settings: Settings, base_dir: Path | None = None) -> list[Path]:
+    base = base_dir or Path.cwd()
+    out = []
+    for d in settings.launch_dataset_dirs.split(os.pathsep):
+        if d.strip():
+            p = Path(d.strip()).expanduser()
+            out.append((p if p.is_absolute() else base / p).resolve())
+    return out
+
+
+def check_dataset_path(path: Path, settings: Settings, base_dir: Path | None = None) -> Path:
+    """``path`` with every symlink and ``..`` resolved, if it lies inside a folder the settings allow."""
+    real = path.resolve()
+    dirs = dataset_dirs(settings, base_dir)
+    if not any(real == d or real.is_relative_to(d) for d in dirs):
+        shown = os.pathsep.join(str(d) for d in dirs) or "(none)"
+        raise LaunchError(f"dataset path: {str(path)!r} is outside the folders the dashboard may read datasets from "
+                          f"({shown}; the SYNTHWATCH_LAUNCH_DATASET_DIRS setting). Put the dataset there, or start "
+                          "the run with `synthwatch run` instead")
+    return real
+
+
+def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None = None,
+             settings: Settings | None = None) -> RunConfig:
+    settings = settings or get_settings()
     try:
         config = build_config(data, "the start-a-run form")
     except ConfigError as exc:
         raise LaunchError(str(exc)) from None
+    for ep in config.endpoints:
+        if ep.api_key_env:
+            check_key_env(ep.api_key_env, settings)
+        if ep.headers_env:
+            raise LaunchError("endpoints: extra headers cannot be set from the dashboard")
     path = Path(config.dataset.path).expanduser()
     if not path.is_absolute():
         path = (base_dir or Path.cwd()) / path
+    path = check_dataset_path(path, settings, base_dir)  # before any look at the file: no existence oracle
     if not path.exists():
         raise LaunchError(f"dataset path: {config.dataset.path!r} does not exist on the machine running the "
                           f"dashboard (looked at {path})")
-    config.dataset.path = str(path.resolve())
+    config.dataset.path = str(path)
     if not config.name:
         from ..commands.run import default_name
 

@@ -165,6 +165,29 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
     return _back(run_id, message=f"Config version {res['version']}: {said}")
 
 
+def _check_secret_envs(changes: dict[str, Any], settings: Any) -> None:
+    """Endpoints changed from the dashboard may name only the key variables meant for it (as the start-a-run
+    form): the worker sends that variable's value to the endpoint's URL."""
+    from .launch import LaunchError, check_key_env
+
+    patch = versions.nest(changes)
+    endpoints = patch.get("endpoints")
+    if endpoints is None:
+        return
+    if not isinstance(endpoints, list):
+        raise versions.VersionError("endpoints: a list of tables with base_url (and api_key_env)")
+    for i, ep in enumerate(endpoints):
+        if not isinstance(ep, dict):
+            continue
+        names = [ep.get("api_key_env")] + list((ep.get("headers_env") or {}).values())
+        for name in names:
+            if isinstance(name, str) and name:
+                try:
+                    check_key_env(name, settings)
+                except LaunchError as exc:
+                    raise versions.VersionError(f"endpoints[{i}]: {exc}") from None
+
+
 def _get(cfg: dict[str, Any], path: str) -> Any:
     node: Any = cfg
     for part in path.split("."):
@@ -305,9 +328,10 @@ def api_versions(run_id: int, conn: ReadConn) -> Any:
 
 @router.post("/api/runs/{run_id}/settings", tags=["repair"],
              summary="Change a run's settings: a new config version (reading and generation settings)")
-def api_settings(run_id: int, body: SettingsBody, engine: WriteEngine, conn: ReadConn) -> Any:
+def api_settings(request: Request, run_id: int, body: SettingsBody, engine: WriteEngine, conn: ReadConn) -> Any:
     _run(conn, run_id)
     try:
+        _check_secret_envs(body.changes, request.app.state.settings)
         return versions.change_settings(engine, run_id, body.changes, actor="api", reason=body.reason)
     except versions.VersionError as exc:
         return JSONResponse({"detail": str(exc)}, status_code=400)

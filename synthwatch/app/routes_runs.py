@@ -159,7 +159,7 @@ async def new_run_submit(request: Request) -> Response:
 
 def _launch(request: Request, form: dict[str, str]) -> launch.Launched:
     data = launch.form_to_data(form)
-    config = launch.validate(data, request.app.state.read_engine)
+    config = launch.validate(data, request.app.state.read_engine, settings=request.app.state.settings)
     launched = launch.start_worker(config, request.app.state.db_url)
     launch.wait_for_run(launched, request.app.state.read_engine)
     return launched

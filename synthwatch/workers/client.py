@@ -1,29 +1,76 @@
-"""One request attempt against an OpenAI-compatible endpoint, over the worker's lean HTTP/1.1 client.
+"""One request attempt against an OpenAI-compatible endpoint, over aiohttp.
 
-The streamed path parses SSE bytes as they arrive and feeds plain dicts (orjson) to the reasoning
-accumulator: no model object per chunk (what makes the openai client ~10x slower per chunk) and no
-task wake-up per read. Every failure comes back as an :class:`AttemptResult` with a kind and a
-message; nothing raises except cancellation, which the caller records.
+HTTP is aiohttp's (its C parser, connection pool, TLS, proxies); what is
+ours is the SSE parsing, the capture and the bookkeeping. The streamed path hands each read of
+the response body (``readany``: whatever the socket delivered) straight to the SSE parser and
+feeds plain dicts (orjson) to the reasoning accumulator: no model object per chunk and no
+per-read timer (the idle timeout is one lazily re-armed timer per request).
+
+Every failure comes back as an :class:`AttemptResult` with a kind and a message, secrets
+redacted; nothing raises except cancellation, which the caller records. Limits (body size, one
+event's size, header sizes) end the attempt with a kind of their own; a redirect is not followed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
+import aiohttp
 import orjson
+from aiohttp import http_exceptions
 
+from ..config import LimitsConfig
 from ..reasoning import ResponseShapeError, StreamAccumulator, extract_response
-from .http1 import Exchange, HttpClient, HttpFailure
+from ..redact import redact
+from .endpoints import Endpoint
 from .results import AttemptResult
 from .sse import SSEParser
 
 _MAX_ERROR_BODY = 2000
 _ERROR_BODY_READ = 64 * 1024
+_AFTER_DONE_S = 1.0  # how long the end of a body is awaited after [DONE] before the connection is dropped
+_AFTER_DONE_BYTES = 64 * 1024  # bytes after [DONE] read (and ignored) at most
+USER_AGENT = "synthwatch (aiohttp)"
+
+
+class _Limit(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class _IdleWatch:
+    """The idle timeout: no body bytes for ``idle_s`` ends the request.
+
+    One timer per request, re-armed only when it fires (to ``last + idle_s`` if bytes came since),
+    so a read costs one clock call instead of cancelling and scheduling a timer."""
+
+    __slots__ = ("cm", "fired", "handle", "idle_s", "last", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, cm: asyncio.Timeout, idle_s: float) -> None:
+        self.loop, self.cm, self.idle_s = loop, cm, idle_s
+        self.fired = False
+        self.last = loop.time()
+        self.handle = loop.call_at(self.last + idle_s, self._check)
+
+    def _check(self) -> None:
+        due = self.last + self.idle_s
+        now = self.loop.time()
+        if now >= due:
+            self.fired = True
+            self.cm.reschedule(now)  # cancels the request's task; the timeout context turns it into TimeoutError
+        else:
+            self.handle = self.loop.call_at(due, self._check)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 class Requester:
-    """Holds the HTTP connections and the per-run request settings."""
+    """Holds the HTTP session (connection pool) and the per-run request settings."""
 
     def __init__(
         self,
@@ -35,6 +82,7 @@ class Requester:
         think_open: str = "<think>",
         think_close: str = "</think>",
         prefilled_open: bool = False,
+        limits: LimitsConfig | None = None,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.total_timeout_s = total_timeout_s
@@ -43,71 +91,125 @@ class Requester:
         self.think_open = think_open
         self.think_close = think_close
         self.prefilled_open = prefilled_open
-        self._http: HttpClient | None = None
+        self.limits = limits or LimitsConfig()
+        self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Requester:
-        self._http = HttpClient(connect_timeout_s=self.connect_timeout_s)
+        lim = self.limits
+        self._session = aiohttp.ClientSession(
+            # no limit: the worker's concurrency is the limit. Idle connections are dropped after 4 s, before
+            # common servers drop them (uvicorn: 5 s): a request sent as the server closes would fail.
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s),  # the rest is ours
+            # proxies: each endpoint's, from the environment at start-up (endpoints.env_proxy), not trust_env
+            cookie_jar=aiohttp.DummyCookieJar(),
+            headers={"User-Agent": USER_AGENT},
+            max_line_size=lim.max_header_bytes,
+            max_field_size=lim.max_header_bytes,
+            max_headers=lim.max_headers,
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     def accumulator(self) -> StreamAccumulator:
         return StreamAccumulator(self.mode, self.think_open, self.think_close, self.prefilled_open)
 
-    async def attempt(self, url: str, body: bytes, headers: dict[str, str], stream: bool,
-                      endpoint: str) -> AttemptResult:
-        assert self._http is not None, "use `async with Requester(...)`"
+    async def attempt(self, ep: Endpoint, body: bytes, stream: bool) -> AttemptResult:
+        session = self._session
+        assert session is not None, "use `async with Requester(...)`"
         t0 = time.perf_counter()
         acc = self.accumulator() if stream else None
-        res = AttemptResult(ok=False, endpoint=endpoint)
+        res = AttemptResult(ok=False, endpoint=ep.label)
+        watch: _IdleWatch | None = None
         try:
             async with asyncio.timeout(self.total_timeout_s):
                 # The idle timeout is the longest silence from sending until a stream ends. A reply that is
                 # not streamed arrives only when it is fully generated: minutes of silence are normal there,
                 # so only the connect and total timeouts apply to it.
-                ex = await self._http.post(url, body, headers, idle_s=self.idle_timeout_s if stream else None)
-                try:
-                    res.status_code = ex.status
-                    if ex.status >= 400:
-                        await self._http_error(ex, res)
-                    elif stream:
-                        assert acc is not None
-                        await self._read_stream(ex, acc, res, t0)
-                    else:
-                        await self._read_whole(ex, res)
-                finally:
-                    ex.release()
-        except HttpFailure as exc:
+                idle_cm = asyncio.timeout(None)
+                async with idle_cm:
+                    if stream:
+                        watch = _IdleWatch(asyncio.get_running_loop(), idle_cm, self.idle_timeout_s)
+                    async with session.post(ep.url, data=body, headers=ep.headers, allow_redirects=False,
+                                            ssl=ep.ssl, proxy=ep.proxy, proxy_headers=ep.proxy_headers) as resp:
+                        status = res.status_code = resp.status
+                        if status >= 300 or status < 200:
+                            await self._not_ok(resp, res)
+                        elif acc is not None:
+                            await self._read_stream(resp, acc, res, t0, watch)
+                        else:
+                            await self._read_whole(resp, res)
+        except _Limit as exc:
             res.kind, res.message = exc.kind, exc.message
-            if exc.kind == "idle_timeout":
-                n = acc.n_chunks if acc is not None else 0
-                res.message = (f"no data for {self.idle_timeout_s:g} s (after {time.perf_counter() - t0:.1f} s,"
-                               f" {n} chunks received)")
+        except aiohttp.ConnectionTimeoutError:
+            res.kind = "connect_timeout"
+            res.message = f"no connection within the connect timeout of {self.connect_timeout_s:g} s"
         except TimeoutError:
-            res.kind, res.message = "timeout", f"request exceeded the total timeout of {self.total_timeout_s:g} s"
+            if watch is not None and watch.fired:
+                res.kind = "idle_timeout"
+                n = acc.n_chunks if acc is not None else 0
+                what = "reply headers" if res.status_code is None else "data"
+                res.message = (f"no {what} for {self.idle_timeout_s:g} s (after {time.perf_counter() - t0:.1f} s,"
+                               f" {n} chunks received)")
+            else:
+                res.kind = "timeout"
+                res.message = f"request exceeded the total timeout of {self.total_timeout_s:g} s"
+        except aiohttp.ClientError as exc:
+            res.kind, res.message = _client_error(exc, self.limits)
+        except OSError as exc:
+            res.kind, res.message = "connect", f"{exc.__class__.__name__}: {exc}"
+        except Exception as exc:  # a bug or a case nobody foresaw: recorded on the record, never raised
+            res.kind, res.message = "internal_error", f"{exc.__class__.__name__}: {exc}"
+        finally:
+            if watch is not None:
+                watch.cancel()
         res.latency_s = time.perf_counter() - t0
         if acc is not None:
             res.n_chunks = acc.n_chunks
             if res.extracted is None:
                 res.extracted = acc.result()  # partial text is kept on failures
+        if res.message:
+            res.message = redact(res.message)
         return res
 
-    async def _http_error(self, ex: Exchange, res: AttemptResult) -> None:
-        status = ex.status
+    async def _read_some(self, resp: aiohttp.ClientResponse, n: int) -> bytes:
+        """Up to ``n`` bytes of the body (for messages): whatever arrives, without waiting for the rest."""
+        pieces: list[bytes] = []
+        got = 0
         try:
-            raw = await ex.read(_ERROR_BODY_READ)
-        except HttpFailure:
-            raw = b""
+            while got < n:
+                data = await resp.content.readany()
+                if not data:
+                    break
+                pieces.append(data)
+                got += len(data)
+        except (aiohttp.ClientError, OSError):
+            pass
+        return b"".join(pieces)[:n]
+
+    async def _not_ok(self, resp: aiohttp.ClientResponse, res: AttemptResult) -> None:
+        status = resp.status
+        if 300 <= status < 400:
+            loc = resp.headers.get("Location")
+            res.kind = "redirect"
+            res.message = (f"HTTP {status} redirect to {_clip(loc.encode(), 500) if loc else '(no Location)'}"
+                           " (not followed: set base_url to the final address)")
+            return
+        if status < 200:
+            res.kind, res.message = "http_error", f"unexpected interim reply HTTP {status} {resp.reason or ''}".strip()
+            return
+        raw = await self._read_some(resp, _ERROR_BODY_READ)
         res.message = f"HTTP {status}: {_error_text(raw)}"
         if status == 429:
             res.kind = "http_429"
-            ra = ex.headers.get("retry-after")
+            ra = resp.headers.get("Retry-After")
             if ra:
                 try:
-                    res.retry_after_s = min(float(ra), 300.0)
+                    res.retry_after_s = min(max(float(ra), 0.0), 300.0)
                 except ValueError:
                     pass
         elif status >= 500:
@@ -117,10 +219,11 @@ class Requester:
         else:
             res.kind = f"http_{status}"
 
-    async def _read_stream(self, ex: Exchange, acc: StreamAccumulator, res: AttemptResult, t0: float) -> None:
-        ctype = ex.headers.get("content-type", "")
+    async def _read_stream(self, resp: aiohttp.ClientResponse, acc: StreamAccumulator, res: AttemptResult,
+                           t0: float, watch: _IdleWatch | None) -> None:
+        ctype = resp.headers.get("Content-Type", "")
         if "text/event-stream" not in ctype:
-            raw = await ex.read(_ERROR_BODY_READ)
+            raw = await self._read_some(resp, _ERROR_BODY_READ)
             if "json" in ctype:
                 # some servers answer a stream request with one JSON error object
                 res.kind, res.message = "error_body", f"expected an event stream, got JSON: {_error_text(raw)}"
@@ -129,37 +232,51 @@ class Requester:
                 res.message = f"expected text/event-stream, got {ctype or 'no content type'}: {_error_text(raw)}"
             return
         parser = SSEParser()
+        max_event = self.limits.max_event_bytes
         loads = orjson.loads
         feed = acc.feed
+        parse = parser.feed
+        readany = resp.content.readany
+        clock = watch.loop.time if watch is not None else time.monotonic
         done = False
         first: float | None = None
-
-        def on_data(data: bytes) -> bool:
-            """Runs as bytes arrive; False ends the reply (the connection is then closed)."""
-            nonlocal done, first
-            for payload in parser.feed(data):
+        while not done:
+            data = await readany()
+            if watch is not None:
+                watch.last = clock()
+            if not data:
+                payloads = parser.flush()  # the end of the body: a held trailing \r ends a line
+                if not payloads:
+                    break
+            else:
+                payloads = parse(data)
+                if parser.held > max_event:
+                    raise _Limit("event_too_large", f"one stream event exceeded {max_event:,} bytes"
+                                 f" (limits.max_event_bytes) after {acc.n_chunks} chunks: {_clip(parser.pending())}")
+            for payload in payloads:
                 if payload == b"[DONE]":
                     done = True
-                    continue
+                    break  # anything after [DONE] is not part of the reply
                 try:
                     chunk = loads(payload)
                 except orjson.JSONDecodeError as exc:
                     res.kind = "malformed"
                     res.message = f"malformed stream chunk ({exc}): {_clip(payload)}"
-                    return False
+                    return
                 if type(chunk) is not dict:
                     res.kind, res.message = "malformed", f"stream chunk is not an object: {_clip(payload)}"
-                    return False
+                    return
                 if feed(chunk) and first is None:
                     first = time.perf_counter()
                 if acc.error is not None:
                     res.kind, res.message = "error_body", f"error event in stream: {_error_text(orjson.dumps(acc.error))}"
-                    return False
-            return True
-
-        await ex.stream(on_data)
-        if res.kind:
-            return
+                    return
+            if not data:
+                break
+        if done and not resp.content.is_eof():
+            if watch is not None:
+                watch.cancel()  # the reply is complete: only the short wait for the body's end is left
+            await self._drain_after_done(resp)
         if first is not None:
             res.ttft_s = first - t0
         ex_ = acc.result()
@@ -177,10 +294,39 @@ class Requester:
             return
         res.ok = True
 
-    async def _read_whole(self, ex: Exchange, res: AttemptResult) -> None:
-        raw = await ex.read()
+    async def _drain_after_done(self, resp: aiohttp.ClientResponse) -> None:
+        """The reply is complete at [DONE]; the body's end usually follows at once, and reading it keeps
+        the connection for the next request. A server that keeps sending or stays silent loses it."""
+        got = 0
+        try:
+            async with asyncio.timeout(_AFTER_DONE_S):
+                while got <= _AFTER_DONE_BYTES:
+                    data = await resp.content.readany()
+                    if not data:
+                        return
+                    got += len(data)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            pass
+        resp.close()  # the body did not end properly: the connection is not reused
+
+    async def _read_whole(self, resp: aiohttp.ClientResponse, res: AttemptResult) -> None:
+        cap = self.limits.max_body_bytes
+        length = resp.content_length
+        if length is not None and length > cap and not resp.headers.get("Content-Encoding"):
+            raise _Limit("body_too_large", f"reply body of {length:,} bytes (Content-Length) exceeds"
+                         f" {cap:,} bytes (limits.max_body_bytes)")
+        pieces: list[bytes] = []
+        got = 0
+        readany = resp.content.readany
+        while data := await readany():
+            got += len(data)
+            if got > cap:
+                raise _Limit("body_too_large", f"reply body exceeded {cap:,} bytes (limits.max_body_bytes;"
+                             " decoded size)")
+            pieces.append(data)
+        raw = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         res.ttft_s = None
-        ctype = ex.headers.get("content-type", "")
+        ctype = resp.headers.get("Content-Type", "")
         if "json" not in ctype:
             res.kind = "bad_content_type"
             res.message = f"expected application/json, got {ctype or 'no content type'}: {_error_text(raw)}"
@@ -200,6 +346,36 @@ class Requester:
             res.message = str(exc)
             return
         res.ok = True
+
+
+def _client_error(exc: aiohttp.ClientError, limits: LimitsConfig) -> tuple[str, str]:
+    """The recorded kind and message of an aiohttp failure."""
+    text = f"{exc.__class__.__name__}: {exc}"
+    cause: Any = exc.__cause__
+    if isinstance(exc, aiohttp.ClientConnectorError):  # refused, DNS, TLS handshake, certificate
+        return "connect", text
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "dropped", f"the server closed the connection before the reply ended ({text})"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        if "decode" in str(exc).lower() or "encoding" in str(exc).lower() and "transfer" not in str(exc).lower():
+            return "bad_encoding", f"reply body could not be decoded ({text})"
+        if isinstance(cause, http_exceptions.ContentLengthError) or "not completed" in str(exc) \
+                or "Not enough data" in str(exc):
+            return "dropped", f"the connection ended before the reply did ({text})"
+        return "http_error", f"invalid reply body framing ({text})"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        low = str(exc).lower()
+        if isinstance(cause, http_exceptions.LineTooLong) or "too long" in low or "got more than" in low:
+            return "header_too_large", (f"a reply header line exceeded {limits.max_header_bytes:,} bytes"
+                                        f" (limits.max_header_bytes): {text}")
+        if "too many headers" in low:
+            return "header_too_large", f"the reply had more than {limits.max_headers} headers (limits.max_headers)"
+        return "http_error", f"not a valid HTTP reply ({text})"
+    if isinstance(exc, aiohttp.ClientOSError):
+        return "dropped", f"the connection failed during the request ({text})"
+    if isinstance(exc, aiohttp.InvalidURL):
+        return "connect", text
+    return "http_error", text
 
 
 def _clip(raw: bytes, n: int = 300) -> str:

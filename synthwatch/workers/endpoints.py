@@ -7,12 +7,18 @@ success puts it back, failure ejects it again for longer.
 
 from __future__ import annotations
 
+import base64
 import os
+import ssl
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.request import getproxies, proxy_bypass
 
-from ..config import EndpointConfig, EndpointPoolConfig
+from ..config import EndpointConfig, EndpointPoolConfig, TLSConfig
+from ..redact import add_secret
 
 
 @dataclass
@@ -21,6 +27,9 @@ class Endpoint:
     base_url: str
     url: str
     headers: dict[str, str]
+    ssl: ssl.SSLContext | bool = True  # what the HTTP client verifies https with (True: the system's CAs)
+    proxy: str | None = None  # from the environment (HTTP(S)_PROXY, NO_PROXY), read at start-up
+    proxy_headers: dict[str, str] | None = None
     outstanding: int = 0
     ok: int = 0
     failed: int = 0
@@ -42,7 +51,81 @@ class Endpoint:
 
 
 class MissingApiKey(Exception):
-    pass
+    """An endpoint's key, header value or TLS file is missing or unusable: the run cannot start.
+
+    The message names the environment variable or file, never a secret value."""
+
+
+def header_value_problem(value: str) -> str | None:
+    """Why ``value`` cannot be sent as an HTTP header value, or None if it can.
+
+    HTTP carries visible ASCII, spaces, tabs and Latin-1 bytes (obs-text) in a field value; a line
+    break or NUL would end the header and let the rest rewrite the request, and characters beyond
+    Latin-1 (a zero-width space pasted along with a key) have no bytes a server would match."""
+    for ch in value:
+        o = ord(ch)
+        if 32 <= o < 127 or o == 9 or 160 <= o < 256:
+            continue
+        if ch in "\r\n":
+            return "a line break"
+        if o == 0:
+            return "a NUL character"
+        if o > 255 and unicodedata.category(ch) not in ("Cf", "Cc", "Zs", "Zl", "Zp", "Cs", "Co", "Cn"):
+            return "a character beyond Latin-1"  # a visible one: which one could be part of the secret
+        name = unicodedata.name(ch, "control character")
+        return f"U+{o:04X} ({name})"
+    return None
+
+
+def _secret_from_env(label: str, env: str, what: str) -> str:
+    value = os.environ.get(env)
+    if not value:
+        raise MissingApiKey(f"endpoint {label}: environment variable {env} is not set (it should hold {what})")
+    add_secret(value)  # registered before anything can print it
+    why = header_value_problem(value)
+    if why is not None:
+        raise MissingApiKey(f"endpoint {label}: environment variable {env} holds {why}, which an HTTP header cannot"
+                            " carry; fix the variable (the value is not shown)")
+    return value
+
+
+def ssl_context(label: str, tls: TLSConfig) -> ssl.SSLContext:
+    """The TLS settings of one endpoint; made once, at start-up (a missing file stops the run there)."""
+    try:
+        ctx = ssl.create_default_context(cafile=tls.ca_bundle)
+        if tls.client_cert:
+            ctx.load_cert_chain(tls.client_cert, tls.client_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise MissingApiKey(f"endpoint {label}: TLS settings: {exc.__class__.__name__}: {exc}") from None
+    if not tls.verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def env_proxy(url: str) -> tuple[str | None, dict[str, str] | None]:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``/``HTTP_PROXY``, ``NO_PROXY``), and the
+    headers that authenticate to it (credentials in the proxy URL are secrets like keys).
+
+    Read once per endpoint at start-up: aiohttp's ``trust_env`` reads the environment and ~/.netrc in a
+    thread for every request, which tripled the client's CPU per request (and would add netrc credentials)."""
+    u = urlsplit(url)
+    if not u.hostname or proxy_bypass(u.hostname):
+        return None, None
+    proxy = getproxies().get(u.scheme)
+    if not proxy:
+        return None, None
+    p = urlsplit(proxy if "://" in proxy else "http://" + proxy)
+    headers = None
+    if p.username is not None:
+        user, password = unquote(p.username), unquote(p.password or "")
+        token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+        for secret in (password, token):
+            add_secret(secret)
+        headers = {"Proxy-Authorization": f"Basic {token}"}
+        host = p.hostname or ""
+        p = p._replace(netloc=(f"[{host}]" if ":" in host else host) + (f":{p.port}" if p.port else ""))
+    return urlunsplit(p), headers
 
 
 class EndpointPool:
@@ -52,17 +135,20 @@ class EndpointPool:
         for c in configs:
             headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
             if c.api_key_env:
-                key = os.environ.get(c.api_key_env)
-                if not key:
-                    raise MissingApiKey(
-                        f"endpoint {c.label}: environment variable {c.api_key_env} is not set (it should hold the API key)"
-                    )
-                if any(c in key for c in "\r\n\0"):
-                    # sent as is, a line break would end the header and let the rest rewrite the request
-                    raise MissingApiKey(f"endpoint {c.label}: environment variable {c.api_key_env} holds a line break"
-                                        " or NUL character (the key is not shown)")
-                headers["Authorization"] = f"Bearer {key}"
-            self.endpoints.append(Endpoint(c.label, c.base_url, c.base_url + "/chat/completions", headers))
+                headers["Authorization"] = "Bearer " + _secret_from_env(c.label, c.api_key_env, "the API key")
+            for name, env in c.headers_env.items():
+                headers[name] = _secret_from_env(c.label, env, f"the value of header {name}")
+            tls: ssl.SSLContext | bool = True
+            if c.base_url.startswith("https:"):
+                tls = ssl_context(c.label, c.tls)
+            url = c.base_url + "/chat/completions"
+            proxy, proxy_headers = env_proxy(url)
+            if proxy_headers and not url.startswith("https:"):
+                # a plain-http request goes to the proxy itself (absolute form): it carries the credentials;
+                # an https one tunnels through CONNECT, which aiohttp sends with proxy_headers
+                headers.update(proxy_headers)
+                proxy_headers = None
+            self.endpoints.append(Endpoint(c.label, c.base_url, url, headers, tls, proxy, proxy_headers))
 
     def pick(self) -> Endpoint:
         """The available endpoint with the fewest outstanding requests.

@@ -28,8 +28,10 @@ from sqlalchemy.engine import Engine
 from .. import store
 from ..alarms import completion_message
 from ..config import RunConfig
+from ..redact import redact
 from ..settings import get_settings
 from ..versions import versioned_changes
+from . import faults
 from .client import Requester
 from .endpoints import EndpointPool
 from .gc_tuning import tuned_for_worker
@@ -227,6 +229,7 @@ class RunWorker:
                 think_open=self.config.reasoning.think_open,
                 think_close=self.config.reasoning.think_close,
                 prefilled_open=self.config.reasoning.prefilled_open,
+                limits=self.config.limits,
             ) as self.requester:
                 final, message = await self._loop()
         except Exception as exc:
@@ -494,23 +497,33 @@ class RunWorker:
     async def _process(self, claimed: store.Claimed) -> None:
         assert self.writer is not None
         writer = self.writer
-        attempts: list[dict[str, Any]] = orjson.loads(claimed.attempts_json) if claimed.attempts_json else []
-        body = self.body_for(claimed.messages)
+        attempts: list[dict[str, Any]] = []
         stream = self.config.stream
         max_attempts = self.config.retries.max_attempts
         version = self.config_version
         last: AttemptResult | None = None
         ep = None
         started = time.time()
+        stage = "claim"
         try:
+            faults.hit(stage)
+            if claimed.attempts_json:
+                attempts = orjson.loads(claimed.attempts_json)
+            stage = "request build"
+            faults.hit(stage)
+            body = self.body_for(claimed.messages)
             for n in range(max_attempts):
+                stage = "send"
                 ep = self.pool.pick()
                 ep.outstanding += 1
                 started = time.time()
                 try:
-                    res = await self.requester.attempt(ep.url, body, ep.headers, stream, ep.label)
+                    faults.hit(stage)
+                    res = await self.requester.attempt(ep, body, stream)
                 finally:
                     ep.outstanding -= 1
+                stage = "capture"
+                faults.hit(stage)
                 last = res
                 attempts.append(res.attempt_dict(len(attempts) + 1, started))
                 if res.ok:
@@ -525,6 +538,41 @@ class RunWorker:
                     break
                 self.stats.retries += 1
                 await asyncio.sleep(self._backoff(n, res.retry_after_s))
+            stage = "write"
+            faults.hit(stage)
+            assert last is not None
+            if last.ok:
+                status = "ok"
+            elif last.kind in TIMEOUT_KINDS:
+                status = "timeout"
+            else:
+                status = "error"
+            ex = last.extracted
+            outcome = Outcome(
+                claimed.id, claimed.idx, status, claimed.messages, extracted=ex, attempts=attempts,
+                error_kind=None if last.ok else last.kind, error=None if last.ok else last.message,
+                endpoint=last.endpoint, latency_s=last.latency_s, ttft_s=last.ttft_s, n_chunks=last.n_chunks,
+                finished_at=time.time(), config_version=version, rerun=claimed.rerun,
+            )
+            s = self.stats
+            if status == "ok":
+                tokens = 0
+                if ex is not None:
+                    usage = ex.usage if isinstance(ex.usage, dict) else {}
+                    tokens = usage.get("completion_tokens") or ex.n_chunks or 0
+                    if type(tokens) is not int or tokens < 0:  # a server's usage is not trusted
+                        tokens = 0
+                    if not ex.reasoning.strip():
+                        s.empty_reasoning += 1
+                s.ok += 1
+                s.completion_tokens += tokens
+                s.record(True, tokens)
+            elif status == "timeout":
+                s.timeouts += 1
+                s.record(False, 0)
+            else:
+                s.errors += 1
+                s.record(False, 0)
         except asyncio.CancelledError:
             if ep is not None:
                 self.pool.abandon(ep)
@@ -536,35 +584,17 @@ class RunWorker:
                                   error_kind="cancelled", error="cancelled by an immediate stop",
                                   finished_at=time.time(), endpoint=ep.label if ep else None))
             raise
-        assert last is not None
-        if last.ok:
-            status = "ok"
-        elif last.kind in TIMEOUT_KINDS:
-            status = "timeout"
-        else:
-            status = "error"
-        ex = last.extracted
-        outcome = Outcome(
-            claimed.id, claimed.idx, status, claimed.messages, extracted=ex, attempts=attempts,
-            error_kind=None if last.ok else last.kind, error=None if last.ok else last.message,
-            endpoint=last.endpoint, latency_s=last.latency_s, ttft_s=last.ttft_s, n_chunks=last.n_chunks,
-            finished_at=time.time(), config_version=version, rerun=claimed.rerun,
-        )
-        s = self.stats
-        if status == "ok":
-            s.ok += 1
-            tokens = 0
-            if ex is not None:
-                usage = ex.usage if isinstance(ex.usage, dict) else {}
-                tokens = usage.get("completion_tokens") or ex.n_chunks or 0
-                if not ex.reasoning.strip():
-                    s.empty_reasoning += 1
-            s.completion_tokens += tokens
-            s.record(True, tokens)
-        elif status == "timeout":
-            s.timeouts += 1
-            s.record(False, 0)
-        else:
-            s.errors += 1
-            s.record(False, 0)
+        except Exception as exc:  # nothing escapes a record: the exception is its recorded error
+            message = redact(f"{exc.__class__.__name__} during {stage}: {exc}")[:2000]
+            log.error("record %d: %s", claimed.id, message)
+            if stage == "send" and ep is not None:
+                self.pool.abandon(ep)
+            attempts.append({"n": len(attempts) + 1, "t": round(started, 3), "endpoint": ep.label if ep else None,
+                             "ok": False, "kind": "internal_error", "status": None, "error": message,
+                             "latency_s": round(time.time() - started, 4)})
+            self.stats.errors += 1
+            self.stats.record(False, 0)
+            outcome = Outcome(claimed.id, claimed.idx, "error", claimed.messages, attempts=attempts,
+                              error_kind="internal_error", error=message, endpoint=ep.label if ep else None,
+                              finished_at=time.time(), config_version=version, rerun=claimed.rerun)
         writer.submit(outcome)

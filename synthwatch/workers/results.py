@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Failure kinds. Retryable ones are transient server or network faults.
+# Failure kinds. Retryable ones are transient server or network faults. The others: redirect (a 3xx, not
+# followed), http_error (not a valid HTTP reply, or a 1xx as the final reply), bad_encoding (a compressed
+# body that does not decompress), body_too_large / event_too_large / header_too_large (a configured limit,
+# see LimitsConfig), internal_error (an exception anywhere in a record's processing: a bug, recorded on the
+# record instead of escaping), http_<status> for other 4xx.
 TIMEOUT_KINDS = frozenset({"timeout", "idle_timeout", "connect_timeout"})
 RETRYABLE_KINDS = frozenset({
     "timeout", "idle_timeout", "connect_timeout", "connect", "dropped", "http_429", "http_5xx",

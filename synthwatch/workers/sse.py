@@ -19,6 +19,9 @@ one newline scan, with no Python work per event. Only events with several lines,
 other fields go through a per-line loop. Bytes of an unfinished event are kept as a list of pieces
 and joined once a separator arrives, so a huge single event fed in small pieces stays linear.
 
+:attr:`SSEParser.held` is the number of bytes of the unfinished event (what a caller bounds: an
+event that never ends would otherwise grow without limit).
+
 ``feed`` takes ``bytes`` in whatever pieces the socket delivers them. At end of stream,
 call :meth:`SSEParser.flush` (it only matters for a stream ending in a bare ``\\r``) and report
 :meth:`SSEParser.pending` if it is not empty: the stream ended mid-event.
@@ -38,7 +41,7 @@ _BOM = b"\xef\xbb\xbf"
 class SSEParser:
     """Feed body bytes in arbitrary pieces; get complete event data payloads back, in order."""
 
-    __slots__ = ("_cr_held", "_head", "_parts", "_started")
+    __slots__ = ("_cr_held", "_head", "_parts", "_started", "held")
 
     def __init__(self) -> None:
         # Unconsumed bytes (line endings already normalized to \n), holding no complete event.
@@ -47,6 +50,7 @@ class SSEParser:
         self._cr_held = False
         self._started = False
         self._head = b""  # first bytes of the stream while they could still be a split BOM
+        self.held = 0  # bytes in _parts: the unfinished event so far
 
     def feed(self, data: bytes) -> list[bytes]:
         """Consume ``data``; return the payloads of the events it completed (maybe none)."""
@@ -87,19 +91,23 @@ class SSEParser:
             # the piece: joining only when an event completes keeps huge events linear.
             if data.find(_SEP) < 0 and not (data[0] == 10 and parts[-1][-1] == 10):
                 parts.append(data)
+                self.held += len(data)
                 return []
             parts.append(data)
             buf = b"".join(parts)
             parts.clear()
+            self.held = 0
         else:
             buf = data
         # Everything up to the last "\n\n" is complete lines followed by a blank line.
         end = buf.rfind(_SEP)
         if end < 0:
             parts.append(buf)
+            self.held = len(buf)
             return []
         if end + 2 < len(buf):
             parts.append(buf[end + 2 :])
+            self.held = len(buf) - end - 2
         if buf[:6] == _DATA_SP:
             if buf.find(10) == end:  # exactly one complete event, one `data: ` line
                 return [buf[6:end]]
