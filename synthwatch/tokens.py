@@ -36,6 +36,7 @@ import difflib
 import functools
 import importlib.util
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -272,10 +273,18 @@ def _remote_code_file(name: str, folder: Path | None) -> str | None:
     return ref.split("--")[-1].rsplit(".", 1)[0] + ".py"
 
 
+def quiet_transformers() -> None:
+    """transformers prints an advisory on import when PyTorch is absent ("PyTorch was not found. Models won't be
+    available..."): tokenizers are all synthwatch uses, so the advisory is noise on a user's terminal. An
+    explicit setting by the user wins."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
 @functools.lru_cache(maxsize=4)
 def _load_raw(name: str, trust_remote_code: bool) -> tuple[PreTrainedTokenizerBase, str]:
     """Load (and share between specs that differ only in template/think strings) one tokenizer."""
     target, folder = _resolve_location(name)
+    quiet_transformers()
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:  # pragma: no cover - a declared dependency

@@ -27,7 +27,9 @@ class Demo:
         self.proc = proc
         self.folder = folder
         self.lines: list[str] = []
+        self.times: list[float] = []  # when each line arrived (monotonic)
         self.url = ""
+        self.url_at = 0.0
         self.runs: dict[str, int] = {}
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -35,6 +37,7 @@ class Demo:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self.times.append(time.monotonic())
             self.lines.append(line.rstrip("\n"))
 
     def wait_ready(self, timeout_s: float = 90) -> None:
@@ -45,6 +48,7 @@ class Demo:
             runs = dict(re.findall(r"run (demo-\w+-\d+): http://127\.0\.0\.1:\d+/runs/(\d+)", text))
             if m and len(runs) == 2:
                 self.url = m.group(1)
+                self.url_at = next(t for t, ln in zip(self.times, self.lines, strict=False) if "dashboard at" in ln)
                 self.runs = {k.split("-")[1]: int(v) for k, v in runs.items()}
                 return
             if self.proc.poll() is not None:
@@ -58,8 +62,8 @@ class Demo:
 def demo(tmp_path_factory: Any) -> Iterator[Demo]:
     folder = tmp_path_factory.mktemp("demo")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "synthwatch", "demo", "--dir", str(folder), "--port", "0", "--duration-s", "240",
-         "--drift-after-s", "3", "--tokens-per-s", "80", "--concurrency", "4"],
+        # the demo's own defaults (drift, speed, concurrency): what a new user sees
+        [sys.executable, "-m", "synthwatch", "demo", "--dir", str(folder), "--port", "0", "--duration-s", "240"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=str(folder),
     )
     d = Demo(proc, folder)
@@ -74,6 +78,27 @@ def demo(tmp_path_factory: Any) -> Iterator[Demo]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def test_demo_banner_within_15_s_of_the_url(demo: Demo) -> None:
+    """The story in 15 seconds: from the printed URL to the drifting run's red banner naming both fields."""
+    with httpx.Client(base_url=demo.url, timeout=10) as c:
+        banner: list[dict[str, Any]] = []
+        while time.monotonic() < demo.url_at + 30:
+            banner = c.get(f"/api/runs/{demo.runs['drift']}/alarms").json()["banner"]
+            if banner:
+                break
+            time.sleep(0.1)
+        took = time.monotonic() - demo.url_at
+        assert banner, "no alarm within 30 s of the printed URL"
+        print(f"demo: banner {took:.1f} s after the URL was printed")
+        assert took < 15, f"the banner took {took:.1f} s"
+        assert banner[0]["rule"] == "field_mismatch"
+        assert "`reasoning`" in banner[0]["message"] and "`reasoning_content`" in banner[0]["message"]
+        assert c.get(f"/api/runs/{demo.runs['healthy']}/alarms").json()["banner"] == []
+    # nothing stray on the terminal: the demo's own lines only
+    stray = [ln for ln in demo.lines if ln.startswith("[transformers]") or "PyTorch was not found" in ln]
+    assert not stray, stray
 
 
 def test_demo_serves_live_runs_and_catches_the_drift(demo: Demo) -> None:

