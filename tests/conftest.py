@@ -250,3 +250,14 @@ def any_engine(any_db: str) -> Iterator[Any]:
     eng = open_engine(any_db)
     yield eng
     eng.dispose()
+
+
+# ---------------------------------------------------------------- honest markers
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """A test that drives a browser must say so (`-m "not browser"` is the quick loop's promise)."""
+    unmarked = [item.nodeid for item in items
+                if "page" in getattr(item, "fixturenames", ()) and item.get_closest_marker("browser") is None]
+    if unmarked:
+        raise pytest.UsageError("these tests use a browser page but lack @pytest.mark.browser:\n  "
+                                + "\n  ".join(unmarked))

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from playwright.sync_api import expect
 from test_export import VARIED, make_run, specforge_read
 from workerkit import wait_for
@@ -142,6 +143,7 @@ def test_a_running_export_left_by_a_stopped_dashboard_shows_as_failed(engine, db
     assert job["status"] == "failed" and "interrupted" in job["error"] and job["download_url"] is None
 
 
+@pytest.mark.browser
 def test_export_page_shows_progress_then_offers_the_file(engine, db_path, live_app, page, tmp_path) -> None:  # type: ignore[no-untyped-def]
     run_id = make_run(engine, [{"reasoning": f"Step {i}: think about it. " * 20} for i in range(300)])
     srv = live_app(poll_interval_ms=200)
@@ -186,6 +188,7 @@ def test_export_page_shows_progress_then_offers_the_file(engine, db_path, live_a
     expect(page.locator("[data-export-jobs] a[download]")).to_have_count(1)
 
 
+@pytest.mark.browser
 def test_form_error_is_shown_on_the_page(engine, live_app, page, browser_problems) -> None:  # type: ignore[no-untyped-def]
     run_id = make_run(engine, [{}], tokenizer=None)
     srv = live_app()

@@ -104,6 +104,7 @@ class Guard:
         assert not self.dialogs, f"dialog opened on {where}: {self.dialogs}"
 
 
+@pytest.mark.browser
 def test_viewer_shows_every_hostile_string_literally(hostile_run: dict[str, Any], live_app: Any, page: Any) -> None:
     app = live_app()
     guard = Guard(page)
@@ -126,6 +127,7 @@ def test_viewer_shows_every_hostile_string_literally(hostile_run: dict[str, Any]
         guard.check(url)
 
 
+@pytest.mark.browser
 def test_token_chips_escape_hostile_text(hostile_run: dict[str, Any], live_app: Any, page: Any) -> None:
     from synthwatch import tokens
     from synthwatch.app.routes_review import MAX_CHIPS, _chip_views
@@ -154,6 +156,7 @@ def test_token_chips_escape_hostile_text(hostile_run: dict[str, Any], live_app: 
     guard.check("viewer tokens tab")
 
 
+@pytest.mark.browser
 def test_table_search_run_banner_export_pages(hostile_run: dict[str, Any], live_app: Any, page: Any) -> None:
     app = live_app()
     guard = Guard(page)

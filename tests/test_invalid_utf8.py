@@ -136,6 +136,7 @@ def test_invalid_bytes_become_recorded_outcomes(raw_run: dict[str, Any]) -> None
     assert recs["BAD_JSON_UTF8"]["status"] == "error" and "\ufffd" in recs["BAD_JSON_UTF8"]["error"]
 
 
+@pytest.mark.browser
 def test_pages_render_invalid_bytes_outcomes(raw_run: dict[str, Any], live_app: Any, page: Any) -> None:
     app = live_app()
     guard = Guard(page)

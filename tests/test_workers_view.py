@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from conftest import popen_cli
 from sqlalchemy import text
 from workerkit import wait_for
@@ -93,6 +94,7 @@ def test_a_killed_worker_shows_dead(db_path: Path, engine: Any, live_app: Any, s
     assert w["pid"] == proc.pid and w["status"] == "running"  # nobody marked it: it is dead by silence
 
 
+@pytest.mark.browser
 def test_run_page_lists_workers_in_a_browser(engine: Any, live_app: Any, page: Any) -> None:
     """The run page loads the workers fragment (htmx) and marks the dead worker; no browser problems."""
     with engine.connect() as conn, store.write_begin(conn):
