@@ -20,6 +20,37 @@ def _text(nullable: bool = True) -> Column:  # type: ignore[type-arg]
     return Column(Text, nullable=nullable)
 
 
+class RecordOutput(SQLModel):
+    """What a record's answer is: the columns a record and each of its history rows share (nullable in both)."""
+
+    reasoning: str | None = Field(default=None, sa_type=Text)
+    content: str | None = Field(default=None, sa_type=Text)
+    reasoning_source: str | None = None
+    reasoning_len: int | None = None
+    content_len: int | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    usage_json: str | None = Field(default=None, sa_type=Text)
+    token_ids_json: str | None = Field(default=None, sa_type=Text)
+    latency_s: float | None = None
+    ttft_s: float | None = None
+    n_chunks: int | None = None
+    attempts_json: str | None = Field(default=None, sa_type=Text)
+    error_kind: str | None = None
+    error: str | None = Field(default=None, sa_type=Text)
+    endpoint: str | None = None
+    model: str | None = None
+    system_fingerprint: str | None = None
+    response_id: str | None = None
+    extra_json: str | None = Field(default=None, sa_type=Text)
+    finished_at: float | None = None
+    check_json: str | None = Field(default=None, sa_type=Text)
+    gen_version: int | None = None  # config version the output was generated under
+    derive_version: int | None = None  # config version the output was last derived (read) under
+
+
 class Run(SQLModel, table=True):
     __tablename__ = "run"
 
@@ -49,7 +80,7 @@ class Run(SQLModel, table=True):
     repair_seq: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # bumped by every repair
 
 
-class Record(SQLModel, table=True):
+class Record(RecordOutput, table=True):
     __tablename__ = "record"
     __table_args__ = (
         UniqueConstraint("run_id", "idx", name="uq_record_run_idx"),
@@ -73,41 +104,15 @@ class Record(SQLModel, table=True):
     rnd: float = 0.0  # uniform random key, indexed, for fast random sampling
     prompt_json: str = Field(sa_column=_text(False))
     status: str = Field(default="pending")
-    reasoning: str | None = Field(default=None, sa_column=_text())
-    content: str | None = Field(default=None, sa_column=_text())
     content_null: bool = False
-    reasoning_source: str | None = None
-    reasoning_len: int | None = None
-    content_len: int | None = None
-    finish_reason: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    usage_json: str | None = Field(default=None, sa_column=_text())
-    token_ids_json: str | None = Field(default=None, sa_column=_text())
-    latency_s: float | None = None
-    ttft_s: float | None = None
-    n_chunks: int | None = None
     attempts: int = 0
-    attempts_json: str | None = Field(default=None, sa_column=_text())
-    error_kind: str | None = None
-    error: str | None = Field(default=None, sa_column=_text())
-    endpoint: str | None = None
-    model: str | None = None
-    system_fingerprint: str | None = None
-    response_id: str | None = None
-    extra_json: str | None = Field(default=None, sa_column=_text())
     worker_id: int | None = None
     lease_until: float | None = None
     claimed_at: float | None = None
-    finished_at: float | None = None
     check_flags: int = 0  # bitmask of failed checks (synthwatch.checks)
-    check_json: str | None = Field(default=None, sa_column=_text())
     review: str | None = None  # good | bad (latest, denormalised from the flag table)
     review_reason: str | None = None
     reviewed_at: float | None = None
-    gen_version: int | None = None  # config version the output was generated under
-    derive_version: int | None = None  # config version the output was last derived (read) under
     revision: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # earlier outputs in history
     rerun: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # 1 while queued again
 
@@ -348,7 +353,7 @@ class Repair(SQLModel, table=True):
     undo_of: int | None = None
 
 
-class RecordHistory(SQLModel, table=True):
+class RecordHistory(RecordOutput, table=True):
     """An earlier output of a record, copied whole before a repair replaced it (append-only)."""
 
     __tablename__ = "record_history"
@@ -363,35 +368,9 @@ class RecordHistory(SQLModel, table=True):
     action: str  # rederive | rerun | undo: what replaced this output
     repair_id: int | None = None
     status: str | None = None
-    reasoning: str | None = Field(default=None, sa_column=_text())
-    content: str | None = Field(default=None, sa_column=_text())
     content_null: bool | None = None
-    reasoning_source: str | None = None
-    reasoning_len: int | None = None
-    content_len: int | None = None
-    finish_reason: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    usage_json: str | None = Field(default=None, sa_column=_text())
-    token_ids_json: str | None = Field(default=None, sa_column=_text())
-    latency_s: float | None = None
-    ttft_s: float | None = None
-    n_chunks: int | None = None
     attempts: int | None = None
-    attempts_json: str | None = Field(default=None, sa_column=_text())
-    error_kind: str | None = None
-    error: str | None = Field(default=None, sa_column=_text())
-    endpoint: str | None = None
-    model: str | None = None
-    system_fingerprint: str | None = None
-    response_id: str | None = None
-    extra_json: str | None = Field(default=None, sa_column=_text())
-    finished_at: float | None = None
     check_flags: int | None = None
-    check_json: str | None = Field(default=None, sa_column=_text())
-    gen_version: int | None = None
-    derive_version: int | None = None
 
 
 class PauseOverride(SQLModel, table=True):

@@ -16,7 +16,7 @@ from test_checks_kit import CheckedBackground, alarms, events, stats
 from workerkit import make_config, records, run_row, wait_for
 
 from synthwatch import alarms as alarms_mod
-from synthwatch import repair, store, versions
+from synthwatch import repair, repair_history, store, versions
 from synthwatch.export import ExportOptions, export_run
 
 
@@ -112,7 +112,7 @@ def test_story_snooze_fix_rederive_rerun_export(any_engine, sim, prompts, tmp_pa
         assert [a for a in alarms(engine, run_id) if a["active"]] == []  # the cause is gone: the alarm clears
         assert stats(engine, run_id)["field_mismatch"]["n_fail"] == 0
         with engine.connect() as conn:
-            hist = repair.history(conn, ok[0]["id"])
+            hist = repair_history.history(conn, ok[0]["id"])
         assert len(hist) == 1 and hist[0]["reasoning"] == "" and hist[0]["action"] == "rederive"
         # 4. resume to the cap: the running worker adopted version 2
         store.apply_control(engine, run_id, "resume", actor="tester")
@@ -166,7 +166,7 @@ def test_rerun_truncated_keeps_history_and_the_cap(any_engine, sim, prompts) -> 
     for i in ids:  # every re-run record: answered again under version 2, old answer in its history
         assert ok[i]["gen_version"] == 2 and ok[i]["finish_reason"] == "stop" and ok[i]["rerun"] == 0
         with engine.connect() as conn:
-            [h] = repair.history(conn, i)
+            [h] = repair_history.history(conn, i)
         assert h["finish_reason"] == "length" and h["action"] == "rerun" and h["gen_version"] == 1
 
 
@@ -192,18 +192,18 @@ def test_undo_rederive_restores_and_keeps_history(engine, sim, prompts) -> None:
         sel = repair.select(conn, run_id, check="field_mismatch")
     r = repair.rederive_records(engine, run_id, sel, actor="t")
     assert r["changed"] == 40
-    u = repair.undo(engine, run_id, r["repair_id"], actor="t")
+    u = repair_history.undo(engine, run_id, r["repair_id"], actor="t")
     assert u["restored"] == 40
     ok = records(engine, run_id, "status = 'ok'")
     assert all(x["reasoning"] == "" and x["revision"] == 2 for x in ok)
     assert stats(engine, run_id)["field_mismatch"]["n_fail"] == 40
     with engine.connect() as conn:
-        h = repair.history(conn, ok[0]["id"])
-        reps = repair.list_repairs(conn, run_id)
+        h = repair_history.history(conn, ok[0]["id"])
+        reps = repair_history.list_repairs(conn, run_id)
     assert [x["action"] for x in h] == ["undo", "rederive"] and h[0]["reasoning"]
     assert reps[0]["kind"] == "undo" and reps[1]["undone_at"] is not None
     with pytest.raises(repair.RepairError, match="already undone"):
-        repair.undo(engine, run_id, r["repair_id"])
+        repair_history.undo(engine, run_id, r["repair_id"])
 
 
 def test_autopause_off_is_recorded_and_completion_names_the_failures(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
@@ -354,5 +354,5 @@ def test_kill_9_during_reruns_loses_or_doubles_nothing(db_path, sim, prompts) ->
     for i in truncated[:50]:
         assert by_id[i]["gen_version"] == 2 and by_id[i]["revision"] == 1
         with engine.connect() as conn:
-            hist = repair.history(conn, i)
+            hist = repair_history.history(conn, i)
         assert len(hist) == 1 and hist[0]["finish_reason"] == "length"  # one re-run, recorded once

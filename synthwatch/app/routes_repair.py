@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from .. import repair, store, versions
+from .. import repair, repair_history, store, versions
 from ..alarms import OverrideError, list_overrides, set_auto_pause
 from ..checks import CHECK_INFO, CHECK_NAMES
 from .deps import ReadConn, ReadEngine, WriteEngine, render
@@ -52,7 +52,7 @@ def repair_context(conn: Connection, run_id: int) -> dict[str, Any]:
     return {
         "run": run,
         "versions": list(reversed(versions.list_versions(conn, run_id))),
-        "repairs": repair.list_repairs(conn, run_id),
+        "repairs": repair_history.list_repairs(conn, run_id),
         "overrides": list_overrides(conn, run_id),
         "check_names": CHECK_NAMES,
         "check_info": CHECK_INFO,
@@ -268,7 +268,7 @@ async def apply_form(request: Request, run_id: int, engine: WriteEngine, conn: R
 @router.post("/runs/{run_id}/repairs/{repair_id}/undo", include_in_schema=False)
 def undo_form(run_id: int, repair_id: int, engine: WriteEngine) -> Response:
     try:
-        res = repair.undo(engine, run_id, repair_id, actor="ui")
+        res = repair_history.undo(engine, run_id, repair_id, actor="ui")
     except repair.RepairError as exc:
         return _back(run_id, error=str(exc))
     return _back(run_id, message=f"Undid repair #{repair_id}: {res['restored']} records restored"
@@ -375,7 +375,7 @@ def api_repairs(run_id: int, conn: ReadConn) -> Any:
 def api_undo(run_id: int, repair_id: int, engine: WriteEngine, conn: ReadConn) -> Any:
     _run(conn, run_id)
     try:
-        return repair.undo(engine, run_id, repair_id, actor="api")
+        return repair_history.undo(engine, run_id, repair_id, actor="api")
     except repair.RepairError as exc:
         return JSONResponse({"detail": str(exc)}, status_code=400)
 
@@ -396,4 +396,4 @@ def api_history(run_id: int, record_id: int, conn: ReadConn) -> Any:
     row = conn.execute(text("SELECT run_id FROM record WHERE id = :i"), {"i": record_id}).first()
     if row is None or row[0] != run_id:
         raise HTTPException(404, f"run {run_id} has no record {record_id}")
-    return {"record_id": record_id, "history": repair.history(conn, record_id)}
+    return {"record_id": record_id, "history": repair_history.history(conn, record_id)}

@@ -229,7 +229,7 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
 
 
 def _history(conn: Any, record_id: int) -> list[dict[str, Any]]:
-    from ..repair import history
+    from ..repair_history import history
 
     out = []
     for h in history(conn, record_id):
@@ -254,7 +254,7 @@ def record_api(run_id: int, record_id: int, conn: ReadConn) -> Any:
     """One record with its JSON columns decoded and its flag history."""
     _run_or_404(conn, run_id)
     rec = _record_or_404(conn, run_id, record_id)
-    from ..repair import history
+    from ..repair_history import history
 
     return {"record": review.record_json(rec), "flags": review.flag_history(conn, record_id),
             "history": history(conn, record_id)}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from typing import Any
 
 
 def add_db_arg(p: argparse.ArgumentParser) -> None:
@@ -37,3 +39,34 @@ def positive_float(value: str) -> float:
 def dashboard_hint(db: str | None) -> str:
     where = f" --db {db}" if db else (" --db $SYNTHWATCH_DB" if os.environ.get("SYNTHWATCH_DB") else "")
     return f"synthwatch serve{where}"
+
+
+def open_run(db: str | None, ref: str) -> tuple[Any, dict[str, Any]]:
+    """(engine, run row) for a run name or id; a missing database or run is a CliError naming it."""
+    from ..cli import CliError
+    from ..db import DatabaseError, open_engine
+    from ..store import NotFound, run_row
+
+    try:
+        engine = open_engine(db)
+    except DatabaseError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        with engine.connect() as conn:
+            run = run_row(conn, ref)
+    except NotFound as exc:
+        raise CliError(str(exc)) from None
+    return engine, run
+
+
+def json_object_flag(value: str, flag: str) -> dict[str, Any]:
+    """A flag whose value must be a JSON object (e.g. --extra-body); anything else is a CliError naming the flag."""
+    from ..cli import CliError
+
+    try:
+        obj = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{flag} is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise CliError(f"{flag} must be a JSON object")
+    return obj

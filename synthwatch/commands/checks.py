@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..cli import CliError
-from ._common import add_db_arg
+from ._common import add_db_arg, open_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,18 +32,7 @@ def handle(a: argparse.Namespace) -> int:
     from ..alarms import AlarmNotFound, acknowledge, banner_alarms
     from ..checks import ChecksConfigError, check_rates, recompute, save_settings
     from ..config import ConfigError, load_toml
-    from ..db import DatabaseError, open_engine
-    from ..store import NotFound, run_row
-
-    try:
-        engine = open_engine(a.db)
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from None
-    try:
-        with engine.connect() as conn:
-            run = run_row(conn, a.run)
-    except NotFound as exc:
-        raise CliError(str(exc)) from None
+    engine, run = open_run(a.db, a.run)
     run_id = int(run["id"])
     out = sys.stdout
     if a.config:

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from ..cli import CliError
-from ._common import add_db_arg, positive_float, positive_int
+from ._common import add_db_arg, json_object_flag, open_run, positive_float, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -98,19 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _open(a: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    from ..db import DatabaseError, open_engine
-    from ..store import NotFound, run_row
-
-    try:
-        engine = open_engine(a.db)
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from None
-    try:
-        with engine.connect() as conn:
-            run = run_row(conn, a.run)
-    except NotFound as exc:
-        raise CliError(str(exc)) from None
-    return engine, run
+    return open_run(a.db, a.run)
 
 
 def _fix_changes(a: argparse.Namespace) -> dict[str, Any]:
@@ -126,13 +114,7 @@ def _fix_changes(a: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             ch[key] = value
     if a.extra_body is not None:
-        try:
-            extra = json.loads(a.extra_body)
-        except json.JSONDecodeError as exc:
-            raise CliError(f"--extra-body is not valid JSON: {exc}") from None
-        if not isinstance(extra, dict):
-            raise CliError("--extra-body must be a JSON object")
-        ch["sampling.extra_body"] = extra
+        ch["sampling.extra_body"] = json_object_flag(a.extra_body, "--extra-body")
     if a.base_url:
         ch["endpoints"] = [{"base_url": u, **({"api_key_env": a.api_key_env} if a.api_key_env else {})}
                            for u in a.base_url]
@@ -241,7 +223,8 @@ def _print_preview(verb: str, run: dict[str, Any], p: dict[str, Any], out: Any) 
 
 
 def handle_repairs(a: argparse.Namespace) -> int:
-    from ..repair import RepairError, list_repairs, undo
+    from ..repair import RepairError
+    from ..repair_history import list_repairs, undo
 
     engine, run = _open(a)
     out = sys.stdout

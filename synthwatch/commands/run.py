@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import CliError
-from ._common import add_db_arg, dashboard_hint, positive_float, positive_int
+from ._common import add_db_arg, dashboard_hint, json_object_flag, positive_float, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -120,13 +120,7 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
     put("sampling.seed", a.seed)
     put("sampling.stop", a.stop)
     if a.extra_body:
-        try:
-            extra = json.loads(a.extra_body)
-        except json.JSONDecodeError as exc:
-            raise CliError(f"--extra-body is not valid JSON: {exc}") from None
-        if not isinstance(extra, dict):
-            raise CliError("--extra-body must be a JSON object")
-        put("sampling.extra_body", extra)
+        put("sampling.extra_body", json_object_flag(a.extra_body, "--extra-body"))
     put("request_token_ids", a.return_token_ids)
     put("timeouts.connect_s", a.connect_timeout_s)
     put("timeouts.total_s", a.timeout_s)
