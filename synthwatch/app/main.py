@@ -70,6 +70,17 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
     async def healthz() -> dict[str, Any]:
         return {"ok": True}
 
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    from .metrics import RunsCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunsCollector(app.state.read_engine))
+
+    @app.get("/metrics", tags=["metrics"], summary="Prometheus metrics of every run (docs/metrics.md)")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
     return app
 
 
