@@ -168,6 +168,12 @@ class EndpointPoolConfig(_Strict):
     eject_max_s: float = Field(120.0, gt=0)
 
 
+class ServerMetricsConfig(_Strict):
+    enabled: bool = Field(True, description="Scrape each endpoint's /metrics (vLLM, SGLang) while the run goes.")
+    interval_s: float = Field(2.0, ge=0.2, le=3600, description="Seconds between two scrapes of one endpoint.")
+    timeout_s: float = Field(2.0, gt=0, le=60, description="Longest wait for one scrape.")
+
+
 class RunConfig(_Strict):
     name: str | None = None
     dataset: DatasetConfig
@@ -184,6 +190,7 @@ class RunConfig(_Strict):
     reasoning: ReasoningConfig = Field(default_factory=ReasoningConfig)
     tokenizer: TokenizerConfig | None = None
     pool: EndpointPoolConfig = Field(default_factory=EndpointPoolConfig)
+    server_metrics: ServerMetricsConfig = Field(default_factory=ServerMetricsConfig)
     checks: dict[str, Any] = Field(default_factory=dict, description="Check and alarm settings.")
     webhook_url: str | None = None
     lease_s: float = Field(30.0, ge=2, description="A claim not renewed this long is taken over.")

@@ -387,3 +387,29 @@ class PauseOverride(SQLModel, table=True):
     created_at: float
     ended_at: float | None = None
     ended_by: str | None = None
+
+
+class ServerMetric(SQLModel, table=True):
+    """What an endpoint's own /metrics said at one scrape (synthwatch.workers.server_metrics)."""
+
+    __tablename__ = "server_metric"
+    __table_args__ = (Index("ix_server_metric_run", "run_id", "endpoint", "t"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    worker_id: int
+    endpoint: str
+    t: float
+    kind: str | None = None  # vllm | sglang | unknown
+    version: str | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None  # 0..1
+    preemptions_s: float | None = None
+    gen_tokens_s: float | None = None
+    prompt_tokens_s: float | None = None
+    queue_p50_s: float | None = None
+    queue_p95_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    error: str | None = Field(default=None, sa_column=_text())

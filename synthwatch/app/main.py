@@ -51,9 +51,18 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
     security.install(app, auth_token=settings.auth_token, loopback_only=security.is_loopback(settings.host))
     _install_error_pages(app)
 
-    from . import routes_alarms, routes_export, routes_repair, routes_review, routes_runs, routes_workers
+    from . import (
+        routes_alarms,
+        routes_export,
+        routes_repair,
+        routes_review,
+        routes_runs,
+        routes_server,
+        routes_workers,
+    )
 
-    for mod in (routes_runs, routes_review, routes_alarms, routes_repair, routes_export, routes_workers):
+    for mod in (routes_runs, routes_review, routes_alarms, routes_repair, routes_export, routes_workers,
+                routes_server):
         app.include_router(mod.router)
 
     @app.get("/", include_in_schema=False)

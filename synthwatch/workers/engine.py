@@ -36,6 +36,7 @@ from .client import Requester
 from .endpoints import EndpointPool
 from .gc_tuning import tuned_for_worker
 from .results import RETRYABLE_KINDS, TIMEOUT_KINDS, AttemptFailure, AttemptResult, Outcome
+from .server_metrics import Scraper, insert_rows
 from .writer import Writer, WriterHook
 
 log = logging.getLogger("synthwatch.worker")
@@ -231,7 +232,14 @@ class RunWorker:
                 prefilled_open=self.config.reasoning.prefilled_open,
                 limits=self.config.limits,
             ) as self.requester:
-                final, message = await self._loop()
+                scrape = self._start_scraper()
+                try:
+                    final, message = await self._loop()
+                finally:
+                    if scrape is not None:
+                        scrape.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await scrape
         except Exception as exc:
             log.exception("worker failed")
             final, message = "failed", f"{exc.__class__.__name__}: {exc}"
@@ -272,6 +280,20 @@ class RunWorker:
         with contextlib.suppress(Exception):
             await asyncio.shield(asyncio.wrap_future(fut))
         await asyncio.to_thread(writer.stop)
+
+    def _start_scraper(self) -> asyncio.Task[None] | None:
+        """Scrape each endpoint's own /metrics while the run goes (config server_metrics)."""
+        sm = self.config.server_metrics
+        if not sm.enabled or self.writer is None:
+            return None
+        writer, run_id, worker_id = self.writer, self.run_id, self.worker_id
+
+        def write(rows: list[dict[str, Any]]) -> None:
+            if rows:
+                writer.call(lambda conn: insert_rows(conn, run_id, worker_id, rows))
+
+        scraper = Scraper(self.pool.endpoints, interval_s=sm.interval_s, timeout_s=sm.timeout_s, write=write)
+        return asyncio.create_task(scraper.run(), name="synthwatch-server-metrics")
 
     def _loop_wake(self) -> None:
         """Called from the writer thread when a claim is answered."""

