@@ -14,6 +14,8 @@ event's size, header sizes) end the attempt with a kind of their own; a redirect
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import time
 from typing import Any
 
@@ -67,6 +69,27 @@ class _IdleWatch:
 
     def cancel(self) -> None:
         self.handle.cancel()
+
+
+def retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Retry-After as seconds to wait: a number of seconds or an HTTP date (RFC 9110), at most 300; None when
+    absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return min(max(float(value), 0.0), 300.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return min(max(when.timestamp() - (time.time() if now is None else now), 0.0), 300.0)
 
 
 class Requester:
@@ -204,14 +227,10 @@ class Requester:
             return
         raw = await self._read_some(resp, _ERROR_BODY_READ)
         res.message = f"HTTP {status}: {_error_text(raw)}"
+        if status in (429, 503):
+            res.retry_after_s = retry_after(resp.headers.get("Retry-After"))
         if status == 429:
             res.kind = "http_429"
-            ra = resp.headers.get("Retry-After")
-            if ra:
-                try:
-                    res.retry_after_s = min(max(float(ra), 0.0), 300.0)
-                except ValueError:
-                    pass
         elif status >= 500:
             res.kind = "http_5xx"
         elif status == 408:

@@ -3,6 +3,11 @@
 An endpoint that fails ``eject_after_failures`` times in a row is taken out for ``eject_s``
 (doubling on each repeat, up to ``eject_max_s``). When the time is up it gets one probe request;
 success puts it back, failure ejects it again for longer.
+
+Rate limiting is not failure: a 429 or 503 makes that endpoint back off (for the server's Retry-After, in
+seconds or as an HTTP date, or exponentially from 1 s), then start slowly (one request at a time, twice as
+many after each success); meanwhile the other endpoints keep their pace, and a request waits only when every
+endpoint is backing off.
 """
 
 from __future__ import annotations
@@ -19,6 +24,11 @@ from urllib.request import getproxies, proxy_bypass
 
 from ..config import EndpointConfig, EndpointPoolConfig, TLSConfig
 from ..redact import add_secret
+
+RATE_LIMIT_BASE_S = 1.0  # backoff after a 429/503 without Retry-After, doubling while they go on ...
+RATE_LIMIT_MAX_S = 60.0  # ... up to this
+SLOW_START_MAX = 1024  # a slow-start window this large is no limit any more
+SLOW_START_POLL_S = 0.05
 
 
 @dataclass
@@ -39,7 +49,22 @@ class Endpoint:
     probing: bool = False
     last_error: str = ""
     eject_s: float = 0.0
+    # rate limiting (429, 503): a backoff honouring Retry-After, then a slow start (window doubles per success)
+    backoff_until: float = 0.0  # monotonic
+    backoff_until_wall: float = 0.0  # the same moment, wall clock (shown as HH:MM:SS)
+    window: int = 0  # most requests outstanding during the slow start (0: no limit)
+    limited: int = 0  # 429 / 503 answers
+    consecutive_limits: int = 0
     _latencies: list[float] = field(default_factory=list)
+
+    def state(self, t: float) -> str:
+        if self.ejected_until > t:
+            return "ejected"
+        if self.backoff_until > t:
+            return "backing off until " + time.strftime("%H:%M:%S", time.localtime(self.backoff_until_wall))
+        if self.window:
+            return f"slow start ({self.window} at once)"
+        return "normal"
 
     def public(self) -> dict[str, Any]:
         t = time.monotonic()
@@ -47,6 +72,8 @@ class Endpoint:
             "label": self.label, "outstanding": self.outstanding, "ok": self.ok, "failed": self.failed,
             "consecutive_failures": self.consecutive_failures, "ejections": self.ejections,
             "ejected_for_s": round(max(0.0, self.ejected_until - t), 1), "last_error": self.last_error[:300],
+            "state": self.state(t), "rate_limited": self.limited,
+            "backoff_for_s": round(max(0.0, self.backoff_until - t), 1), "window": self.window,
         }
 
 
@@ -158,7 +185,7 @@ class EndpointPool:
         t = time.monotonic()
         best: Endpoint | None = None
         for ep in self.endpoints:
-            if ep.ejected_until > t:
+            if ep.ejected_until > t or not self._open(ep, t):
                 continue
             if ep.ejected_until and not ep.probing and ep.consecutive_failures:
                 # ejection over: exactly one probe request decides
@@ -169,10 +196,42 @@ class EndpointPool:
             if best is None or ep.outstanding < best.outstanding:
                 best = ep
         if best is None:
-            best = min(self.endpoints, key=lambda e: (e.ejected_until, e.outstanding))
+            best = min(self.endpoints, key=lambda e: (e.ejected_until, e.backoff_until, e.outstanding))
         return best
 
+    @staticmethod
+    def _open(ep: Endpoint, t: float) -> bool:
+        """Not backing off, and within its slow-start window."""
+        return ep.backoff_until <= t and not (ep.window and ep.outstanding >= ep.window)
+
+    def wait_s(self) -> float:
+        """How long until some endpoint takes a request (0: one does now). Only rate limiting makes a request
+        wait: an ejected endpoint still gets its probe."""
+        t = time.monotonic()
+        if any(self._open(ep, t) for ep in self.endpoints):
+            return 0.0
+        backing = [ep.backoff_until - t for ep in self.endpoints if ep.backoff_until > t]
+        if len(backing) == len(self.endpoints):
+            return max(0.0, min(backing))
+        return SLOW_START_POLL_S  # every open endpoint is at its slow-start window: a slot frees soon
+
+    def rate_limited(self, ep: Endpoint, retry_after_s: float | None) -> float:
+        """A 429 or 503: the endpoint backs off (Retry-After when the server gave one, else exponentially) and
+        then starts slowly; the other endpoints keep their pace. Returns the backoff in seconds."""
+        ep.limited += 1
+        ep.consecutive_limits += 1
+        wait = retry_after_s if retry_after_s is not None else min(
+            RATE_LIMIT_MAX_S, RATE_LIMIT_BASE_S * 2 ** min(ep.consecutive_limits - 1, 10))
+        until = time.monotonic() + wait
+        if until > ep.backoff_until:
+            ep.backoff_until, ep.backoff_until_wall = until, time.time() + wait
+        ep.window = 1
+        return wait
+
     def success(self, ep: Endpoint) -> None:
+        if ep.window:  # slow start: twice as many at once after each success, until no limit is left
+            ep.window = 0 if ep.window >= SLOW_START_MAX else ep.window * 2
+        ep.consecutive_limits = 0
         ep.ok += 1
         ep.consecutive_failures = 0
         ep.probing = False

@@ -536,6 +536,8 @@ class RunWorker:
             body = self.body_for(claimed.messages)
             for n in range(max_attempts):
                 stage = "send"
+                while (wait := self.pool.wait_s()) > 0:  # every endpoint is backing off from rate limits
+                    await asyncio.sleep(min(wait, 0.5))
                 ep = self.pool.pick()
                 ep.outstanding += 1
                 started = time.time()
@@ -552,14 +554,21 @@ class RunWorker:
                     self.pool.success(ep)
                     break
                 retryable = res.kind in RETRYABLE_KINDS
-                self.pool.failure(ep, res.message, server_fault=retryable)
+                limited = res.kind == "http_429" or res.status_code == 503
+                if limited:  # rate limiting: this endpoint backs off; the record may go on elsewhere at once
+                    ep.failed += 1
+                    ep.last_error = res.message
+                    self.pool.rate_limited(ep, res.retry_after_s)
+                else:
+                    self.pool.failure(ep, res.message, server_fault=retryable)
                 retry = retryable and n + 1 < max_attempts and self.local_stop != "stop_now"
                 writer.submit_failure(AttemptFailure(
                     claimed.id, ep.label, res.kind, res.status_code, res.message, time.time(), not retry, retry))
                 if not retry:
                     break
                 self.stats.retries += 1
-                await asyncio.sleep(self._backoff(n, res.retry_after_s))
+                # after a rate limit the endpoint's own backoff (and the wait above) honours Retry-After
+                await asyncio.sleep(self._backoff(n, None if limited else res.retry_after_s))
             stage = "write"
             faults.hit(stage)
             assert last is not None
