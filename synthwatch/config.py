@@ -174,6 +174,23 @@ class ServerMetricsConfig(_Strict):
     timeout_s: float = Field(2.0, gt=0, le=60, description="Longest wait for one scrape.")
 
 
+class AutotuneConfig(_Strict):
+    enabled: bool = Field(False, description="Tune the concurrency to the servers (`--concurrency auto`).")
+    min: int = Field(1, ge=1, le=100_000, description="Fewest requests in flight the tuner sets.")
+    max: int = Field(1024, ge=1, le=100_000, description="Most requests in flight the tuner sets.")
+    start: int = Field(8, ge=1, le=100_000, description="Concurrency the tuner starts from (within min..max).")
+    interval_s: float = Field(5.0, ge=0.5, le=600, description="Seconds between two tuning steps.")
+    gain: float = Field(0.05, ge=0, le=1, description="Raise only while output tokens/s grows by this share.")
+    latency_factor: float = Field(2.0, ge=1, le=100, description="Step back when median latency exceeds this"
+                                                                 " multiple of the lowest seen.")
+
+    @model_validator(mode="after")
+    def _check_range(self) -> AutotuneConfig:
+        if self.min > self.max:
+            raise ValueError(f"autotune.min ({self.min}) is above autotune.max ({self.max})")
+        return self
+
+
 class RunConfig(_Strict):
     name: str | None = None
     dataset: DatasetConfig
@@ -191,6 +208,7 @@ class RunConfig(_Strict):
     tokenizer: TokenizerConfig | None = None
     pool: EndpointPoolConfig = Field(default_factory=EndpointPoolConfig)
     server_metrics: ServerMetricsConfig = Field(default_factory=ServerMetricsConfig)
+    autotune: AutotuneConfig = Field(default_factory=AutotuneConfig)
     checks: dict[str, Any] = Field(default_factory=dict, description="Check and alarm settings.")
     webhook_url: str | None = None
     lease_s: float = Field(30.0, ge=2, description="A claim not renewed this long is taken over.")

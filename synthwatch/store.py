@@ -180,7 +180,8 @@ def add_event(conn: Connection, run_id: int, action: str, value: Any = None, act
     )
 
 
-def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, actor: str = "ui") -> dict[str, Any]:
+def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, actor: str = "ui",
+                  detail: str | None = None) -> dict[str, Any]:
     """Record a control request; workers read it within their control interval (~0.25 s)."""
     if action not in CONTROL_ACTIONS:
         raise ControlError(f"unknown control action {action!r}; expected one of {', '.join(CONTROL_ACTIONS)}")
@@ -219,7 +220,7 @@ def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, a
         assign = ", ".join(f"{k} = :{k}" for k in sets)
         conn.execute(text(f"UPDATE run SET {assign}, updated_at = :t WHERE id = :r"),
                      {**sets, "t": now(), "r": run_id})
-        add_event(conn, run_id, action, value, actor)
+        add_event(conn, run_id, action, value, actor, detail)
     return sets
 
 

@@ -48,7 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--api-key-env", help="name of the environment variable holding the API key")
     g.add_argument("--model")
     g.add_argument("--no-stream", dest="stream", action="store_false", default=None)
-    g.add_argument("--concurrency", type=positive_int)
+    g.add_argument("--concurrency", type=concurrency_arg, metavar="N|auto",
+                   help="requests in flight; 'auto' tunes it to the servers (autotune in docs/configuration.md)")
+    g.add_argument("--concurrency-min", type=positive_int, help="with --concurrency auto: the fewest in flight")
+    g.add_argument("--concurrency-max", type=positive_int, help="with --concurrency auto: the most in flight")
     g.add_argument("--cap", type=positive_int, help="stop once this many records are ok")
     g.add_argument("--max-tokens", type=positive_int)
     g.add_argument("--temperature", type=float)
@@ -76,6 +79,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--quiet", action="store_true", help="no progress line")
     g.add_argument("--log-json", action="store_true", help="progress as JSON lines on stdout (non-interactive)")
     p.set_defaults(func=handle)
+
+
+def concurrency_arg(value: str) -> int | str:
+    return "auto" if value.strip().lower() == "auto" else positive_int(value)
 
 
 def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
@@ -112,7 +119,12 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
         cfg["_api_key_env"] = a.api_key_env
     put("model", a.model)
     put("stream", a.stream)
-    put("concurrency", a.concurrency)
+    if a.concurrency == "auto":
+        put("autotune.enabled", True)
+    else:
+        put("concurrency", a.concurrency)
+    put("autotune.min", a.concurrency_min)
+    put("autotune.max", a.concurrency_max)
     put("cap", a.cap)
     put("sampling.max_tokens", a.max_tokens)
     put("sampling.temperature", a.temperature)

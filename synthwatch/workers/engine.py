@@ -32,6 +32,7 @@ from ..redact import redact
 from ..settings import get_settings
 from ..versions import versioned_changes
 from . import faults
+from .autotune import Interval, Tuner, median
 from .client import Requester
 from .endpoints import EndpointPool
 from .gc_tuning import tuned_for_worker
@@ -63,7 +64,11 @@ class LiveStats:
     retries: int = 0
     empty_reasoning: int = 0
     completion_tokens: int = 0
+    attempt_timeouts: int = 0  # failed attempts by kind, for the concurrency tuner
+    rate_limited: int = 0
+    server_errors: int = 0
     recent: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=4096))
+    latencies: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
 
     def record(self, ok: bool, tokens: int) -> None:
         self.recent.append((time.monotonic(), 1 if ok else 0, tokens))
@@ -118,6 +123,8 @@ class RunWorker:
         self._claim_fut: Future[tuple[list[store.Claimed], str]] | None = None
         self._loop_ref: asyncio.AbstractEventLoop | None = None
         self.config_version = 1  # the run's config version this worker generates under (read in _prepare)
+        self.scraper: Scraper | None = None
+        self._inflight_max = 0  # most requests running at once since the tuner last looked
 
     # ------------------------------------------------------------ request bodies
 
@@ -232,14 +239,14 @@ class RunWorker:
                 prefilled_open=self.config.reasoning.prefilled_open,
                 limits=self.config.limits,
             ) as self.requester:
-                scrape = self._start_scraper()
+                helpers = [t for t in (self._start_scraper(), self._start_tuner()) if t is not None]
                 try:
                     final, message = await self._loop()
                 finally:
-                    if scrape is not None:
-                        scrape.cancel()
+                    for task in helpers:
+                        task.cancel()
                         with contextlib.suppress(asyncio.CancelledError, Exception):
-                            await scrape
+                            await task
         except Exception as exc:
             log.exception("worker failed")
             final, message = "failed", f"{exc.__class__.__name__}: {exc}"
@@ -292,8 +299,52 @@ class RunWorker:
             if rows:
                 writer.call(lambda conn: insert_rows(conn, run_id, worker_id, rows))
 
-        scraper = Scraper(self.pool.endpoints, interval_s=sm.interval_s, timeout_s=sm.timeout_s, write=write)
-        return asyncio.create_task(scraper.run(), name="synthwatch-server-metrics")
+        self.scraper = Scraper(self.pool.endpoints, interval_s=sm.interval_s, timeout_s=sm.timeout_s, write=write)
+        return asyncio.create_task(self.scraper.run(), name="synthwatch-server-metrics")
+
+    def _start_tuner(self) -> asyncio.Task[None] | None:
+        at = self.config.autotune
+        if not at.enabled or self.join:
+            return None
+        return asyncio.create_task(self._tune(), name="synthwatch-autotune")
+
+    async def _tune(self) -> None:
+        """Self-tuning concurrency (workers/autotune.py): one step per interval, each in the audit log."""
+        at = self.config.autotune
+        start = max(at.min, min(at.max, at.start))
+        tuner = Tuner(start, at.min, at.max, gain=at.gain, latency_factor=at.latency_factor)
+        await asyncio.to_thread(store.apply_control, self.engine, self.run_id, "concurrency", start, "autotune",
+                                f"self-tuning concurrency starts at {start} (min {at.min}, max {at.max})")
+        s = self.stats
+        last = (s.attempt_timeouts, s.rate_limited, s.server_errors)
+        while True:
+            t0 = time.monotonic()
+            self._inflight_max = len(self.tasks)
+            await asyncio.sleep(at.interval_s)
+            if self.state != "running":
+                last = (s.attempt_timeouts, s.rate_limited, s.server_errors)
+                continue
+            dt = time.monotonic() - t0
+            tokens = sum(tk for ts, _ok, tk in s.recent if ts >= t0)
+            lat = [x for ts, x in s.latencies if ts >= t0]
+            now = (s.attempt_timeouts, s.rate_limited, s.server_errors)
+            waiting = running = None
+            preempt = 0.0
+            rows = [r for r in (self.scraper.latest.values() if self.scraper is not None else ()) if not r.get("error")]
+            if rows and all(r.get("t", 0) >= time.time() - 2 * at.interval_s for r in rows):
+                waiting = sum(r.get("waiting") or 0 for r in rows)
+                running = sum(r.get("running") or 0 for r in rows)
+                preempt = sum(r.get("preemptions_s") or 0 for r in rows) * dt
+            iv = Interval(tokens / dt, median(lat), self._inflight_max, now[0] - last[0], now[1] - last[1],
+                          now[2] - last[2], preempt, waiting, running)
+            last = now
+            tuner.current = int(self.writer.control.get("concurrency") or tuner.current) if self.writer else tuner.current
+            decision = tuner.step(iv)
+            if decision is not None:
+                n, reason = decision
+                log.info("run %d: concurrency %d -> %d (%s)", self.run_id, tuner.history[-1][0], n, reason)
+                await asyncio.to_thread(store.apply_control, self.engine, self.run_id, "concurrency", n, "autotune",
+                                        reason)
 
     def _loop_wake(self) -> None:
         """Called from the writer thread when a claim is answered."""
@@ -333,6 +384,8 @@ class RunWorker:
                 await self._adopt_config(int(version))
             desired = self.local_stop or ctl.get("desired", "run")
             m = m_last = time.monotonic()
+            if len(self.tasks) > self._inflight_max:
+                self._inflight_max = len(self.tasks)
             if m - rate_t >= 0.25:
                 inst = (self._n_done - rate_n) / (m - rate_t)
                 self._rate = inst if self._rate == 0.0 else 0.5 * self._rate + 0.5 * inst
@@ -555,6 +608,13 @@ class RunWorker:
                     break
                 retryable = res.kind in RETRYABLE_KINDS
                 limited = res.kind == "http_429" or res.status_code == 503
+                st = self.stats
+                if res.kind in TIMEOUT_KINDS:
+                    st.attempt_timeouts += 1
+                elif limited:
+                    st.rate_limited += 1
+                elif res.kind == "http_5xx":
+                    st.server_errors += 1
                 if limited:  # rate limiting: this endpoint backs off; the record may go on elsewhere at once
                     ep.failed += 1
                     ep.last_error = res.message
@@ -598,6 +658,7 @@ class RunWorker:
                 s.ok += 1
                 s.completion_tokens += tokens
                 s.record(True, tokens)
+                s.latencies.append((time.monotonic(), last.latency_s))
             elif status == "timeout":
                 s.timeouts += 1
                 s.record(False, 0)

@@ -149,6 +149,7 @@ class Scraper:
         self.timeout_s = timeout_s
         self.write = write
         self.prev: dict[str, Snapshot | None] = {}
+        self.latest: dict[str, dict[str, Any]] = {}  # label -> the newest row (the concurrency tuner reads it)
         self.version: dict[str, tuple[str | None, str | None]] = {}  # label -> (kind, version)
 
     async def run(self) -> None:
@@ -157,6 +158,9 @@ class Scraper:
             while True:
                 t0 = time.monotonic()
                 rows = await asyncio.gather(*(self._one(session, ep) for ep in self.endpoints))
+                for r in rows:
+                    if r is not None:
+                        self.latest[r["endpoint"]] = r
                 try:
                     self.write([r for r in rows if r is not None])
                 except Exception as exc:  # the writer is gone: the worker is ending

@@ -1,0 +1,92 @@
+"""Self-tuning concurrency (`concurrency = "auto"`): as many requests in flight as the servers can serve.
+
+Every ``interval_s`` the tuner looks at what the last interval gave and decides one step, each recorded in
+the audit log with its reason (and visible as the concurrency line of the in-flight chart):
+
+- **back off** (x0.7, or to what the servers actually run) on any request timeout, 429, 5xx or preemption,
+  or when a server's own queue (``waiting`` from its /metrics, see server_metrics.py) holds requests: past
+  the knee a request only waits, and waiting is what turns into timeouts;
+- **raise** (x1.5) while output tokens/s still grows by at least ``gain`` over the best interval seen and the
+  median latency stays within ``latency_factor`` of the lowest median seen;
+- **hold** otherwise (a plateau: more requests in flight would only queue).
+
+It never leaves [min, max]. A server that shows no metrics is tuned on tokens/s, latency and errors alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Interval:
+    """What one interval gave: tokens/s, median latency, failures by kind, and the servers' own view."""
+
+    tokens_s: float
+    latency_p50_s: float | None
+    in_flight_max: int
+    timeouts: int = 0
+    rate_limited: int = 0
+    server_errors: int = 0
+    preemptions: float = 0.0
+    server_waiting: float | None = None  # summed over endpoints with metrics; None: no endpoint has them
+    server_running: float | None = None
+
+
+@dataclass
+class Tuner:
+    current: int
+    low: int
+    high: int
+    gain: float = 0.05
+    latency_factor: float = 2.0
+    best_tokens_s: float = 0.0
+    best_at: int = 0
+    lowest_latency_s: float | None = None
+    history: list[tuple[int, int, str]] = field(default_factory=list)  # (from, to, reason)
+
+    def step(self, iv: Interval) -> tuple[int, str] | None:
+        """The next concurrency and why, or None to hold."""
+        cur = self.current
+        if iv.latency_p50_s is not None:
+            if self.lowest_latency_s is None or iv.latency_p50_s < self.lowest_latency_s:
+                self.lowest_latency_s = iv.latency_p50_s
+        failures = []
+        if iv.timeouts:
+            failures.append(f"{iv.timeouts} timed out")
+        if iv.rate_limited:
+            failures.append(f"{iv.rate_limited} rate-limited (429)")
+        if iv.server_errors:
+            failures.append(f"{iv.server_errors} server errors (5xx)")
+        if iv.preemptions > 0:
+            failures.append(f"the server preempted {iv.preemptions:g} requests")
+        if failures:
+            return self._set(int(cur * 0.7), "back off: " + ", ".join(failures))
+        if iv.server_waiting is not None and iv.server_waiting >= 1:
+            target = int(iv.server_running) if iv.server_running and iv.server_running < cur else int(cur * 0.9)
+            return self._set(target, f"back off: the servers queue {iv.server_waiting:g} requests (running "
+                                     f"{iv.server_running or 0:g}): past the knee requests only wait")
+        if iv.in_flight_max < cur * 0.8:
+            return None  # not enough work in flight to judge this concurrency
+        slow = (iv.latency_p50_s is not None and self.lowest_latency_s is not None
+                and iv.latency_p50_s > self.latency_factor * self.lowest_latency_s)
+        if slow and cur > self.best_at > 0:
+            return self._set(self.best_at, f"back to {self.best_at}: median latency {iv.latency_p50_s:.1f} s is over"
+                                           f" {self.latency_factor:g}x the lowest seen")
+        if iv.tokens_s > self.best_tokens_s * (1 + self.gain):
+            self.best_tokens_s, self.best_at = iv.tokens_s, cur
+            return self._set(max(cur + 1, int(cur * 1.5)), f"raise: output tokens/s grew to {iv.tokens_s:,.0f}")
+        return None
+
+    def _set(self, n: int, reason: str) -> tuple[int, str] | None:
+        n = max(self.low, min(self.high, n))
+        if n == self.current:
+            return None
+        self.history.append((self.current, n, reason))
+        self.current = n
+        return n, reason
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None

@@ -1,0 +1,63 @@
+"""Self-tuning concurrency: the tuner's steps, and a real worker finding the simulator's knee with no timeout."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import text
+from workerkit import Background, make_config, run_row, wait_for
+
+from synthwatch import store
+from synthwatch.workers.autotune import Interval, Tuner
+
+
+def test_tuner_raises_while_tokens_grow_and_backs_off_on_trouble() -> None:
+    t = Tuner(8, 1, 100)
+    assert t.step(Interval(100.0, 1.0, 8)) == (12, "raise: output tokens/s grew to 100")
+    assert t.step(Interval(150.0, 1.0, 12)) is not None and t.current == 18
+    assert t.step(Interval(152.0, 1.1, 18)) is None  # a plateau: hold
+    assert t.step(Interval(152.0, 1.0, 5)) is None  # too little in flight to judge
+    n, why = t.step(Interval(150.0, 1.0, 18, timeouts=3))  # type: ignore[misc]
+    assert n == 12 and "3 timed out" in why
+    n, why = t.step(Interval(150.0, 1.0, 12, server_waiting=4, server_running=10))  # type: ignore[misc]
+    assert n == 10 and "queue 4" in why
+    assert Tuner(2, 2, 4).step(Interval(1.0, 1.0, 2, rate_limited=1)) is None  # never below min
+    assert [h[1] for h in t.history] == [12, 18, 12, 10]
+    slow = Tuner(8, 1, 100)
+    assert slow.step(Interval(100.0, 1.0, 8)) is not None and slow.current == 12
+    n, why = slow.step(Interval(104.0, 3.0, 12))  # type: ignore[misc]
+    assert n == 8 and "latency" in why  # past the best concurrency, latency tripled: back to the best
+
+
+def _events(engine: Any, run_id: int) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(text(
+            "SELECT * FROM control_event WHERE run_id = :r AND actor = 'autotune' ORDER BY id"), {"r": run_id}).mappings()]
+
+
+def test_worker_finds_the_knee_without_timeouts(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    knee = 8
+    url = sim(capacity=knee, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=81)
+    config = make_config(url, prompts(3000), name="auto", concurrency=1, server_metrics={"interval_s": 0.25},
+                         autotune={"enabled": True, "min": 1, "max": 64, "start": 2, "interval_s": 0.75},
+                         timeouts={"connect_s": 5, "total_s": 20, "idle_s": 10})
+    bg = Background(engine, config).start()
+    try:
+        wait_for(lambda: len(_events(engine, bg.run_id)) >= 4, timeout_s=60, what="tuning steps")
+        t_end = time.monotonic() + 12
+        seen: list[int] = []
+        while time.monotonic() < t_end:
+            seen.append(int(run_row(engine, bg.run_id)["concurrency"]))
+            time.sleep(0.5)
+        settled = seen[-6:]
+        assert all(knee * 0.6 <= c <= knee * 1.6 for c in settled), (seen, _events(engine, bg.run_id))
+        run = run_row(engine, bg.run_id)
+        assert run["n_timeout"] == 0 and run["n_error"] == 0
+        ev = _events(engine, bg.run_id)
+        assert ev[0]["detail"].startswith("self-tuning concurrency starts at 2")
+        assert any(e["detail"].startswith("raise") for e in ev)
+        assert any("queue" in (e["detail"] or "") for e in ev)  # it found the knee through the server's queue
+    finally:
+        store.apply_control(engine, bg.run_id, "stop_now")
+        bg.join(30)
