@@ -51,3 +51,17 @@ def test_scale_benchmark_quick() -> None:
     assert values["records unfinished when stopped (worker fell behind)"] == "0"
     assert values["streams the simulator had open at once (max)"] == str(n)
     assert table["passed"] is True
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_autotune_benchmark_quick() -> None:
+    """The knee benchmark runs end to end (a fixed and an auto run against the capacity model); its numbers are
+    the full run's to judge, so only what it measured is checked here."""
+    from bench import bench_autotune
+
+    r = bench_autotune.main(quick=True)
+    for run in (r["fixed"], r["auto"]):
+        assert run["finished"] > 0 and run["ok"] > 0, run
+    assert r["auto"]["steps"] and r["auto"]["steps"][0][2].startswith("self-tuning concurrency starts at")
+    assert "| auto |" in bench_autotune.markdown(r)

@@ -32,6 +32,7 @@ class Interval:
     preemptions: float = 0.0
     server_waiting: float | None = None  # summed over endpoints with metrics; None: no endpoint has them
     server_running: float | None = None
+    in_flight_now: int = 0  # this worker's requests running at the end of the interval
 
 
 @dataclass
@@ -64,6 +65,8 @@ class Tuner:
         if failures:
             return self._set(int(cur * 0.7), "back off: " + ", ".join(failures))
         if iv.server_waiting is not None and iv.server_waiting >= 1:
+            if iv.server_running and iv.in_flight_now and iv.in_flight_now <= iv.server_running:
+                return None  # the queue is not ours (other clients, or requests sent before the last step)
             target = int(iv.server_running) if iv.server_running and iv.server_running < cur else int(cur * 0.9)
             return self._set(target, f"back off: the servers queue {iv.server_waiting:g} requests (running "
                                      f"{iv.server_running or 0:g}): past the knee requests only wait")

@@ -102,6 +102,9 @@ class RunWorker:
         self.join = join
         self.hooks = hooks or []
         self.on_tick = on_tick
+        if config.autotune.enabled and not join:  # the tuner starts from its own start, not the default concurrency
+            at = config.autotune
+            config.concurrency = max(at.min, min(at.max, at.start))
         self.pool = EndpointPool(config.endpoints, config.pool)
         self.stats = LiveStats()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -336,7 +339,7 @@ class RunWorker:
                 running = sum(r.get("running") or 0 for r in rows)
                 preempt = sum(r.get("preemptions_s") or 0 for r in rows) * dt
             iv = Interval(tokens / dt, median(lat), self._inflight_max, now[0] - last[0], now[1] - last[1],
-                          now[2] - last[2], preempt, waiting, running)
+                          now[2] - last[2], preempt, waiting, running, in_flight_now=len(self.tasks))
             last = now
             tuner.current = int(self.writer.control.get("concurrency") or tuner.current) if self.writer else tuner.current
             decision = tuner.step(iv)

@@ -1,0 +1,130 @@
+"""Concurrency against a server with a knee: the story's fixed 200 in flight vs `--concurrency auto`.
+
+The simulator (`synthwatch simulate --capacity 48`) generates at most 48 requests at once; the others wait in
+its queue, silent, as on a vLLM server whose batch is full. Each request is paced (tokens/s per stream and a
+log-normal length), so past the knee a request waits for the ones ahead of it. Two runs of a real
+`synthwatch run` process with the story's 60 s idle timeout, one after the other, against fresh simulators:
+
+- fixed concurrency 200 (what the story's team ran): the share of records that time out;
+- `--concurrency auto` (starting at 8): how long until its output tokens/s stays within 20 % of the knee's
+  (48 streams x tokens/s), and how many time out.
+
+Throughput is read from the run's own time series (ok records' completion tokens per 5-s bucket), the
+concurrency steps from its audit log.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import write_section
+from bench.clients import SimProcess, workdir, write_dataset
+
+FULL = {"knee": 48, "tokens_per_s": 40, "reasoning": "lognormal:6.0:0.5", "content": "40-120", "timeout_s": 60,
+        "fixed": 200, "duration_s": 150, "interval_s": 5.0, "records": 4000}
+QUICK = {"knee": 6, "tokens_per_s": 40, "reasoning": "40-80", "content": "10-20", "timeout_s": 5,
+         "fixed": 24, "duration_s": 20, "interval_s": 1.0, "records": 600}
+SETTLE_SHARE = 0.8  # within 20 % of the knee's throughput
+
+
+def _run(size: dict[str, Any], concurrency: str, tmp: Path, log: Any) -> dict[str, Any]:
+    from sqlalchemy import text
+
+    from synthwatch.db import open_engine
+
+    sim = SimProcess(capacity=size["knee"], tokens_per_s=size["tokens_per_s"], reasoning_tokens=size["reasoning"],
+                     content_tokens=size["content"], seed=7)
+    db = tmp / f"autotune-{concurrency}.db"
+    dataset = write_dataset(tmp / "prompts.jsonl", size["records"], size["records"])
+    args = [sys.executable, "-m", "synthwatch", "run", "--db", str(db), "--dataset", str(dataset), "--base-url",
+            sim.url, "--model", "sim-reasoner", "--name", f"c-{concurrency}", "--concurrency", concurrency,
+            "--idle-timeout-s", str(size["timeout_s"]), "--timeout-s", str(size["timeout_s"] * 10),
+            "--max-attempts", "1", "--quiet"]
+    if concurrency == "auto":
+        args += ["--concurrency-max", "512"]
+        cfg = tmp / "auto.toml"
+        cfg.write_text(f"[autotune]\ninterval_s = {size['interval_s']}\nstart = 8\n")
+        args += ["--config", str(cfg)]
+    t0 = time.time()
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(size["duration_s"])
+        proc.terminate()  # graceful: in-flight requests finish or time out as they would
+        _, err = proc.communicate(timeout=size["timeout_s"] * 3 + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sim.close()
+    engine = open_engine(str(db))
+    with engine.connect() as conn:
+        run = dict(conn.execute(text("SELECT * FROM run WHERE name = :n"), {"n": f"c-{concurrency}"}).mappings().one())
+        buckets = conn.execute(text(
+            "SELECT t, SUM(completion_tokens), SUM(ok), SUM(timeouts) FROM series WHERE run_id = :r AND endpoint != ''"
+            " GROUP BY t ORDER BY t"), {"r": run["id"]}).all()
+        steps = conn.execute(text(
+            "SELECT t, value, detail FROM control_event WHERE run_id = :r AND actor = 'autotune' ORDER BY id"),
+            {"r": run["id"]}).all()
+    engine.dispose()
+    finished = run["n_ok"] + run["n_error"] + run["n_timeout"]
+    knee_tps = size["knee"] * size["tokens_per_s"]
+    # output tokens/s in 20-s windows (4 buckets of 5 s); the last bucket is cut short by the stop: left out
+    tps = [(int(b[0]), float(b[1] or 0) / 5.0) for b in buckets][:-1]
+    avg = [(tps[i][0], sum(x[1] for x in tps[i:i + 4]) / 4) for i in range(len(tps) - 3)]
+    settle_s = None
+    for i in range(len(avg)):
+        if all(v >= SETTLE_SHARE * knee_tps for _, v in avg[i:]):
+            settle_s = avg[i][0] + 20 - tps[0][0]  # the end of the first window from which it stays there
+            break
+    steady = [x[1] for x in tps[len(tps) // 2:-1]] or [0.0]
+    print(f"  concurrency {concurrency}: {run['n_ok']} ok, {run['n_timeout']} timeouts of {finished} finished;"
+          f" {len(steps)} tuning steps; stderr tail: {err[-200:]!r}", file=log, flush=True)
+    return {"concurrency": concurrency, "ok": run["n_ok"], "timeouts": run["n_timeout"], "finished": finished,
+            "timeout_share": run["n_timeout"] / finished if finished else 0.0, "settle_s": settle_s,
+            "steady_tps": sum(steady) / len(steady), "knee_tps": knee_tps, "final_concurrency": run["concurrency"],
+            "steps": [(round(float(s[0]) - t0, 1), s[1], s[2]) for s in steps], "elapsed_s": time.time() - t0}
+
+
+def measure(size: dict[str, Any], log: Any = sys.stderr) -> dict[str, Any]:
+    with workdir() as tmp:
+        fixed = _run(size, str(size["fixed"]), Path(tmp), log)
+        auto = _run(size, "auto", Path(tmp), log)
+    met = (auto["timeouts"] == 0 and auto["settle_s"] is not None and auto["settle_s"] < 120)
+    return {"size": size, "fixed": fixed, "auto": auto, "met": met}
+
+
+def markdown(r: dict[str, Any]) -> str:
+    s, f, a = r["size"], r["fixed"], r["auto"]
+    lines = [
+        f"Simulator with a knee at K = {s['knee']} streams ({s['tokens_per_s']} tokens/s each, reasoning "
+        f"`{s['reasoning']}` tokens, content `{s['content']}`), idle timeout {s['timeout_s']} s, one attempt per "
+        f"record, {s['duration_s']} s per run. The knee's throughput is {a['knee_tps']:,} output tokens/s.",
+        "",
+        "| concurrency | ok | timeouts | timeout share | steady output tokens/s | vs the knee | settled within 20 % of the knee after | final concurrency |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for x in (f, a):
+        settle = f"{x['settle_s']:.0f} s" if x["settle_s"] is not None else "never"
+        lines.append(f"| {x['concurrency']} | {x['ok']:,} | {x['timeouts']:,} | {x['timeout_share']:.1%} | "
+                     f"{x['steady_tps']:,.0f} | {x['steady_tps'] / x['knee_tps']:.2f}x | {settle} | "
+                     f"{x['final_concurrency']} |")
+    lines += ["", "Tuning steps of the auto run (seconds from its start, new concurrency, reason):", ""]
+    lines += [f"- {t} s → {v}: {d}" for t, v, d in a["steps"][:20]]
+    lines += ["", f"Target (auto settles within 20 % of the knee's throughput in under 2 minutes, 0 timeouts): "
+                  f"**{'met' if r['met'] else 'missed'}**."]
+    return "\n".join(lines)
+
+
+def main(quick: bool = False) -> Any:
+    r = measure(QUICK if quick else FULL)
+    text = markdown(r)
+    print(text)
+    if quick:
+        return r
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    write_section("autotune", f"## Concurrency against a server with a knee (bench/bench_autotune.py)\n\n"
+                              f"`python -m bench autotune` ({stamp}).\n\n{text}")
+    return 0 if r["met"] else 1
