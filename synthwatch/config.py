@@ -71,6 +71,8 @@ class EndpointConfig(_Strict):
         description="Extra request headers: header name -> NAME of the environment variable holding its value.",
     )
     tls: TLSConfig = Field(default_factory=TLSConfig)
+    price_in_per_mtok: float | None = Field(None, ge=0, description="Price per million prompt tokens (cost view).")
+    price_out_per_mtok: float | None = Field(None, ge=0, description="Price per million completion tokens.")
 
     @field_validator("headers_env")
     @classmethod

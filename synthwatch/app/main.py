@@ -53,6 +53,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
 
     from . import (
         routes_alarms,
+        routes_cost,
         routes_export,
         routes_repair,
         routes_review,
@@ -62,7 +63,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
     )
 
     for mod in (routes_runs, routes_review, routes_alarms, routes_repair, routes_export, routes_workers,
-                routes_server):
+                routes_server, routes_cost):
         app.include_router(mod.router)
 
     @app.get("/", include_in_schema=False)

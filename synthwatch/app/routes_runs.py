@@ -18,6 +18,7 @@ from ..charts import run_charts
 from ..config import REASONING_MODES
 from . import launch
 from .deps import HX, ReadConn, WriteEngine, render
+from .routes_cost import cost_context
 from .routes_server import server_context
 
 router = APIRouter()
@@ -176,6 +177,7 @@ def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m
     ctx["control_error"] = None
     ctx["versions"] = list(reversed(versions.list_versions(conn, run_id, counts=False)))[:5]
     ctx["server"] = server_context(conn, run_id)
+    ctx["cost"] = cost_context(conn, run_id)
     return render(request, "run.html", ctx)
 
 
