@@ -145,7 +145,7 @@ def run_cases(cases: list[Case], repeats: int, distinct: dict[str, int],
                     n = case.n["worker"]
                     dataset = data / f"prompts-{case.length}-{n}.jsonl"
                     f = child.ask(kind="floor", base_url=sim.url, dataset=str(dataset), stream=case.stream,
-                                  db=str(data / f"floor-{case.length}-{int(case.stream)}-{case.concurrency}-{rep}.db"))
+                                  db=str(data / f"floor-{case.length}-{int(case.stream)}-{case.concurrency}-{n}-{rep}.db"))
                     if f["ok"] != n:
                         raise RuntimeError(f"SQLite floor on {case.name}: {f['ok']} of {n} records written")
                     results[case]["floor"].append(f)

@@ -54,6 +54,19 @@ def chunked(*parts: bytes, end: bool = True) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + (b"0\r\n\r\n" if end else b"")
 
 
+def stop_thread_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread, server: asyncio.Server) -> None:
+    """Close a server running on ``loop`` in ``thread``, cancel and await its tasks, then stop the loop."""
+    async def stop() -> None:
+        server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    asyncio.run_coroutine_threadsafe(stop(), loop).result(5)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
 class HostileServer:
     """Runs in a thread of its own (own event loop); ``url`` is an OpenAI-style base URL."""
 
@@ -74,17 +87,9 @@ class HostileServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        async def stop() -> None:
-            self.server.close()
-            for w in list(self._writers):
-                w.transport.abort()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        for w in list(self._writers):
+            self._loop.call_soon_threadsafe(w.transport.abort)
+        stop_thread_loop(self._loop, self._thread, self.server)
 
     async def _start(self) -> None:
         self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0, limit=1 << 20)

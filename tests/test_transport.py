@@ -29,7 +29,7 @@ from synthwatch.redact import REDACTED, add_secret, redact
 from synthwatch.workers import faults
 from synthwatch.workers.client import Requester
 from synthwatch.workers.endpoints import EndpointPool, MissingApiKey
-from tests.hostileserver import GOOD_JSON, HostileServer, head
+from tests.hostileserver import GOOD_JSON, HostileServer, head, stop_thread_loop
 from tests.workerkit import Background, make_config, records
 
 BODY = b'{"model": "sim-reasoner", "stream": false, "messages": [{"role": "user", "content": "What is 1 + 2?"}]}'
@@ -256,15 +256,7 @@ class RecordingProxy:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        async def stop() -> None:
-            self.server.close()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
+        stop_thread_loop(self.loop, self.thread, self.server)
 
 
 def test_proxy_from_the_environment_with_credentials_and_no_proxy(monkeypatch: Any, sim: Any) -> None:
