@@ -94,3 +94,32 @@ def test_api_settings_rederive_rerun_undo_autopause(engine, sim, prompts, live_a
     page = httpx.get(f"{srv.url}/runs/{run_id}/repair").text
     for part in ('id="settings"', 'id="repair"', 'id="versions"', 'id="repairs"', 'id="autopause"'):
         assert part in page
+
+
+def test_settings_form_changes_endpoints_within_the_key_allowlist(engine, sim, prompts, live_app) -> None:  # type: ignore[no-untyped-def]
+    from workerkit import run_to_end
+
+    url = sim(seed=42, reasoning_tokens="4-8", content_tokens="4-8")
+    run_id, final = run_to_end(engine, make_config(url, prompts(5), name="form-ep"))
+    assert final == "completed"
+    srv = live_app()
+    headers = {"Origin": srv.url, "Sec-Fetch-Site": "same-origin"}
+
+    def post(lines: str) -> httpx.Response:
+        return httpx.post(f"{srv.url}/runs/{run_id}/settings", data={"set.endpoints": lines, "reason": "moved"},
+                          headers=headers, follow_redirects=False)
+
+    bad = post(f"{url} HOME\n")
+    assert bad.status_code == 303 and "error=" in bad.headers["location"] and "HOME" in bad.headers["location"]
+    assert run_row(engine, run_id)["config_version"] == 1
+    same = post(f"{url}\n")  # what the form shows unchanged: no new version
+    assert "error=no+settings+given+to+change" in same.headers["location"]
+    ok = post(f"{url}\nhttp://127.0.0.1:9/v1 SYNTHWATCH_KEY_SECOND\n")
+    assert "message=" in ok.headers["location"], ok.headers["location"]
+    run = run_row(engine, run_id)
+    assert run["config_version"] == 2
+    import orjson
+
+    eps = orjson.loads(run["config_json"])["endpoints"]
+    assert [e["base_url"] for e in eps] == [url, "http://127.0.0.1:9/v1"]
+    assert eps[1]["api_key_env"] == "SYNTHWATCH_KEY_SECOND"

@@ -150,6 +150,8 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
             except orjson.JSONDecodeError as exc:
                 errors.append(f"{path}: not valid JSON ({exc})")
                 continue
+        elif path == "endpoints":
+            value = _endpoint_lines(value, versions.current(conn, run_id)[1].get("endpoints") or [])
         changes[path] = value
     # only what differs from the current version is a change
     cur = versions.current(conn, run_id)[1]
@@ -158,11 +160,31 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
     if errors:
         return _back(run_id, error="; ".join(errors))
     try:
+        _check_secret_envs(changes, request.app.state.settings)
         res = versions.change_settings(engine, run_id, changes, actor="ui", reason=str(form.get("reason") or ""))
     except (versions.VersionError, store.NotFound) as exc:
         return _back(run_id, error=str(exc))
     said = "; ".join(f"{c['path']}: {c['old']} → {c['new']}" for c in res["changes"])
     return _back(run_id, message=f"Config version {res['version']}: {said}")
+
+
+def _endpoint_lines(value: str, current: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The settings form's endpoints: one per line, `URL [KEY_VARIABLE]`; an endpoint kept from the current
+    version keeps the rest of its settings (name, TLS, headers, prices)."""
+    by_url = {str(e.get("base_url", "")).rstrip("/"): e for e in current if isinstance(e, dict)}
+    out = []
+    for line in value.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        url = parts[0].rstrip("/")
+        ep = dict(by_url.get(url) or {"base_url": url})
+        if len(parts) > 1:
+            ep["api_key_env"] = parts[1]
+        elif url not in by_url:
+            ep.pop("api_key_env", None)
+        out.append(ep)
+    return out
 
 
 def _check_secret_envs(changes: dict[str, Any], settings: Any) -> None:
