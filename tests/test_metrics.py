@@ -62,3 +62,41 @@ def test_metrics_parse_back_and_every_documented_family_is_present(engine, sim, 
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     used = {n for e in exprs for n in re.findall(r"synthwatch_[a-z_]+", e)}
     assert used and used <= set(FAMILIES), used - set(FAMILIES)
+
+
+def test_a_worker_serves_its_own_metrics(db_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    import signal
+    import time
+
+    from conftest import popen_cli
+
+    from synthwatch.workers.worker_metrics import WORKER_FAMILIES
+
+    url = sim(seed=52, tokens_per_s=50, reasoning_tokens="20-30", content_tokens="10-20")
+    p = popen_cli("run", "--db", str(db_path), "--dataset", str(prompts(400)), "--base-url", url, "--model",
+                  "sim-reasoner", "--name", "wm", "--concurrency", "4", "--metrics-port", "0", "--quiet")
+    try:
+        assert p.stderr is not None
+        port = None
+        deadline = time.monotonic() + 30
+        while port is None and time.monotonic() < deadline:
+            line = p.stderr.readline()
+            m = re.search(r"worker metrics: http://127\.0\.0\.1:(\d+)/metrics", line)
+            port = int(m.group(1)) if m else None
+        assert port, "the worker printed no metrics address"
+        samples: dict[str, float] = {}
+        while time.monotonic() < deadline:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                       if s.name.startswith("synthwatch_worker_") and s.labels.get("outcome", "ok") == "ok"}
+            if samples.get("synthwatch_worker_records_total", 0) >= 3:
+                break
+            time.sleep(0.3)
+        for name in WORKER_FAMILIES:
+            assert name in samples, (name, sorted(samples))
+            assert f"`{name}`" in (ROOT / "docs" / "metrics.md").read_text()
+        assert samples["synthwatch_worker_concurrency"] == 4
+        assert samples["synthwatch_worker_records_total"] >= 3
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)

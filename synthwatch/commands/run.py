@@ -78,6 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g = p.add_argument_group("output")
     g.add_argument("--quiet", action="store_true", help="no progress line")
     g.add_argument("--log-json", action="store_true", help="progress as JSON lines on stdout (non-interactive)")
+    g.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve this worker's own Prometheus metrics on 127.0.0.1:PORT (0: any free port; docs/metrics.md)")
     p.set_defaults(func=handle)
 
 
@@ -363,6 +365,15 @@ def handle(a: argparse.Namespace) -> int:
         worker = RunWorker(engine, run_id, config, join=bool(a.join), hooks=hooks, on_tick=progress.tick)
     except MissingApiKey as exc:
         raise CliError(str(exc)) from None
+
+    if a.metrics_port is not None:
+        from ..workers.worker_metrics import serve as serve_metrics
+
+        try:
+            port = serve_metrics(worker, a.metrics_port)
+        except OSError as exc:
+            raise CliError(f"--metrics-port {a.metrics_port}: cannot listen ({exc})") from None
+        print(f"worker metrics: http://127.0.0.1:{port}/metrics", file=out)
 
     async def go() -> str:
         worker.install_signal_handlers()
