@@ -209,6 +209,9 @@ def run_charts(data: dict[str, object]) -> list[Markup]:
     def col(k: str) -> list[float | None]:
         return [p[k] for p in pts]  # type: ignore[misc]
 
+    def opt(k: str) -> list[float | None]:
+        return [p.get(k) for p in pts]  # type: ignore[misc]
+
     def pct(k: str) -> list[float | None]:
         return [None if p[k] is None else float(p[k]) * 100 for p in pts]  # type: ignore[arg-type]
 
@@ -240,5 +243,16 @@ def run_charts(data: dict[str, object]) -> list[Markup]:
         time_chart("In flight vs concurrency", times, [
             Line("in flight", col("in_flight"), "green"),
             Line("concurrency limit", col("concurrency"), "grey", dashed=True),
-        ], y_label="requests", t0=t0, t1=t1, chart_id="inflight"),
-    ]
+        ] + ([Line("server: running", opt("server_running"), "blue", dashed=True),
+              Line("server: waiting (queue)", opt("server_waiting"), "red")] if data.get("server") else []),
+            y_label="requests", t0=t0, t1=t1, chart_id="inflight"),
+    ] + ([
+        time_chart("Server: KV cache and preemptions", times, [
+            Line("KV cache used (%)", [None if v is None else v * 100 for v in opt("server_kv_usage")], "purple"),
+            Line("preemptions/s x100", [None if v is None else v * 100 for v in opt("server_preemptions_s")], "red"),
+        ], y_label="percent", t0=t0, t1=t1, y_min_max=100, chart_id="server"),
+        time_chart("Output tokens/s: server vs client", times, [
+            Line("server generated", opt("server_gen_tok_s"), "grey", dashed=True),
+            Line("client received", col("tok_s"), "teal"),
+        ], y_label="tokens / s", t0=t0, t1=t1, chart_id="server_tokens"),
+    ] if data.get("server") else [])

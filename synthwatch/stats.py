@@ -678,8 +678,31 @@ def timeseries(conn: Connection, run: dict[str, Any], window: str) -> dict[str, 
                                               "http_429", "http_5xx", "http_4xx", "attempt_timeouts")},
         })
     points = points[-MAX_POINTS:]
+    has_server = _server_points(conn, rid, width, since, points)
     return {"run_id": rid, "window": window, "bucket_s": width, "start": since, "end": end, "points": points,
-            "complete": complete}
+            "complete": complete, "server": has_server}
+
+
+def _server_points(conn: Connection, rid: int, width: int, since: int, points: list[dict[str, Any]]) -> bool:
+    """Add the servers' own view (server_metric rows) to the chart buckets: each endpoint's mean per bucket,
+    summed over endpoints (the KV cache: the fullest). True when any endpoint has metrics."""
+    by_t = {p["t"]: p for p in points}
+    found = False
+    for b, _ep, waiting, running, kv, pre, gen in conn.execute(text(
+            "SELECT (CAST(t AS INTEGER) / :w) * :w AS b, endpoint, AVG(waiting), AVG(running), AVG(kv_usage),"
+            " AVG(preemptions_s), AVG(gen_tokens_s) FROM server_metric WHERE run_id = :r AND t >= :since"
+            " AND error IS NULL GROUP BY b, endpoint"), {"w": width, "r": rid, "since": since}):
+        p = by_t.get(int(b))
+        if p is None:
+            continue
+        found = True
+        for key, v in (("server_waiting", waiting), ("server_running", running), ("server_preemptions_s", pre),
+                       ("server_gen_tok_s", gen)):
+            if v is not None:
+                p[key] = (p.get(key) or 0.0) + float(v)
+        if kv is not None:
+            p["server_kv_usage"] = max(p.get("server_kv_usage") or 0.0, float(kv))
+    return found
 
 
 _TS_SQL = (

@@ -91,8 +91,15 @@ def test_worker_scrapes_and_the_run_page_shows_the_server(kind, page, live_app, 
         row.wait_for()
         if kind == "none":
             assert "no metrics" in row.inner_text()
+            assert page.locator('svg[data-chart="server"]').count() == 0
         else:
             assert f"{kind} 0.32.0" in row.inner_text()
+            # the server's queue beside the client's in-flight requests, and its KV cache and tokens charted
+            page.locator('svg[data-chart="server"]').wait_for()
+            assert page.locator('svg[data-chart="server_tokens"]').count() == 1
+            assert "server: waiting (queue)" in page.locator('svg[data-chart="inflight"]').inner_html()
+            ts = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/timeseries", params={"window": "5m"}).json()
+            assert ts["server"] and any((p.get("server_waiting") or 0) > 0 for p in ts["points"])
     finally:
         from synthwatch import store
 
