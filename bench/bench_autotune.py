@@ -24,7 +24,7 @@ from typing import Any
 from bench import write_section
 from bench.clients import SimProcess, workdir, write_dataset
 
-FULL = {"knee": 48, "tokens_per_s": 40, "reasoning": "lognormal:6.0:0.5", "content": "40-120", "timeout_s": 60,
+FULL = {"knee": 48, "tokens_per_s": 33, "reasoning": "lognormal:6.0:0.5", "content": "40-120", "timeout_s": 60,
         "fixed": 200, "duration_s": 150, "interval_s": 5.0, "records": 4000}
 QUICK = {"knee": 6, "tokens_per_s": 40, "reasoning": "40-80", "content": "10-20", "timeout_s": 5,
          "fixed": 24, "duration_s": 20, "interval_s": 1.0, "records": 600}
@@ -72,7 +72,8 @@ def _run(size: dict[str, Any], concurrency: str, tmp: Path, log: Any) -> dict[st
     finished = run["n_ok"] + run["n_error"] + run["n_timeout"]
     knee_tps = size["knee"] * size["tokens_per_s"]
     # output tokens/s in 20-s windows (4 buckets of 5 s); the last bucket is cut short by the stop: left out
-    tps = [(int(b[0]), float(b[1] or 0) / 5.0) for b in buckets][:-1]
+    # buckets after the stop (a graceful stop starts nothing new, so its tail only winds down) are left out
+    tps = [(int(b[0]), float(b[1] or 0) / 5.0) for b in buckets if int(b[0]) + 5 <= t0 + size["duration_s"]]
     avg = [(tps[i][0], sum(x[1] for x in tps[i:i + 4]) / 4) for i in range(len(tps) - 3)]
     settle_s = None
     for i in range(len(avg)):

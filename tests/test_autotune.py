@@ -24,6 +24,10 @@ def test_tuner_raises_while_tokens_grow_and_backs_off_on_trouble() -> None:
     assert n == 10 and "queue 4" in why
     assert Tuner(2, 2, 4).step(Interval(1.0, 1.0, 2, rate_limited=1)) is None  # never below min
     assert [h[1] for h in t.history] == [12, 18, 12, 10]
+    knee = Tuner(40, 1, 100)  # once the servers' queue showed their batch size, no raise goes past it
+    assert knee.step(Interval(100.0, 1.0, 40, server_waiting=5, server_running=30, in_flight_now=40)) is not None
+    assert knee.current == 30 and knee.ceiling == 30
+    assert knee.step(Interval(500.0, 1.0, 30, in_flight_now=30)) is None  # more tokens/s, but at the knee
     slow = Tuner(8, 1, 100)
     assert slow.step(Interval(100.0, 1.0, 8)) is not None and slow.current == 12
     n, why = slow.step(Interval(104.0, 3.0, 12))  # type: ignore[misc]

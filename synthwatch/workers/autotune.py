@@ -7,7 +7,8 @@ the audit log with its reason (and visible as the concurrency line of the in-fli
   or when a server's own queue (``waiting`` from its /metrics, see server_metrics.py) holds requests: past
   the knee a request only waits, and waiting is what turns into timeouts;
 - **raise** (x1.5) while output tokens/s still grows by at least ``gain`` over the best interval seen and the
-  median latency stays within ``latency_factor`` of the lowest median seen;
+  median latency stays within ``latency_factor`` of the lowest median seen, never above the servers' batch
+  size once their queue has shown it (the knee);
 - **hold** otherwise (a plateau: more requests in flight would only queue).
 
 It never leaves [min, max]. A server that shows no metrics is tuned on tokens/s, latency and errors alone.
@@ -45,6 +46,7 @@ class Tuner:
     best_tokens_s: float = 0.0
     best_at: int = 0
     lowest_latency_s: float | None = None
+    ceiling: int | None = None  # the servers' batch size, once their queue showed it (the knee)
     history: list[tuple[int, int, str]] = field(default_factory=list)  # (from, to, reason)
 
     def step(self, iv: Interval) -> tuple[int, str] | None:
@@ -67,6 +69,9 @@ class Tuner:
         if iv.server_waiting is not None and iv.server_waiting >= 1:
             if iv.server_running and iv.in_flight_now and iv.in_flight_now <= iv.server_running:
                 return None  # the queue is not ours (other clients, or requests sent before the last step)
+            if iv.server_running:
+                # the servers run this many at once: the knee. Above it a request only waits, so stay at it
+                self.ceiling = int(iv.server_running)
             target = int(iv.server_running) if iv.server_running and iv.server_running < cur else int(cur * 0.9)
             return self._set(target, f"back off: the servers queue {iv.server_waiting:g} requests (running "
                                      f"{iv.server_running or 0:g}): past the knee requests only wait")
@@ -79,7 +84,12 @@ class Tuner:
                                            f" {self.latency_factor:g}x the lowest seen")
         if iv.tokens_s > self.best_tokens_s * (1 + self.gain):
             self.best_tokens_s, self.best_at = iv.tokens_s, cur
-            return self._set(max(cur + 1, int(cur * 1.5)), f"raise: output tokens/s grew to {iv.tokens_s:,.0f}")
+            if self.ceiling is not None and cur >= self.ceiling:
+                return None  # at the knee the servers showed: more would only queue
+            up = max(cur + 1, int(cur * 1.5))
+            if self.ceiling is not None:
+                up = min(up, self.ceiling)
+            return self._set(up, f"raise: output tokens/s grew to {iv.tokens_s:,.0f}")
         return None
 
     def _set(self, n: int, reason: str) -> tuple[int, str] | None:
