@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 from workerkit import Background, make_config, run_row, wait_for
 
@@ -40,6 +41,7 @@ def _events(engine: Any, run_id: int) -> list[dict[str, Any]]:
             "SELECT * FROM control_event WHERE run_id = :r AND actor = 'autotune' ORDER BY id"), {"r": run_id}).mappings()]
 
 
+@pytest.mark.slow
 def test_worker_finds_the_knee_without_timeouts(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     knee = 8
     url = sim(capacity=knee, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=81)

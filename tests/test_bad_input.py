@@ -74,6 +74,7 @@ CLI_CASES: list[tuple[list[str], str]] = [
 ]
 
 
+@pytest.mark.slow
 def test_cli_bad_input_exits_with_a_reason(one_run: dict[str, Any]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 

@@ -13,6 +13,7 @@ import math
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_load_benchmark_quick() -> None:
     from bench import bench_load

@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from conftest import cli_env, popen_cli, run_cli
 from sqlalchemy import text
 from workerkit import answer_ok, counts, records, run_row, wait_for
@@ -143,6 +144,7 @@ def _n_ok(engine, name: str) -> int:  # type: ignore[no-untyped-def]
         return 0
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_then_resume(tmp_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     """The database is the queue: after any crash the run resumes with nothing lost or doubled."""
     url = sim(seed=11, tokens_per_s=80, reasoning_tokens="10-40", content_tokens="5-15")

@@ -41,6 +41,7 @@ def _fill(path: Path) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_full_disk_pauses_then_continues_losing_nothing(small_disk: Path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=3, tokens_per_s=400, reasoning_tokens="150-250", content_tokens="20")
     db = small_disk / "run.db"

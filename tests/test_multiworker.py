@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from conftest import popen_cli
 from sqlalchemy import text
 from workerkit import answer_ok, counts, records, run_row, wait_for
@@ -35,6 +36,7 @@ idle_s = 5
     return cfg
 
 
+@pytest.mark.slow
 def test_workers_share_a_run_and_take_over_a_dead_workers_claims(any_db, tmp_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     n_workers = 4 if any_db.startswith("postgresql") else 2
     cap = 150

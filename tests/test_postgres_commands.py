@@ -40,6 +40,7 @@ def _count(engine: Any, run: str, where: str = "1=1") -> int:
                                      f" WHERE run.name = :n AND {where}"), {"n": run}).scalar_one())
 
 
+@pytest.mark.slow
 def test_every_command_on_postgresql(pg_server: Any, tmp_path: Path, sim: Any, prompts: Any) -> None:
     db = pg_server.new_database()
     url = sim(seed=3, reasoning_tokens="8-16", content_tokens="3-6")

@@ -261,6 +261,7 @@ def test_resume_with_changed_flags_is_refused_then_versioned(db_path, sim, promp
     assert again.returncode == 0, again.stderr
 
 
+@pytest.mark.slow
 def test_cli_fix_rederive_rerun_over_ssh(db_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     from conftest import popen_cli, run_cli
 

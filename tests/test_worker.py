@@ -67,6 +67,7 @@ def test_unknown_fields_and_token_ids_are_kept(any_engine, sim, prompts) -> None
     assert len(ids["completion"]) == r["completion_tokens"]
 
 
+@pytest.mark.slow
 def test_fault_mix_every_record_has_an_ending(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=3, rate_429=0.1, rate_500=0.1, rate_drop=0.08, rate_malformed=0.08, rate_truncated_json=0.0,
               rate_wrong_content_type=0.05, rate_error_body=0.05, rate_stall=0.05, stall_s=3.0)
