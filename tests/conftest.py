@@ -111,6 +111,28 @@ def run_cli(*args: str, timeout: float = 120, check: bool = False, env: dict[str
     return proc
 
 
+def kill_9_repeatedly(args: list[str], *, rounds: int, wait_s: tuple[float, float], seed: int,
+                     env: dict[str, str] | None = None) -> int:
+    """Start `synthwatch *args` again and again, each time SIGKILLed after a random wait, until it finishes on
+    its own or `rounds` are done; returns how many times it was killed."""
+    import random
+    import signal
+    import time
+
+    rng = random.Random(seed)
+    kills = 0
+    for _ in range(rounds):
+        proc = popen_cli(*args, env=env)
+        time.sleep(rng.uniform(*wait_s))
+        if proc.poll() is not None:
+            proc.communicate()
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        kills += 1
+    return kills
+
+
 def popen_cli(*args: str, env: dict[str, str] | None = None, **kw: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "synthwatch", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

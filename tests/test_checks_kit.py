@@ -38,3 +38,15 @@ def events(engine: Any, run_id: int) -> list[dict[str, Any]]:
     with engine.connect() as conn:
         return [dict(r) for r in conn.execute(
             text("SELECT * FROM control_event WHERE run_id = :r ORDER BY id"), {"r": run_id}).mappings()]
+
+
+def completed_mismatch_run(engine: Any, url: str, dataset: Any, name: str) -> int:
+    """A run that read `reasoning_content` from a server sending `reasoning`, with the mismatch's auto-pause off
+    so it completes: every record has its reasoning only in the unread field. Returns the run id."""
+    from workerkit import make_config
+
+    config = make_config(url, dataset, concurrency=4, reasoning={"mode": "reasoning_content"}, name=name,
+                         checks={"rules": {"field_mismatch": {"auto_pause": False}}})
+    bg = CheckedBackground(engine, config).start()
+    assert bg.join(60) == "completed"
+    return bg.run_id

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from test_checks_kit import CheckedBackground, alarms, events, stats
+from test_checks_kit import CheckedBackground, alarms, completed_mismatch_run, events, stats
 from workerkit import make_config, records, run_row, wait_for
 
 from synthwatch import alarms as alarms_mod
@@ -180,12 +180,8 @@ def _resume(engine: Any, run_id: int, config: Any) -> str:
 
 
 def test_undo_rederive_restores_and_keeps_history(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
-    url = sim(reasoning_field="reasoning", seed=24, reasoning_tokens="8-24", content_tokens="4-12")
-    config = make_config(url, prompts(40), concurrency=4, reasoning={"mode": "reasoning_content"}, name="undo",
-                         checks={"rules": {"field_mismatch": {"auto_pause": False}}})
-    bg = CheckedBackground(engine, config).start()
-    assert bg.join(60) == "completed"
-    run_id = bg.run_id
+    run_id = completed_mismatch_run(engine, sim(reasoning_field="reasoning", seed=24, reasoning_tokens="8-24",
+                                                content_tokens="4-12"), prompts(40), "undo")
     assert run_row(engine, run_id)["status_message"].startswith("completed with 40 records failing field_mismatch")
     versions.change_settings(engine, run_id, {"reasoning": {"mode": "auto"}}, actor="t")
     with engine.connect() as conn:
@@ -313,10 +309,7 @@ def test_cli_fix_rederive_rerun_over_ssh(db_path, sim, prompts) -> None:  # type
 
 @pytest.mark.slow
 def test_kill_9_during_reruns_loses_or_doubles_nothing(db_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
-    import random
-    import signal
-
-    from conftest import popen_cli, run_cli
+    from conftest import kill_9_repeatedly, run_cli
 
     from synthwatch.db import open_engine
 
@@ -334,16 +327,7 @@ def test_kill_9_during_reruns_loses_or_doubles_nothing(db_path, sim, prompts) ->
     rr = run_cli("rerun", "k9", "--db", str(db_path), "--ids", ",".join(map(str, truncated[:50])), "--json")
     assert rr.returncode == 0 and json.loads(rr.stdout)["queued"] == 50
     resume = ["run", "--db", str(db_path), "--name", "k9", "--quiet"]
-    rng = random.Random(7)
-    kills = 0
-    for _ in range(8):
-        proc = popen_cli(*resume)
-        time.sleep(rng.uniform(0.6, 1.5))
-        if proc.poll() is not None:
-            break
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        kills += 1
+    kills = kill_9_repeatedly(resume, rounds=8, wait_s=(0.6, 1.5), seed=7)
     final = run_cli(*resume, timeout=180)
     assert final.returncode == 0, final.stderr
     assert kills >= 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from test_checks_kit import CheckedBackground
+from test_checks_kit import completed_mismatch_run
 from workerkit import make_config, records, run_row, wait_for
 
 SAME = {"Origin": "http://127.0.0.1", "Sec-Fetch-Site": "same-origin"}
@@ -16,12 +16,8 @@ def _post(srv: Any, path: str, body: dict[str, Any]) -> httpx.Response:
 
 
 def test_api_settings_rederive_rerun_undo_autopause(engine, sim, prompts, live_app) -> None:  # type: ignore[no-untyped-def]
-    url = sim(reasoning_field="reasoning", seed=41, reasoning_tokens="8-24", content_tokens="4-12")
-    config = make_config(url, prompts(30), concurrency=4, reasoning={"mode": "reasoning_content"}, name="api",
-                         checks={"rules": {"field_mismatch": {"auto_pause": False}}})
-    bg = CheckedBackground(engine, config).start()
-    assert bg.join(60) == "completed"
-    run_id = bg.run_id
+    run_id = completed_mismatch_run(engine, sim(reasoning_field="reasoning", seed=41, reasoning_tokens="8-24",
+                                                content_tokens="4-12"), prompts(30), "api")
     srv = live_app()
 
     # settings: validated like a config file, refused for the dataset, a new version otherwise
