@@ -32,7 +32,7 @@ def test_tuner_raises_while_tokens_grow_and_backs_off_on_trouble() -> None:
     slow = Tuner(8, 1, 100)
     assert slow.step(Interval(100.0, 1.0, 8)) is not None and slow.current == 12
     n, why = slow.step(Interval(104.0, 3.0, 12))  # type: ignore[misc]
-    assert n == 8 and "latency" in why  # past the best concurrency, latency tripled: back to the best
+    assert n == 8 and "time per output token" in why  # past the best concurrency, it tripled: back to the best
 
 
 def _events(engine: Any, run_id: int) -> list[dict[str, Any]]:

@@ -7,7 +7,9 @@ the audit log with its reason (and visible as the concurrency line of the in-fli
   or when a server's own queue (``waiting`` from its /metrics, see server_metrics.py) holds requests: past
   the knee a request only waits, and waiting is what turns into timeouts;
 - **raise** (x1.5) while output tokens/s still grows by at least ``gain`` over the best interval seen and the
-  median latency stays within ``latency_factor`` of the lowest median seen, never above the servers' batch
+  median time per output token (a request's latency over its tokens: queueing shows there, whatever the
+  lengths; a raw latency median is biased low early, when only short answers have finished) stays within
+  ``latency_factor`` of the lowest seen, never above the servers' batch
   size once their queue has shown it (the knee);
 - **hold** otherwise (a plateau: more requests in flight would only queue).
 
@@ -25,7 +27,7 @@ class Interval:
     """What one interval gave: tokens/s, median latency, failures by kind, and the servers' own view."""
 
     tokens_s: float
-    latency_p50_s: float | None
+    s_per_token_p50: float | None  # median of (latency / completion tokens) over the interval's ok records
     in_flight_max: int
     timeouts: int = 0
     rate_limited: int = 0
@@ -45,16 +47,16 @@ class Tuner:
     latency_factor: float = 2.0
     best_tokens_s: float = 0.0
     best_at: int = 0
-    lowest_latency_s: float | None = None
+    lowest_s_per_token: float | None = None
     ceiling: int | None = None  # the servers' batch size, once their queue showed it (the knee)
     history: list[tuple[int, int, str]] = field(default_factory=list)  # (from, to, reason)
 
     def step(self, iv: Interval) -> tuple[int, str] | None:
         """The next concurrency and why, or None to hold."""
         cur = self.current
-        if iv.latency_p50_s is not None:
-            if self.lowest_latency_s is None or iv.latency_p50_s < self.lowest_latency_s:
-                self.lowest_latency_s = iv.latency_p50_s
+        if iv.s_per_token_p50 is not None:
+            if self.lowest_s_per_token is None or iv.s_per_token_p50 < self.lowest_s_per_token:
+                self.lowest_s_per_token = iv.s_per_token_p50
         failures = []
         if iv.timeouts:
             failures.append(f"{iv.timeouts} timed out")
@@ -77,11 +79,11 @@ class Tuner:
                                      f"{iv.server_running or 0:g}): past the knee requests only wait")
         if iv.in_flight_max < cur * 0.8:
             return None  # not enough work in flight to judge this concurrency
-        slow = (iv.latency_p50_s is not None and self.lowest_latency_s is not None
-                and iv.latency_p50_s > self.latency_factor * self.lowest_latency_s)
-        if slow and cur > self.best_at > 0:
-            return self._set(self.best_at, f"back to {self.best_at}: median latency {iv.latency_p50_s:.1f} s is over"
-                                           f" {self.latency_factor:g}x the lowest seen")
+        per_token = iv.s_per_token_p50
+        if (per_token is not None and self.lowest_s_per_token is not None
+                and per_token > self.latency_factor * self.lowest_s_per_token and cur > self.best_at > 0):
+            return self._set(self.best_at, f"back to {self.best_at}: time per output token {per_token * 1000:.0f} ms"
+                                           f" is over {self.latency_factor:g}x the lowest seen")
         if iv.tokens_s > self.best_tokens_s * (1 + self.gain):
             self.best_tokens_s, self.best_at = iv.tokens_s, cur
             if self.ceiling is not None and cur >= self.ceiling:

@@ -330,6 +330,8 @@ class RunWorker:
             dt = time.monotonic() - t0
             tokens = sum(tk for ts, _ok, tk in s.recent if ts >= t0)
             lat = [x for ts, x in s.latencies if ts >= t0]
+            if len(lat) < 10:  # too few answers to say how long a token takes now
+                lat = []
             now = (s.attempt_timeouts, s.rate_limited, s.server_errors)
             waiting = running = None
             preempt = 0.0
@@ -661,7 +663,8 @@ class RunWorker:
                 s.ok += 1
                 s.completion_tokens += tokens
                 s.record(True, tokens)
-                s.latencies.append((time.monotonic(), last.latency_s))
+                if tokens:
+                    s.latencies.append((time.monotonic(), last.latency_s / tokens))  # seconds per output token
             elif status == "timeout":
                 s.timeouts += 1
                 s.record(False, 0)
