@@ -869,6 +869,17 @@ def undo_bulk(engine: Engine, run_id: int, bulk_id: str) -> int:
             done += len(rows)
 
 
+def latest_bulk(conn: Connection, run_id: int) -> dict[str, Any] | None:
+    """The run's latest bulk flag while any of its flags still stands: its Undo stays on the records page."""
+    row = conn.execute(text("SELECT bulk_id, verdict, created_at FROM flag WHERE run_id = :r AND bulk_id IS NOT NULL"
+                            " ORDER BY created_at DESC LIMIT 1"), {"r": run_id}).first()
+    if row is None:
+        return None
+    n = int(conn.execute(text("SELECT COUNT(*) FROM flag WHERE run_id = :r AND bulk_id = :b AND undone_at IS NULL"),
+                         {"r": run_id, "b": row[0]}).scalar_one())
+    return {"bulk_id": row[0], "verdict": row[1], "created_at": row[2], "flagged": n} if n else None
+
+
 def max_record_id(conn: Connection, run_id: int) -> int:
     return int(conn.execute(text("SELECT coalesce(max(id), 0) FROM record WHERE run_id = :r"),
                             {"r": run_id}).scalar_one())

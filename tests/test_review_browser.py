@@ -102,9 +102,27 @@ def test_bulk_flag_by_filter_and_step_through_it(page: Page, live_app: Any, engi
     expect(page.locator("#bulk-count")).to_contain_text("6 records will be flagged bad · empty reasoning")
     page.locator("#bulk-confirm").click()
     expect(page.locator("#bulk-done")).to_contain_text("Flagged 6 records bad")
+    # the table follows at once (no reload), and the undo outlives a reload
+    expect(page.locator("#records td.flag-cell").first).to_have_text("bad · empty_reasoning")
+    page.reload()
+    expect(page.locator("#bulk-undo")).to_be_visible()
+    page.locator("#bulk-undo").click()
+    expect(page.locator("#bulk-undone")).to_contain_text("Undid 6 flags")
+    expect(page.locator("#records td.flag-cell").first).to_have_text("")
+    page.goto(f"{srv.url}/runs/{run_id}/records?reasoning_len_max=0")
+    expect(page.locator("#bulk-undo")).to_have_count(0)  # nothing left to undo
+    page.locator("#bulk summary").click()
+    page.locator("#bulk-form select[name=flag_reason]").select_option("empty_reasoning")
+    page.locator("#bulk-preview").click()
+    page.locator("#bulk-confirm").click()
+    expect(page.locator("#bulk-done")).to_contain_text("Flagged 6 records bad")
 
-    page.goto(f"{srv.url}/runs/{run_id}/records?flag=bad")
+    # filters apply as they change: no Apply click
+    page.goto(f"{srv.url}/runs/{run_id}/records")
+    expect(page.locator("#records tbody tr")).to_have_count(20)
+    page.locator("#record-filters select[name=flag]").select_option("bad")
     expect(page.locator("#records tbody tr")).to_have_count(6)
+    assert "flag=bad" in page.url
     expect(page.locator("#records td.flag-cell").first).to_have_text("bad · empty_reasoning")
     assert sorted(int(x) for x in page.locator("#records tbody tr").evaluate_all(
         "rows => rows.map(r => r.dataset.recordId)")) == empty

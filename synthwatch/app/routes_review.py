@@ -16,7 +16,7 @@ from fastapi import APIRouter, Body, Form, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from .. import review, store, tool_calls
+from .. import review, stats, store, tool_calls
 from ..review import Filters, ReviewError
 from .deps import HX, ReadConn, ReadEngine, SearchBacklog, WriteEngine, catch_up_search, render
 
@@ -369,7 +369,10 @@ async def bulk_form(request: Request, run_id: int, conn: ReadConn, read: ReadEng
                                                     _to_int(form["max_id"], "max_id"))
     except ReviewError as exc:
         raise _bad(exc) from None
-    return render(request, "_records_bulk.html", ctx)
+    response = render(request, "_records_bulk.html", ctx)
+    if "undone" in ctx or "result" in ctx:  # the table below redraws itself with the new flags
+        response.headers["HX-Trigger"] = "records-changed"
+    return response
 
 
 def _to_int(raw: Any, name: str) -> int:
@@ -422,7 +425,8 @@ def _records_context(request: Request, conn: Any, run: dict[str, Any], backlog: 
         "endpoints": review.distinct_values(conn, run["id"], "endpoint"),
         "sources": review.distinct_values(conn, run["id"], "reasoning_source"),
         "search_ok": conn.dialect.name in ("sqlite", "postgresql"),
-        "search_backlog": backlog,
+        "search_backlog": backlog, "table_url": f"/runs/{run['id']}/records{_qs(base)}",
+        "follow": run["status"] in stats.LIVE_STATUSES and not (q.get("after") or q.get("before")),
     }
 
 
@@ -432,6 +436,7 @@ def records_page(request: Request, run_id: int, backlog: SearchBacklog, conn: Re
     ctx = _records_context(request, conn, run, backlog)
     if hx and request.headers.get("HX-Target") == "records-table":
         return render(request, "_records_table.html", ctx)
+    ctx["last_bulk"] = review.latest_bulk(conn, run_id)
     return render(request, "records.html", ctx)
 
 

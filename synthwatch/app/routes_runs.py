@@ -182,9 +182,11 @@ def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m
 
 
 @router.get("/runs/{run_id}/stats", include_in_schema=False)
-def run_stats_fragment(request: Request, conn: ReadConn, run_id: int) -> Response:
+def run_stats_fragment(request: Request, conn: ReadConn, run_id: int, shown_state: str = "") -> Response:
     run = _run_or_404(conn, run_id)
-    ctx = {**_stats_context(request, conn, run), "fragment": True}
+    # shown_state: the status:desired the page's controls were drawn for; when the run moved on (an alarm
+    # paused it, another tab resumed it) this poll redraws them too
+    ctx = {**_stats_context(request, conn, run), "fragment": True, "shown_state": shown_state or None}
     if not run["live"]:  # the last render also switches off the controls and the audit log's polling
         ctx.update(_audit_context(request, conn, run))
     return render(request, "_run_stats.html", ctx)
