@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
 from .sketch import TPS_MIN, Sketch
-from .words import plural
+from .words import check_label, plural
 
 log = logging.getLogger("synthwatch.stats")
 
@@ -626,7 +626,7 @@ def _tiles(st: RunStats) -> list[Tile]:
     share = _rate(r["timeouts"], fin) or 0.0
     att_to = r["attempt_timeouts"]
     level = _level(share, TIMEOUT_BAD, TIMEOUT_WARN)  # the colour follows the number shown; retries are detail
-    tiles.append(Tile("timeouts", level, "Timeouts", f"{share * 100:.1f}%",
+    tiles.append(Tile("timeouts", level, check_label("timeout"), f"{share * 100:.1f}%",
                       f"{r['timeouts']:,} of {plural(fin, 'record')} timed out ({span_txt});"
                       f" {plural(att_to, 'attempt')} timed out (retried or not);"
                       f" {st.whole['timeouts']:,} in the whole run"))
@@ -634,7 +634,7 @@ def _tiles(st: RunStats) -> list[Tile]:
     eshare = _rate(r["errors"], fin) or 0.0
     att = r["attempts_failed"]
     level = _level(eshare, ERROR_BAD, ERROR_WARN)
-    tiles.append(Tile("errors", level, "Errors", f"{eshare * 100:.1f}%",
+    tiles.append(Tile("errors", level, check_label("error"), f"{eshare * 100:.1f}%",
                       f"{plural(r['errors'], 'record')} failed ({span_txt}); {plural(att, 'failed attempt')},"
                       f" {r['retries']:,} retried; {st.whole['errors']:,} in the whole run"))
 
@@ -643,7 +643,7 @@ def _tiles(st: RunStats) -> list[Tile]:
     a_txt = span_txt if a["is_recent"] else f"last minute of activity, to {_hms(a['until'])}"
     expects = bool(st.run.get("expects_reasoning", True))
     if not a["ok"]:
-        tiles.append(Tile("empty_reasoning", "ok", "Empty reasoning", "–", "no completed records yet"))
+        tiles.append(Tile("empty_reasoning", "ok", check_label("empty_reasoning"), "–", "no completed records yet"))
     else:
         er = a["empty_reasoning"] / a["ok"]
         latest = a["last_empty"] / a["last_ok"] if a["last_ok"] else 0.0
@@ -653,7 +653,7 @@ def _tiles(st: RunStats) -> list[Tile]:
             level = "bad" if er >= EMPTY_REASONING_BAD or sudden else (
                 "warn" if er >= EMPTY_REASONING_WARN else "ok")
         value = er if not sudden or er >= latest else latest
-        tiles.append(Tile("empty_reasoning", level, "Empty reasoning", f"{value * 100:.1f}%",
+        tiles.append(Tile("empty_reasoning", level, check_label("empty_reasoning"), f"{value * 100:.1f}%",
                           (f"{a['last_empty']:,} of the {a['last_ok']:,} ok records in the latest 5 s with"
                            " completions have no reasoning; " if sudden else "")
                           + f"{a['empty_reasoning']:,} of {a['ok']:,} ok records have no reasoning ({a_txt});"
@@ -661,7 +661,7 @@ def _tiles(st: RunStats) -> list[Tile]:
                           + ("" if expects else " (this run does not expect reasoning)")))
         lr = a["finish_length"] / a["ok"]
         level = "warn" if lr >= LENGTH_WARN else "ok"
-        tiles.append(Tile("length", level, "Cut at max_tokens", f"{lr * 100:.1f}%",
+        tiles.append(Tile("length", level, check_label("truncated"), f"{lr * 100:.1f}%",
                           f"finish_reason=length on {a['finish_length']:,} of {a['ok']:,} ok records ({a_txt})"))
     return tiles
 

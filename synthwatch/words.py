@@ -12,3 +12,18 @@ def plural(n: Any, word: str, many: str | None = None) -> str:
     k = n or 0
     text = f"{k:,}" if isinstance(k, int) else f"{round(k):,}"
     return f"{text} {word if k == 1 else (many or word + 's')}"
+
+
+def check_label(name: str) -> str:
+    """The human label of a check, the same everywhere: the title of its alarm rule."""
+    from .alarms import DEFAULT_RULES  # noqa: PLC0415 - words is imported by low-level modules
+
+    rule = DEFAULT_RULES.get(name)
+    return rule.title if rule else name.replace("_", " ").capitalize()
+
+
+def check_help(name: str) -> str:
+    """One line on what fails the check (the tooltip; docs/checks.md says the same)."""
+    from .checks import CHECK_INFO  # noqa: PLC0415
+
+    return CHECK_INFO.get(name, "")

@@ -120,6 +120,11 @@ def test_live_fragments_poll_only_while_live(live_app, engine, sim, prompts) -> 
             frag = c.get(f"/runs/{bg.run_id}/stats").text
             assert 'hx-trigger="every 1000ms"' in frag
             assert 'id="run-details" class="run-details" hx-swap-oob="outerHTML"' in frag
+            # the controls come along only when the run's state differs from the one the page shows
+            assert 'id="run-controls"' in frag  # no shown_state: redrawn
+            state = f"{run_row(engine, bg.run_id)['status']}:run"
+            assert 'id="run-controls"' not in c.get(f"/runs/{bg.run_id}/stats", params={"shown_state": state}).text
+            assert 'id="run-controls"' in c.get(f"/runs/{bg.run_id}/stats", params={"shown_state": "paused:pause"}).text
             assert 'hx-trigger="every 2000ms"' in c.get(f"/runs/{bg.run_id}/charts").text
             listing = c.get("/api/runs").json()["runs"][0]
             assert listing["live"] and listing["req_s"] > 0
@@ -129,7 +134,7 @@ def test_live_fragments_poll_only_while_live(live_app, engine, sim, prompts) -> 
             frag = c.get(f"/runs/{bg.run_id}/stats").text
             assert 'hx-trigger="every' not in frag
             # the last render also switches the controls off (out-of-band)
-            assert 'id="run-controls" class="card controls" data-swap-errors hx-swap-oob="outerHTML"' in frag
+            assert 'id="run-controls" class="controls control-bar" aria-label="Controls" data-swap-errors hx-swap-oob="outerHTML"' in frag
             assert 'data-testid="controls-ended"' in frag
     finally:
         if bg.thread.is_alive():

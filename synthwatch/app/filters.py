@@ -7,7 +7,7 @@ from typing import Any
 
 from jinja2 import Environment
 
-from ..words import plural
+from ..words import check_help, check_label, plural
 
 
 def fmt_time(ts: float | None) -> str:
@@ -77,5 +77,6 @@ def state_note(run: dict[str, Any]) -> str:
 def install(env: Environment) -> None:
     env.filters.update(
         time=fmt_time, duration=fmt_duration, num=fmt_num, pct=fmt_pct, seconds=fmt_seconds, plural=plural,
-        run_state=run_state, state_note=state_note,
+        run_state=run_state, state_note=state_note, check_label=check_label,
     )
+    env.globals.update(check_label=check_label, check_help=check_help)

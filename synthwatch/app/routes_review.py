@@ -16,7 +16,7 @@ from fastapi import APIRouter, Body, Form, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from .. import review, stats, store, tool_calls
+from .. import review, snippets, stats, store, tool_calls
 from ..review import Filters, ReviewError
 from .deps import HX, ReadConn, ReadEngine, SearchBacklog, WriteEngine, catch_up_search, render
 
@@ -414,8 +414,9 @@ def _records_context(request: Request, conn: Any, run: dict[str, Any], backlog: 
     except ReviewError as exc:
         raise _bad(exc) from None
     base = f.params()
+    found = snippets.for_rows(conn, [r["id"] for r in pg.rows], f.q, f.field) if f.q else {}
     return {
-        "run": run, "f": f, "page": pg, "fq": _qs({**base, "from": "records"}),
+        "run": run, "f": f, "page": pg, "snippets": found, "fq": _qs({**base, "from": "records"}),
         "next_url": f"/runs/{run['id']}/records{_qs({**base, 'after': pg.next_cursor})}" if pg.next_cursor else None,
         "prev_url": f"/runs/{run['id']}/records{_qs({**base, 'before': pg.prev_cursor})}" if pg.prev_cursor else None,
         "count_url": f"/runs/{run['id']}/records/count{_qs(base)}",
