@@ -45,6 +45,12 @@ def _poll_ms(request: Request) -> int:
     return int(request.app.state.settings.poll_interval_ms)
 
 
+def _slow_poll_ms(request: Request) -> int:
+    """Charts, failure tables, workers and the audit log: a chart bucket is 5 s, so a faster poll only costs
+    bytes (an open live run page stays within 100 KB per 30 s, see tests/test_polling_budget_browser.py)."""
+    return max(10_000, 5 * _poll_ms(request))
+
+
 # ------------------------------------------------------------------ data functions (pages and fragments)
 
 
@@ -65,7 +71,8 @@ def _stats_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str
         stale = None
     except stats.StatsTimeout as exc:
         st, stale = None, str(exc)
-    return {"run": run, "st": st, "stale": stale, "poll_ms": _poll_ms(request)}
+    return {"run": run, "st": st, "stale": stale, "poll_ms": _poll_ms(request),
+            "details_poll_ms": _slow_poll_ms(request)}
 
 
 def _charts_context(request: Request, conn: Any, run: dict[str, Any], window: str) -> dict[str, Any]:
@@ -76,11 +83,11 @@ def _charts_context(request: Request, conn: Any, run: dict[str, Any], window: st
     except stats.StatsTimeout as exc:
         data, charts, stale = None, [], str(exc)
     return {"run": run, "charts": charts, "ts": data, "window": window, "windows": list(stats.WINDOWS),
-            "stale": stale, "chart_poll_ms": max(2000, _poll_ms(request))}
+            "stale": stale, "chart_poll_ms": _slow_poll_ms(request)}
 
 
 def _audit_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
-    return {"run": run, "events": stats.control_events(conn, run["id"]), "audit_poll_ms": max(2000, _poll_ms(request))}
+    return {"run": run, "events": stats.control_events(conn, run["id"]), "audit_poll_ms": _slow_poll_ms(request)}
 
 
 # ------------------------------------------------------------------ pages
@@ -190,6 +197,12 @@ def run_stats_fragment(request: Request, conn: ReadConn, run_id: int, shown_stat
     if not run["live"]:  # the last render also switches off the controls and the audit log's polling
         ctx.update(_audit_context(request, conn, run))
     return render(request, "_run_stats.html", ctx)
+
+
+@router.get("/runs/{run_id}/details", include_in_schema=False)
+def run_details_fragment(request: Request, conn: ReadConn, run_id: int) -> Response:
+    run = _run_or_404(conn, run_id)
+    return render(request, "_run_details.html", _stats_context(request, conn, run))
 
 
 @router.get("/runs/{run_id}/charts", include_in_schema=False)
