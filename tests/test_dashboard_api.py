@@ -214,6 +214,17 @@ def test_start_run_form(live_app, engine, sim, prompts, tmp_path) -> None:  # ty
         assert run_row(engine, run_id)["n_ok"] == 6
         dup = c.post("/runs/new", data=form, follow_redirects=False)
         assert dup.status_code == 400 and "already exists" in dup.text
+        # "Start a run like this": the run page links the form pre-filled from the run's configuration
+        page = c.get(f"/runs/{run_id}").text
+        assert f'href="/runs/new?like={run_id}"' in page and f"<code>{url}</code>" in page  # endpoint URLs shown
+        like = c.get("/runs/new", params={"like": run_id}).text
+        fields = dict(re.findall(r'<input name="(\w+)"[^>]*? value="([^"]*)"', like))
+        assert fields["dataset"] == str(data) and fields["model"] == "sim-reasoner" and fields["name"] == ""
+        assert fields["concurrency"] == "4" and fields["max_attempts"] == "2" and fields["timeout_s"] == "30.0"
+        assert url in like and 'data-testid="like-run"' in like
+        again = c.post("/runs/new", data={**fields, "endpoints": url, "reasoning_mode": "auto", "stream": "on",
+                                           "name": "like-it"}, follow_redirects=False)
+        assert again.status_code == 303, again.text[-2000:]
         api = c.post("/api/runs", json={"dataset": str(data), "endpoints": [url], "model": "sim-reasoner",
                                         "name": "from-api", "concurrency": 2})
         assert api.status_code == 201, api.text

@@ -53,3 +53,14 @@ def test_help_page_has_a_row_per_check(live_app) -> None:  # type: ignore[no-unt
         row = re.search(rf'<tr id="check-{n}"[^>]*>(.*?)</tr>', html, re.S)
         assert row, n
         assert str(html_escape(check_label(n))) in row.group(1)
+
+
+def test_endpoint_urls_are_shown_without_credentials() -> None:
+    from synthwatch.app.launch import config_to_form, shown_url
+
+    assert shown_url("http://user:s3cret@10.0.0.5:8000/v1") == "http://10.0.0.5:8000/v1"
+    assert shown_url("https://api.example.com/v1") == "https://api.example.com/v1"
+    form = config_to_form({"endpoints": [{"base_url": "http://u:p@h:1/v1", "api_key": "sk-never",
+                                          "api_key_env": "SYNTHWATCH_KEY_A"}], "model": "m"})
+    assert form["endpoints"] == "http://h:1/v1" and form["api_key_env"] == "SYNTHWATCH_KEY_A"
+    assert "sk-never" not in str(form)

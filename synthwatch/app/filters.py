@@ -79,4 +79,6 @@ def install(env: Environment) -> None:
         time=fmt_time, duration=fmt_duration, num=fmt_num, pct=fmt_pct, seconds=fmt_seconds, plural=plural,
         run_state=run_state, state_note=state_note, check_label=check_label,
     )
-    env.globals.update(check_label=check_label, check_help=check_help)
+    from .launch import shown_url
+
+    env.globals.update(check_label=check_label, check_help=check_help, shown_url=shown_url)

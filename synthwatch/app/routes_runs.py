@@ -110,8 +110,13 @@ def _new_run_defaults() -> dict[str, str]:
 
 
 @router.get("/runs/new", include_in_schema=False)
-def new_run_form(request: Request) -> Response:
-    return render(request, "new_run.html", {"form": _new_run_defaults(), "error": None, "modes": REASONING_MODES})
+def new_run_form(request: Request, conn: ReadConn, like: int | None = None) -> Response:
+    form, like_run = _new_run_defaults(), None
+    if like is not None:  # "Start a run like this": the form pre-filled from that run's stored configuration
+        like_run = _run_or_404(conn, like)
+        form.update({k: v for k, v in launch.config_to_form(like_run["config"]).items() if v != "" or k == "name"})
+    return render(request, "new_run.html", {"form": form, "error": None, "modes": REASONING_MODES,
+                                            "like_run": like_run})
 
 
 async def _posted_form(request: Request) -> dict[str, str]:
@@ -159,8 +164,8 @@ async def new_run_submit(request: Request) -> Response:
     try:
         launched = await run_in_threadpool(_launch, request, form)
     except launch.LaunchError as exc:
-        return render(request, "new_run.html", {"form": form, "error": str(exc), "modes": REASONING_MODES},
-                      status_code=400)
+        return render(request, "new_run.html", {"form": form, "error": str(exc), "modes": REASONING_MODES,
+                                                "like_run": None}, status_code=400)
     if launched.run_id is None:
         return RedirectResponse(f"/runs?started={launched.name}", status_code=303)
     return RedirectResponse(f"/runs/{launched.run_id}", status_code=303)
