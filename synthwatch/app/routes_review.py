@@ -596,7 +596,7 @@ def _chip_views(lt: Any, chips: list[Any]) -> list[tuple[str, str, str]]:
             shown = "".join(m if k != "t" else m.translate(_CHIP_WS) for k, m in review.segments(c.text)) or "∅"
             seen = cache[c.id] = (shown, f"id {c.id} · {c.kind} · bytes {c.raw_bytes or '–'} · piece {c.piece!r}")
         classes = f"chip k-{c.kind}" + (" asst" if c.in_assistant else "") + (" differs" if c.differs else "")
-        out.append((seen[0], classes, seen[1]))
+        out.append((seen[0], classes, seen[1] + (" · trained" if c.in_assistant else " · not trained")))
     return out
 
 
