@@ -62,6 +62,13 @@ def test_controls_at_hand_and_nothing_scrolls_sideways(page: Page, engine, sim, 
             page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
             assert page.evaluate("window.scrollY") > 500
             expect(pause).to_be_in_viewport()
+        if width == 1400:  # the chart window is kept in the URL: a reload shows the same window
+            page.evaluate("window.scrollTo(0, 0)")
+            page.locator('.windows a[data-window="1h"]').click()
+            expect(page).to_have_url(f"{srv.url}/runs/{bg.run_id}?window=1h")
+            expect(page.locator("#run-charts")).to_have_attribute("data-window", "1h")
+            page.reload()
+            expect(page.locator("#run-charts")).to_have_attribute("data-window", "1h")
         if width <= 1024:
             _no_sideways(page, f"the run page at {width} px")
         if width == 390:  # the runs list on a phone says which run has an alarm
