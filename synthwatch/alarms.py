@@ -54,7 +54,7 @@ DEFAULT_RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("reasoning_tokens_no_text", "Reasoning tokens reported but no reasoning text", 100, 0.05, 20),
     Rule("both_empty_with_tokens", "Empty answer although tokens were generated", 100, 0.02, 20),
     Rule("empty_content", "Empty content", 100, 0.05, 20),
-    Rule("truncated", "Truncated answers (finish_reason = length)", 100, 0.10, 20, severity="warning"),
+    Rule("truncated", "Cut at max_tokens", 100, 0.10, 20, severity="warning"),
     Rule("truncated_in_reasoning", "Truncated before the reasoning ended", 100, 0.05, 20),
     Rule("think_tags_in_content", "Think tags left inside the content", 100, 0.02, 20),
     Rule("repetition", "Repetitive / looping text", 100, 0.05, 20, severity="warning"),
@@ -65,7 +65,7 @@ DEFAULT_RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("canary_failed", "Canary prompt failed", 10, 0.0, 1, sticky=True),
     Rule("server_drift", "The server changed mid-run", 100, 0.0, 1, severity="warning", sticky=True),
     Rule("timeout", "Timeouts", 200, 0.05, 20),
-    Rule("error", "Failed requests", 200, 0.10, 20),
+    Rule("error", "Errors", 200, 0.10, 20),
 )}
 
 

@@ -673,8 +673,13 @@ def sample(
     check: str | None = None,
     exclude: int | None = None,
     rng: random.Random | None = None,
+    session: tuple[float, float] | None = None,
 ) -> int | None:
-    """A random record id for a sampling mode, or None when the mode has no record."""
+    """A random record id for a sampling mode, or None when the mode has no record.
+
+    With ``session=(start, at)`` the pick is the next record of a review session instead: the mode's
+    records in ``rnd`` order (a random order fixed per record) from ``start``, once round, so nothing
+    comes up twice; ``at`` is the ``rnd`` of the record shown now. None when the round is complete."""
     if mode not in SAMPLE_MODE_CODES:
         raise ReviewError(f"mode: unknown sampling mode {mode[:40]!r} (one of {', '.join(SAMPLE_MODE_CODES)})")
     rng = rng or random.Random()
@@ -709,6 +714,8 @@ def sample(
             groups.append(f"SELECT id, rnd FROM record{_hint(conn, 'ix_record_failing')}"
                           f" WHERE run_id = :run AND status = '{status}' AND check_flags != 0{bit} AND rnd >= :x"
                           " ORDER BY rnd LIMIT 2")
+    if session is not None:
+        return _session_next(conn, groups, params, session, exclude)
     x = rng.random()
     seen: list[tuple[float, int]] = []
     for start in (x, 0.0):
@@ -718,6 +725,35 @@ def sample(
             if rid != exclude:
                 return rid
     return seen[0][1] if seen else None
+
+
+def _session_next(conn: Connection, groups: list[str], params: dict[str, Any], session: tuple[float, float],
+                  exclude: int | None) -> int | None:
+    start, at = session
+    wrapped = at < start  # past the top of the ring already: the round ends at start
+    for x in (at,) if wrapped else (at, 0.0):
+        for rnd, rid in sorted(h for sql in groups for h in _first_at(conn, sql, params, x)):
+            if rid == exclude:
+                continue
+            if (wrapped or x == 0.0) and rnd >= start:
+                return None
+            return rid
+    return None
+
+
+def reviewed_since(conn: Connection, run_id: int, since: float) -> int:
+    """Records given a verdict one by one since ``since`` (a review session's start), still standing."""
+    return int(conn.execute(text(
+        "SELECT count(DISTINCT record_id) FROM flag WHERE run_id = :r AND created_at >= :t AND bulk_id IS NULL"
+        " AND undone_at IS NULL"), {"r": run_id, "t": since}).scalar_one())
+
+
+def unreviewed_ok(conn: Connection, run: dict[str, Any]) -> int:
+    """Ok records without a verdict (walks only the flagged entries of ix_record_review)."""
+    flagged = int(conn.execute(text(f"SELECT count(*) FROM record{_hint(conn, 'ix_record_review')}"
+                                    " WHERE run_id = :r AND status = 'ok' AND review IN ('good', 'bad')"),
+                               {"r": run["id"]}).scalar_one())
+    return max(0, int(run["n_ok"]) - flagged)
 
 
 def _sample_recent(conn: Connection, run_id: int, minutes: float, rng: random.Random,
@@ -867,6 +903,17 @@ def undo_bulk(engine: Engine, run_id: int, bulk_id: str) -> int:
             for r in rows:
                 _restore(conn, int(r[1]))
             done += len(rows)
+
+
+def latest_bulk(conn: Connection, run_id: int) -> dict[str, Any] | None:
+    """The run's latest bulk flag while any of its flags still stands: its Undo stays on the records page."""
+    row = conn.execute(text("SELECT bulk_id, verdict, created_at FROM flag WHERE run_id = :r AND bulk_id IS NOT NULL"
+                            " ORDER BY created_at DESC LIMIT 1"), {"r": run_id}).first()
+    if row is None:
+        return None
+    n = int(conn.execute(text("SELECT COUNT(*) FROM flag WHERE run_id = :r AND bulk_id = :b AND undone_at IS NULL"),
+                         {"r": run_id, "b": row[0]}).scalar_one())
+    return {"bulk_id": row[0], "verdict": row[1], "created_at": row[2], "flagged": n} if n else None
 
 
 def max_record_id(conn: Connection, run_id: int) -> int:

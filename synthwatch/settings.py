@@ -22,7 +22,7 @@ class Settings(BaseSettings):
     auth_token: str | None = Field(
         None, description="Token required by every page and API call (required off loopback)."
     )
-    poll_interval_ms: int = Field(1000, ge=100, description="How often live fragments refresh.")
+    poll_interval_ms: int = Field(2000, ge=100, description="How often live fragments refresh.")
     busy_timeout_ms: int = Field(10000, ge=0, description="SQLite busy timeout for every connection.")
     stats_time_limit_ms: int = Field(500, ge=10, description="Longest a dashboard stats query may run.")
     search_index_interval_ms: int = Field(

@@ -23,10 +23,12 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
 from .sketch import TPS_MIN, Sketch
+from .words import check_label, plural
 
 log = logging.getLogger("synthwatch.stats")
 
 LIVE_STATUSES = ("created", "running", "paused", "stopping")
+WORKING_STATUSES = ("running", "stopping")  # requests are being made: rates are real, not left over
 WINDOWS = {"5m": 300, "1h": 3600, "all": None}
 RECENT_S = 60  # "current" rates and problem tiles look at the last minute
 MAX_POINTS = 240  # a chart never has more points than this (long runs are downsampled)
@@ -119,6 +121,8 @@ def list_runs(conn: Connection, limit: int = 200) -> list[dict[str, Any]]:
         if r["live"]:
             recent = _sums(conn, r["id"], now - RECENT_S)
             r.update(_recent_rates(recent, _span(recent, now, RECENT_S)))
+            if r["status"] not in WORKING_STATUSES:  # paused: nothing runs, so the current rate is 0
+                r.update({"req_s": 0.0, "tok_s": 0.0})
         else:
             d = r["duration_s"] or 0
             r.update({"req_s": _rate(r["n_ok"], d), "tok_s": None, "recent_timeout_share": None,
@@ -143,16 +147,16 @@ def _badges(r: dict[str, Any]) -> list[tuple[str, str]]:
         share = r.get("timeout_share")
     if r["n_timeout"]:
         sev = "bad" if (share or 0) >= TIMEOUT_BAD else "warn"
-        out.append((sev, f"{r['n_timeout']:,} timeouts ({(share or 0) * 100:.1f}%)"))
+        out.append((sev, f"{plural(r['n_timeout'], 'timeout')} ({(share or 0) * 100:.1f}%)"))
     eshare = r.get("recent_error_share")
     if eshare is None:
         eshare = r.get("error_share")
     if r["n_error"]:
         sev = "bad" if (eshare or 0) >= ERROR_BAD else "warn"
-        out.append((sev, f"{r['n_error']:,} errors"))
+        out.append((sev, plural(r["n_error"], "error")))
     if r.get("alarms"):
         sev = "bad" if r.get("alarm_errors") else "warn"
-        out.append((sev, f"{r['alarms']} alarm{'s' if r['alarms'] != 1 else ''}"))
+        out.append((sev, plural(r["alarms"], "alarm")))
     return out
 
 
@@ -262,6 +266,9 @@ def run_stats(conn: Connection, run: dict[str, Any], window_s: int = RECENT_S) -
     recent["tok_s_reasoning"] = recent["reasoning_tokens"] / span
     recent["tok_s_content"] = recent["content_tokens"] / span
     recent["errors_s"] = recent["attempts_failed"] / span
+    recent["working"] = run["status"] in WORKING_STATUSES
+    if not recent["working"]:  # paused or ended: nothing runs, so no request rate is current
+        recent.update(req_s=0.0, tok_s=0.0, tok_s_reasoning=0.0, tok_s_content=0.0, errors_s=0.0)
     whole = {
         "ok": run["n_ok"], "errors": run["n_error"], "timeouts": run["n_timeout"],
         "finished": run["n_ok"] + run["n_error"] + run["n_timeout"],
@@ -269,13 +276,12 @@ def run_stats(conn: Connection, run: dict[str, Any], window_s: int = RECENT_S) -
     st = RunStats(run=run, now=now, window_s=window_s, recent=recent, whole=whole)
     st.progress = _progress(run, recent)
     st.gauge = _gauge(conn, rid, run)
+    total = _whole_sums(conn, run, now)  # first: it may drop the run's cached folds (rows that came late)
     st.latency = _latency(conn, rid, now, window_s)
-    total, _ = _cached_final(conn, rid, "sums", now, _sums_range, _add_counts, dict)
-    total = {**dict.fromkeys(_SUM_COLS, 0), **total}
     st.failures, st.status_codes = _failures(conn, rid, recent, total)
     st.quality = _quality(conn, rid, recent, total, now)
     st.checks = _checks(conn, rid)
-    st.endpoints = _endpoints(conn, rid, now, window_s)
+    st.endpoints = _endpoints(conn, rid, now, window_s, recent["working"])
     st.workers = _workers(conn, rid, now)
     st.errors = latest_errors(conn, rid, 8)
     st.tiles = _tiles(st)
@@ -299,9 +305,10 @@ def _progress(run: dict[str, Any], recent: dict[str, Any]) -> dict[str, Any]:
         left = min(left, run["n_pending"] + run["n_in_flight"])
     rate = recent.get("req_s") or 0.0
     eta = left / rate if rate > 0 and left else (0.0 if not left else None)
+    paused = run["status"] == "paused" or (run["status"] in LIVE_STATUSES and run["desired"] == "pause")
     return {"target": target, "ok": n_ok, "left": left, "fraction": min(1.0, n_ok / target) if target else 0.0,
-            "eta_s": eta if run["status"] in LIVE_STATUSES else None, "rate_req_s": rate,
-            "capped": run["cap"] is not None}
+            "eta_s": eta if run["status"] in LIVE_STATUSES and not paused else None, "paused": paused,
+            "rate_req_s": rate, "capped": run["cap"] is not None}
 
 
 def _gauge(conn: Connection, rid: int, run: dict[str, Any]) -> dict[str, Any]:
@@ -349,6 +356,30 @@ def _cached_final(conn: Connection, rid: int, key: str, now: float,
     if upto < final:
         return base, False
     return add(base, compute(conn, rid, upto, None)), True
+
+
+_VERIFIED: dict[tuple[str, int], int] = {}
+
+
+def _whole_sums(conn: Connection, run: dict[str, Any], now: float) -> dict[str, Any]:
+    """The series summed over the whole run.
+
+    The fold trusts that no row older than SERIES_FINAL_AFTER_S changes again. That holds for
+    workers, not for `watch`/`import`, which write rows at the timestamps read from their files. For
+    those runs the run's own counters (written in the same transaction as the rows) tell when the fold
+    missed rows; the run's folds are then dropped and redone, once per change of the counters."""
+    rid = run["id"]
+    total, complete = _cached_final(conn, rid, "sums", now, _sums_range, _add_counts, dict)
+    expected = run["n_ok"] + run["n_error"] + run["n_timeout"]
+    vkey = (str(conn.engine.url), rid)
+    if (complete and run.get("kind", "generate") != "generate" and (total.get("finished") or 0) != expected
+            and _VERIFIED.get(vkey) != expected):
+        with _CACHE_LOCK:
+            _VERIFIED[vkey] = expected
+            for k in [k for k in _CACHE if k[:2] == vkey]:
+                del _CACHE[k]
+        total, _ = _cached_final(conn, rid, "sums", now, _sums_range, _add_counts, dict)
+    return {**dict.fromkeys(_SUM_COLS, 0), **total}
 
 
 def _add_counts(a: dict[Any, int], b: dict[Any, int]) -> dict[Any, int]:
@@ -502,7 +533,7 @@ def _checks(conn: Connection, rid: int) -> list[dict[str, Any]]:
     return out
 
 
-def _endpoints(conn: Connection, rid: int, now: float, window_s: int) -> list[dict[str, Any]]:
+def _endpoints(conn: Connection, rid: int, now: float, window_s: int, working: bool) -> list[dict[str, Any]]:
     rows = conn.execute(text(
         "SELECT endpoint, SUM(ok) AS ok, SUM(finished) AS finished, SUM(timeouts) AS timeouts,"
         " SUM(errors) AS errors, SUM(attempts_failed) AS attempts_failed, SUM(completion_tokens) AS tokens,"
@@ -512,8 +543,8 @@ def _endpoints(conn: Connection, rid: int, now: float, window_s: int) -> list[di
     out = []
     for r in rows:
         d = dict(r)
-        d["req_s"] = (d["ok"] or 0) / window_s
-        d["tok_s"] = (d["tokens"] or 0) / window_s
+        d["req_s"] = (d["ok"] or 0) / window_s if working else 0.0
+        d["tok_s"] = (d["tokens"] or 0) / window_s if working else 0.0
         d["timeout_share"] = _rate(d["timeouts"] or 0, d["finished"] or 0)
         d["error_share"] = _rate(d["errors"] or 0, d["finished"] or 0)
         d["mean_latency_s"] = _rate(d["latency_sum"] or 0.0, d["ok"] or 0)
@@ -581,6 +612,10 @@ def _last_active(conn: Connection, rid: int, recent: dict[str, Any], now: float)
             "last_ok": last_ok, "last_empty": last_empty}
 
 
+def _level(share: float, bad: float, warn: float) -> str:
+    return "bad" if share >= bad else ("warn" if share >= warn else "ok")
+
+
 def _tiles(st: RunStats) -> list[Tile]:
     r = st.recent
     q = st.quality
@@ -590,16 +625,17 @@ def _tiles(st: RunStats) -> list[Tile]:
 
     share = _rate(r["timeouts"], fin) or 0.0
     att_to = r["attempt_timeouts"]
-    level = "bad" if share >= TIMEOUT_BAD else ("warn" if share >= TIMEOUT_WARN or att_to else "ok")
-    tiles.append(Tile("timeouts", level, "Timeouts", f"{share * 100:.1f}%",
-                      f"{r['timeouts']:,} of {fin:,} records timed out ({span_txt}); {att_to:,} attempts timed out;"
+    level = _level(share, TIMEOUT_BAD, TIMEOUT_WARN)  # the colour follows the number shown; retries are detail
+    tiles.append(Tile("timeouts", level, check_label("timeout"), f"{share * 100:.1f}%",
+                      f"{r['timeouts']:,} of {plural(fin, 'record')} timed out ({span_txt});"
+                      f" {plural(att_to, 'attempt')} timed out (retried or not);"
                       f" {st.whole['timeouts']:,} in the whole run"))
 
     eshare = _rate(r["errors"], fin) or 0.0
     att = r["attempts_failed"]
-    level = "bad" if eshare >= ERROR_BAD else ("warn" if eshare >= ERROR_WARN or att else "ok")
-    tiles.append(Tile("errors", level, "Errors", f"{eshare * 100:.1f}%",
-                      f"{r['errors']:,} records failed ({span_txt}); {att:,} failed attempts,"
+    level = _level(eshare, ERROR_BAD, ERROR_WARN)
+    tiles.append(Tile("errors", level, check_label("error"), f"{eshare * 100:.1f}%",
+                      f"{plural(r['errors'], 'record')} failed ({span_txt}); {plural(att, 'failed attempt')},"
                       f" {r['retries']:,} retried; {st.whole['errors']:,} in the whole run"))
 
     # quality looks at the last minute of *activity*: a paused run keeps showing what made it stop
@@ -607,7 +643,7 @@ def _tiles(st: RunStats) -> list[Tile]:
     a_txt = span_txt if a["is_recent"] else f"last minute of activity, to {_hms(a['until'])}"
     expects = bool(st.run.get("expects_reasoning", True))
     if not a["ok"]:
-        tiles.append(Tile("empty_reasoning", "ok", "Empty reasoning", "–", "no completed records yet"))
+        tiles.append(Tile("empty_reasoning", "ok", check_label("empty_reasoning"), "–", "no completed records yet"))
     else:
         er = a["empty_reasoning"] / a["ok"]
         latest = a["last_empty"] / a["last_ok"] if a["last_ok"] else 0.0
@@ -617,7 +653,7 @@ def _tiles(st: RunStats) -> list[Tile]:
             level = "bad" if er >= EMPTY_REASONING_BAD or sudden else (
                 "warn" if er >= EMPTY_REASONING_WARN else "ok")
         value = er if not sudden or er >= latest else latest
-        tiles.append(Tile("empty_reasoning", level, "Empty reasoning", f"{value * 100:.1f}%",
+        tiles.append(Tile("empty_reasoning", level, check_label("empty_reasoning"), f"{value * 100:.1f}%",
                           (f"{a['last_empty']:,} of the {a['last_ok']:,} ok records in the latest 5 s with"
                            " completions have no reasoning; " if sudden else "")
                           + f"{a['empty_reasoning']:,} of {a['ok']:,} ok records have no reasoning ({a_txt});"
@@ -625,7 +661,7 @@ def _tiles(st: RunStats) -> list[Tile]:
                           + ("" if expects else " (this run does not expect reasoning)")))
         lr = a["finish_length"] / a["ok"]
         level = "warn" if lr >= LENGTH_WARN else "ok"
-        tiles.append(Tile("length", level, "Cut at max_tokens", f"{lr * 100:.1f}%",
+        tiles.append(Tile("length", level, check_label("truncated"), f"{lr * 100:.1f}%",
                           f"finish_reason=length on {a['finish_length']:,} of {a['ok']:,} ok records ({a_txt})"))
     return tiles
 

@@ -658,6 +658,7 @@ def render_record(
     warnings += _think_token_warnings(lt, asm.full_text, input_ids, expected_think_ids)
     warnings += _dropped_reasoning_warnings(lt, asm, reasoning)
     warnings += _think_text_warnings(lt, reasoning, content)
+    warnings += _empty_think_warnings(lt, asm.completion_ids, infos[prompt_len:])
     if usage_completion_tokens is not None:
         warnings += _usage_warnings(len(asm.completion_ids), usage_completion_tokens)
     if server_prompt_ids is not None or server_completion_ids is not None:
@@ -684,6 +685,23 @@ def render_record(
         warnings=warnings,
         template_source=lt.template_source or "",
     )
+
+
+def _empty_think_warnings(lt: LoadedTokenizer, completion: list[int],
+                          infos: list[tuple[str, str, str, str]]) -> list[TokenWarning]:
+    """An empty think block (open, nothing but whitespace, close) inside the trained span, or a trained span
+    that starts by closing a think block the prompt opened: the model would learn to skip its reasoning."""
+    o, c = lt.think_open_id, lt.think_close_id
+    if o is None or c is None or c not in completion:
+        return []
+    j = completion.index(c)
+    i = completion.index(o) if o in completion[:j] else -1  # -1: opened by the prompt (a prefilled <think>)
+    if any(info[0].strip() for info in infos[i + 1:j]):
+        return []
+    return [TokenWarning("empty_think_trained",
+                         f"the trained span holds an empty think block ({lt.spec.think_open}{lt.spec.think_close} at "
+                         f"assistant token {i}): training on it teaches the model to answer without reasoning",
+                         {"assistant_token": i})]
 
 
 def _split_estimate(

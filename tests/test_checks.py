@@ -23,6 +23,7 @@ from synthwatch.checks import (
     run_token_job,
     with_canaries,
 )
+from synthwatch.words import check_label
 
 REASONING = ("Let me work through this step by step. The question asks me to compute 2 + 2. "
              "First, 2 + 2 = 4. Let me double-check: 4 - 2 = 2, which matches. So the result is 4.")
@@ -303,6 +304,7 @@ def test_settings_and_docs_table_agree() -> None:
         assert cells[3] == f"{r.threshold:g}" and cells[4] == str(r.window) and cells[5] == str(r.min_records), line
         assert cells[6] == r.severity, line
         assert cells[7] == (f"at {r.pause_threshold:g} of >= {r.pause_min_records}" if r.auto_pause else "no"), line
+        assert cells[8] == check_label(name), line  # the same name in the docs as on every page
 
 
 def test_canaries_are_every_nth_prompt() -> None:

@@ -118,9 +118,15 @@ def test_live_fragments_poll_only_while_live(live_app, engine, sim, prompts) -> 
         with httpx.Client(base_url=srv.url, timeout=10) as c:
             wait_for(lambda: run_row(engine, bg.run_id)["n_ok"] > 0, what="first ok record")
             frag = c.get(f"/runs/{bg.run_id}/stats").text
-            assert 'hx-trigger="every 1000ms"' in frag
-            assert 'id="run-details" class="run-details" hx-swap-oob="outerHTML"' in frag
-            assert 'hx-trigger="every 2000ms"' in c.get(f"/runs/{bg.run_id}/charts").text
+            assert 'hx-trigger="every 2000ms"' in frag
+            assert 'id="run-details"' not in frag  # the failure tables poll on their own, less often
+            assert 'hx-trigger="every 10000ms"' in c.get(f"/runs/{bg.run_id}/details").text
+            # the controls come along only when the run's state differs from the one the page shows
+            assert 'id="run-controls"' in frag  # no shown_state: redrawn
+            state = f"{run_row(engine, bg.run_id)['status']}:run"
+            assert 'id="run-controls"' not in c.get(f"/runs/{bg.run_id}/stats", params={"shown_state": state}).text
+            assert 'id="run-controls"' in c.get(f"/runs/{bg.run_id}/stats", params={"shown_state": "paused:pause"}).text
+            assert 'hx-trigger="every 10000ms"' in c.get(f"/runs/{bg.run_id}/charts").text
             listing = c.get("/api/runs").json()["runs"][0]
             assert listing["live"] and listing["req_s"] > 0
             r = c.post(f"/api/runs/{bg.run_id}/control", json={"action": "stop_now"})
@@ -129,7 +135,7 @@ def test_live_fragments_poll_only_while_live(live_app, engine, sim, prompts) -> 
             frag = c.get(f"/runs/{bg.run_id}/stats").text
             assert 'hx-trigger="every' not in frag
             # the last render also switches the controls off (out-of-band)
-            assert 'id="run-controls" class="card controls" data-swap-errors hx-swap-oob="outerHTML"' in frag
+            assert 'id="run-controls" class="controls control-bar" aria-label="Controls" data-swap-errors hx-swap-oob="outerHTML"' in frag
             assert 'data-testid="controls-ended"' in frag
     finally:
         if bg.thread.is_alive():
@@ -208,6 +214,17 @@ def test_start_run_form(live_app, engine, sim, prompts, tmp_path) -> None:  # ty
         assert run_row(engine, run_id)["n_ok"] == 6
         dup = c.post("/runs/new", data=form, follow_redirects=False)
         assert dup.status_code == 400 and "already exists" in dup.text
+        # "Start a run like this": the run page links the form pre-filled from the run's configuration
+        page = c.get(f"/runs/{run_id}").text
+        assert f'href="/runs/new?like={run_id}"' in page and f"<code>{url}</code>" in page  # endpoint URLs shown
+        like = c.get("/runs/new", params={"like": run_id}).text
+        fields = dict(re.findall(r'<input name="(\w+)"[^>]*? value="([^"]*)"', like))
+        assert fields["dataset"] == str(data) and fields["model"] == "sim-reasoner" and fields["name"] == ""
+        assert fields["concurrency"] == "4" and fields["max_attempts"] == "2" and fields["timeout_s"] == "30.0"
+        assert url in like and 'data-testid="like-run"' in like
+        again = c.post("/runs/new", data={**fields, "endpoints": url, "reasoning_mode": "auto", "stream": "on",
+                                           "name": "like-it"}, follow_redirects=False)
+        assert again.status_code == 303, again.text[-2000:]
         api = c.post("/api/runs", json={"dataset": str(data), "endpoints": [url], "model": "sim-reasoner",
                                         "name": "from-api", "concurrency": 2})
         assert api.status_code == 201, api.text

@@ -85,7 +85,7 @@ def test_api_settings_rederive_rerun_undo_autopause(engine, sim, prompts, live_a
     assert [o["check_name"] for o in listed] == ["empty_reasoning"]
     # the banner shows it (escaped) on every page of the run
     html = httpx.get(f"{srv.url}/runs/{run_id}/alarms/banner").text
-    assert "Auto-pause is off for empty_reasoning" in html and "model without reasoning" in html
+    assert "Auto-pause is off for Empty reasoning" in html and "model without reasoning" in html
     # the settings and repair page renders with every section
     page = httpx.get(f"{srv.url}/runs/{run_id}/repair").text
     for part in ('id="settings"', 'id="repair"', 'id="versions"', 'id="repairs"', 'id="autopause"'):

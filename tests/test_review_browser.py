@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.sync_api import Page, expect
+from sqlalchemy import text
 from test_review import add_record, add_run
 
 pytestmark = pytest.mark.browser
@@ -30,7 +31,9 @@ def test_keyboard_review_flag_undo_reload(page: Page, live_app: Any, engine: Any
     srv = live_app()
 
     page.goto(f"{srv.url}/runs/{run_id}/sample?mode=unreviewed")
-    expect(page).to_have_url(re.compile(rf"/runs/{run_id}/records/\d+\?mode=unreviewed$"))
+    expect(page).to_have_url(re.compile(rf"/runs/{run_id}/records/\d+\?mode=unreviewed&s=0\.\d+&t0=\d+$"))
+    # this test looks at several verdicts on one record: the setting that stays after a verdict
+    page.locator("#advance-toggle").uncheck()
     first = rec_id(page)
     page.keyboard.press("n")
     expect(page.locator("#rec-id")).not_to_have_text(str(first))
@@ -102,9 +105,27 @@ def test_bulk_flag_by_filter_and_step_through_it(page: Page, live_app: Any, engi
     expect(page.locator("#bulk-count")).to_contain_text("6 records will be flagged bad · empty reasoning")
     page.locator("#bulk-confirm").click()
     expect(page.locator("#bulk-done")).to_contain_text("Flagged 6 records bad")
+    # the table follows at once (no reload), and the undo outlives a reload
+    expect(page.locator("#records td.flag-cell").first).to_have_text("bad · empty_reasoning")
+    page.reload()
+    expect(page.locator("#bulk-undo")).to_be_visible()
+    page.locator("#bulk-undo").click()
+    expect(page.locator("#bulk-undone")).to_contain_text("Undid 6 flags")
+    expect(page.locator("#records td.flag-cell").first).to_have_text("")
+    page.goto(f"{srv.url}/runs/{run_id}/records?reasoning_len_max=0")
+    expect(page.locator("#bulk-undo")).to_have_count(0)  # nothing left to undo
+    page.locator("#bulk summary").click()
+    page.locator("#bulk-form select[name=flag_reason]").select_option("empty_reasoning")
+    page.locator("#bulk-preview").click()
+    page.locator("#bulk-confirm").click()
+    expect(page.locator("#bulk-done")).to_contain_text("Flagged 6 records bad")
 
-    page.goto(f"{srv.url}/runs/{run_id}/records?flag=bad")
+    # filters apply as they change: no Apply click
+    page.goto(f"{srv.url}/runs/{run_id}/records")
+    expect(page.locator("#records tbody tr")).to_have_count(20)
+    page.locator("#record-filters select[name=flag]").select_option("bad")
     expect(page.locator("#records tbody tr")).to_have_count(6)
+    assert "flag=bad" in page.url
     expect(page.locator("#records td.flag-cell").first).to_have_text("bad · empty_reasoning")
     assert sorted(int(x) for x in page.locator("#records tbody tr").evaluate_all(
         "rows => rows.map(r => r.dataset.recordId)")) == empty
@@ -147,3 +168,66 @@ def test_200kb_reasoning_renders_without_freezing(page: Page, live_app: Any, eng
 
 NEXT_FRAMES = ("() => new Promise(r => { const t = performance.now();"
                " requestAnimationFrame(() => requestAnimationFrame(() => r(performance.now() - t))); })")
+
+
+def test_keyboard_only_review_of_20_records_one_key_each(page: Page, live_app: Any, engine: Any) -> None:
+    """The speed of reading: one key per verdict, the next record comes up by itself, none comes up twice."""
+    run_id = add_run(engine)
+    for i in range(40):
+        add_record(engine, run_id, i)
+    with engine.begin() as conn:  # the counters a worker keeps
+        conn.execute(text("UPDATE run SET n_ok = 40, total = 40 WHERE id = :r"), {"r": run_id})
+    srv = live_app()
+    page.goto(f"{srv.url}/runs/{run_id}/sample?mode=all")
+    keys = ["g", "1", "g", "2", "g", "b", "g", "g", "3", "g"] * 2
+    seen: list[int] = []
+    presses = 0
+    for key in keys:
+        current = rec_id(page)
+        seen.append(current)
+        page.keyboard.press(key)
+        presses += 1
+        expect(page.locator("#rec-id")).not_to_have_text(str(current))  # advanced, no second key
+    assert presses == 20 == len(seen)
+    assert len(set(seen)) == 20, f"a record came up twice: {seen}"
+    expect(page.get_by_test_id("session-progress")).to_contain_text("20 reviewed in this session")
+    expect(page.get_by_test_id("session-progress")).to_contain_text("20 of 40 ok records not reviewed yet")
+    stored = [httpx.get(f"{srv.url}/api/runs/{run_id}/records/{i}").json()["record"]["review"] for i in seen]
+    assert stored.count("good") == 12 and stored.count("bad") == 8
+
+    # the note: Enter saves it (with the verdict the record has), Escape leaves the field
+    page.keyboard.press("b")  # flag the 21st, which brings up the 22nd
+    page.keyboard.press("k")  # nothing bound: still the 22nd
+    current = rec_id(page)
+    page.keyboard.press("g")
+    expect(page.locator("#rec-id")).not_to_have_text(str(current))
+    page.go_back()
+    expect(page.locator("#rec-id")).to_have_text(str(current))
+    expect(page.locator("#verdict")).to_have_text("good")
+    note = page.locator("#flag-note")
+    note.click()
+    note.type("looks fine")
+    page.keyboard.press("Enter")
+    expect(page.locator("#flag-bar .flag-history summary")).to_have_text("2 flags in the history")
+    assert rec_id(page) == current  # saving a note stays on the record
+    note = page.locator("#flag-note")
+    note.click()
+    note.type("1")
+    page.keyboard.press("Escape")
+    page.keyboard.press("n")  # a command again, not a character of the note
+    expect(page.locator("#rec-id")).not_to_have_text(str(current))
+
+
+def test_review_session_never_repeats_and_ends(page: Page, live_app: Any, engine: Any) -> None:
+    run_id = add_run(engine)
+    for i in range(12):
+        add_record(engine, run_id, i)
+    srv = live_app()
+    page.goto(f"{srv.url}/runs/{run_id}/sample?mode=all")
+    seen = []
+    for _ in range(12):
+        seen.append(rec_id(page))
+        page.locator("#next-record").click()  # the on-screen Next, for touch
+        page.wait_for_load_state("load")
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == 12
+    expect(page.locator("#session-done")).to_contain_text("has come up once in this session")

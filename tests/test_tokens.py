@@ -360,3 +360,11 @@ def test_render_time_8k_tokens(lt: LoadedTokenizer) -> None:
     )
     assert r.totals["tokens"] >= 7900
     assert cold < 3.0 and warm < 3.0  # sanity bound only; the UI target is < 300 ms
+
+
+def test_empty_think_block_in_the_trained_span_warns(lt: LoadedTokenizer) -> None:
+    # the prompt ends in a prefilled <think>; the trained span starts with </think>: it would teach skipping
+    r = render_record(lt, MESSAGES, "", CONTENT)
+    assert r.input_ids[r.prompt_len] == lt.think_close_id
+    assert "empty_think_trained" in [w.code for w in r.warnings]
+    assert "empty_think_trained" not in [w.code for w in render_record(lt, MESSAGES, REASONING, CONTENT).warnings]

@@ -336,3 +336,29 @@ def test_follow_on_every_backend(tmp_path: Path, any_engine: Any) -> None:
         assert conn.execute(text("SELECT SUM(finished) FROM series WHERE run_id = :r"),
                             {"r": w.run_id}).scalar_one() == 4
         assert [r[0] for r in conn.execute(text("SELECT idx FROM record ORDER BY idx"))] == [0, 1, 3, 4]
+
+
+def test_whole_run_totals_follow_rows_written_at_old_timestamps(tmp_path: Path, watching: Any, engine: Any) -> None:
+    """`watch` writes series rows at the file's own timestamps, older than the dashboard's fold horizon:
+    the folded whole-run totals must not freeze at the first value (was: 10 shown while the rows held 15)."""
+    from synthwatch import stats
+
+    old = time.time() - 3 * 3600
+    path = tmp_path / "old.jsonl"
+    path.write_bytes(b"".join(rec(i, timestamp=old + i) for i in range(10)))
+    w = watching(path)
+    w.wait_count(10)
+
+    def ok_all() -> int:
+        with engine.connect() as conn:
+            run = stats.get_run(conn, w.run_id)
+            assert run is not None
+            st = stats.run_stats(conn, run)
+            return int(st.quality["ok_all"])
+
+    assert ok_all() == 10  # folded and cached
+    with path.open("ab") as fh:  # five more lines, inside the span the fold has already passed
+        fh.write(b"".join(rec(i, timestamp=old + 60 + i) for i in range(10, 15)))
+    w.wait_count(15)
+    assert ok_all() == 15
+    assert ok_all() == 15  # and stays right once refolded

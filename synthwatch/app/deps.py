@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
@@ -85,4 +87,38 @@ SearchBacklog = Annotated[int, Depends(search_backlog)]
 def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Any:
     templates: Jinja2Templates = request.app.state.templates
     ctx = {"settings": request.app.state.settings, **context}
-    return templates.TemplateResponse(request, name, ctx, status_code=status_code)
+    return lean(request, templates.TemplateResponse(request, name, ctx, status_code=status_code))
+
+
+GZIP_MIN_BYTES = 1024
+
+
+def lean(request: Request, response: Response) -> Response:
+    """Send a page or fragment only when it changed, and compressed.
+
+    A GET answer carries an ETag of its body and ``Cache-Control: no-cache``: a poll that asks again (the
+    browser revalidates on its own, htmx sees the cached body) gets a bodiless 304 while nothing changed.
+    Bodies of a kilobyte or more go gzip-compressed to clients that accept it."""
+    body = bytes(response.body)
+    if request.method != "GET" or response.status_code != 200:
+        return _gzip(request, response, body)
+    etag = 'W/"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
+    vary = "Accept-Encoding, HX-Request, HX-Target"
+    if etag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers={"ETag": etag, "Cache-Control": "no-cache", "Vary": vary})
+    response.headers["ETag"] = etag
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["Vary"] = vary
+    return _gzip(request, response, body)
+
+
+def _gzip(request: Request, response: Response, body: bytes) -> Response:
+    if len(body) < GZIP_MIN_BYTES or "gzip" not in request.headers.get("accept-encoding", ""):
+        return response
+    packed = gzip.compress(body, compresslevel=6)
+    response.body = packed
+    response.headers["Content-Encoding"] = "gzip"
+    response.headers["Content-Length"] = str(len(packed))
+    if "Vary" not in response.headers:
+        response.headers["Vary"] = "Accept-Encoding"
+    return response

@@ -7,6 +7,8 @@ from typing import Any
 
 from jinja2 import Environment
 
+from ..words import check_help, check_label, plural
+
 
 def fmt_time(ts: float | None) -> str:
     if not ts:
@@ -52,7 +54,31 @@ def fmt_seconds(x: float | None) -> str:
     return f"{x:.2f} s"
 
 
+def run_state(run: dict[str, Any]) -> str:
+    """What a person reads for a run's state: its status, or where it is going while workers follow a control."""
+    status, desired = run.get("status") or "", run.get("desired") or "run"
+    if status not in ("created", "running", "paused", "stopping"):
+        return status
+    if desired in ("stop", "stop_now"):
+        return "stopping" if status == "stopping" else "stopping…"
+    if desired == "pause" and status != "paused":
+        return "pausing…"
+    if desired == "run" and status == "paused":
+        return "resuming…"
+    return status
+
+
+def state_note(run: dict[str, Any]) -> str:
+    """The run's status message, unless it only repeats the state ("stopped stopped")."""
+    msg = (run.get("status_message") or "").strip()
+    return "" if msg.lower().rstrip(".") in (run.get("status") or "", run_state(run).rstrip("…")) else msg
+
+
 def install(env: Environment) -> None:
     env.filters.update(
-        time=fmt_time, duration=fmt_duration, num=fmt_num, pct=fmt_pct, seconds=fmt_seconds,
+        time=fmt_time, duration=fmt_duration, num=fmt_num, pct=fmt_pct, seconds=fmt_seconds, plural=plural,
+        run_state=run_state, state_note=state_note, check_label=check_label,
     )
+    from .launch import shown_url
+
+    env.globals.update(check_label=check_label, check_help=check_help, shown_url=shown_url)

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy.engine import Engine
 
@@ -110,6 +111,43 @@ def form_to_data(form: dict[str, str]) -> dict[str, Any]:
         raise LaunchError(f"reasoning mode: expected one of {', '.join(REASONING_MODES)}, got {mode!r}")
     data["reasoning"] = {"mode": mode}
     return data
+
+
+def shown_url(url: str) -> str:
+    """A base URL as the dashboard shows it: any user:password@ part left out (keys are never shown)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def config_to_form(config: dict[str, Any]) -> dict[str, str]:
+    """A run's stored configuration as the start form's fields ("Start a run like this"): the inverse of
+    form_to_data, for what the form can set. The name is left empty (a new run needs its own); API keys are
+    never read, only the name of the variable that holds one."""
+    def s(v: Any) -> str:
+        return "" if v is None else str(v)
+
+    endpoints = [e for e in config.get("endpoints") or [] if isinstance(e, dict) and e.get("base_url")]
+    sampling, timeouts = config.get("sampling") or {}, config.get("timeouts") or {}
+    dataset = config.get("dataset") or {}
+    return {
+        "name": "", "dataset": s(dataset.get("path")), "limit": s(dataset.get("limit")),
+        "endpoints": "\n".join(shown_url(str(e["base_url"])) for e in endpoints),
+        "api_key_env": next((s(e.get("api_key_env")) for e in endpoints if e.get("api_key_env")), ""),
+        "model": s(config.get("model")), "temperature": s(sampling.get("temperature")),
+        "top_p": s(sampling.get("top_p")), "max_tokens": s(sampling.get("max_tokens")),
+        "concurrency": s(config.get("concurrency")), "cap": s(config.get("cap")),
+        "timeout_s": s(timeouts.get("total_s")), "idle_timeout_s": s(timeouts.get("idle_s")),
+        "connect_timeout_s": s(timeouts.get("connect_s")),
+        "max_attempts": s((config.get("retries") or {}).get("max_attempts")),
+        "reasoning_mode": s((config.get("reasoning") or {}).get("mode") or "auto"),
+        "stream": "on" if config.get("stream", True) else "",
+    }
 
 
 def allowed_key_envs(settings: Settings) -> set[str]:

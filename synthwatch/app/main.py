@@ -40,6 +40,8 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
         title="synthwatch",
         description="Live dashboard and JSON API for synthetic data generation runs.",
         version="0.1.0",
+        docs_url=None,  # FastAPI's own /docs loads Swagger UI from a CDN with an inline script: see api_docs below
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.db_url = url
@@ -69,6 +71,11 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
     @app.get("/", include_in_schema=False)
     async def index() -> Response:
         return RedirectResponse("/runs", status_code=307)
+
+    @app.get("/docs", include_in_schema=False)
+    def api_docs(request: Request) -> Response:
+        # Swagger UI from the npm registry (package-lock.json), served from static/vendor like htmx
+        return render(request, "api_docs.html", {})
 
     @app.get("/favicon.ico", include_in_schema=False)
     async def favicon() -> Response:

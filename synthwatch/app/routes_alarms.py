@@ -118,6 +118,12 @@ def ack_form(request: Request, run_id: int, alarm_id: int, engine: WriteEngine, 
 # ------------------------------------------------------------------------------------ checks page
 
 
+@router.get("/help/checks", include_in_schema=False)
+def checks_help_page(request: Request) -> Response:
+    """Every check: its label, identifier, what fails it and its default rule (the table of docs/checks.md)."""
+    return render(request, "help_checks.html", {"rules": [DEFAULT_RULES[n] for n in CHECK_NAMES if n in DEFAULT_RULES]})
+
+
 @router.get("/runs/{run_id}/checks", include_in_schema=False)
 def checks_page(request: Request, run_id: int, conn: ReadConn) -> Response:
     ctx = checks_context(conn, run_id)

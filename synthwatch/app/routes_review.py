@@ -7,6 +7,8 @@ templates only as escaped segments (review.segments), never marked safe.
 
 from __future__ import annotations
 
+import random
+import time
 import weakref
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -16,7 +18,7 @@ from fastapi import APIRouter, Body, Form, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from .. import review, store, tool_calls
+from .. import review, snippets, stats, store, tool_calls
 from ..review import Filters, ReviewError
 from .deps import HX, ReadConn, ReadEngine, SearchBacklog, WriteEngine, catch_up_search, render
 
@@ -63,7 +65,7 @@ def _qs(params: dict[str, Any]) -> str:
 
 def _sample_params(request: Request) -> dict[str, str]:
     q = request.query_params
-    return {k: q[k] for k in ("mode", "minutes", "check") if q.get(k)}
+    return {k: q[k] for k in ("mode", "minutes", "check", "s", "t0") if q.get(k)}
 
 
 def _float_param(request: Request, name: str, default: float) -> float:
@@ -89,24 +91,41 @@ def _int_param(request: Request, name: str) -> int | None:
 # ------------------------------------------------------------------------------------------- samples
 
 
-def _pick(request: Request, conn: Any, run_id: int) -> int | None:
+def _pick(request: Request, conn: Any, run_id: int, session: tuple[float, float] | None = None) -> int | None:
     q = request.query_params
     try:
         return review.sample(conn, run_id, q.get("mode") or "all", minutes=_float_param(request, "minutes", 10.0),
-                             check=q.get("check") or None, exclude=_int_param(request, "exclude"))
+                             check=q.get("check") or None, exclude=_int_param(request, "exclude"), session=session)
     except ReviewError as exc:
         raise _bad(exc) from None
+
+
+def _session(request: Request, params: dict[str, str]) -> tuple[float, float] | None:
+    """A review session (no record twice): its start in the rnd ring and the rnd of the record shown now.
+
+    The first sample of a mode starts one (s = random start, t0 = when); "recent" samples stay random."""
+    if params.get("mode") == "recent":
+        return None
+    if "s" not in params:
+        params["s"], params["t0"] = repr(random.random()), f"{time.time():.0f}"
+    start = _float_param(request, "s", 0.0) if "s" in request.query_params else float(params["s"])
+    if not 0.0 <= start < 1.0:
+        raise HTTPException(400, "s: a session start between 0 and 1")
+    return start, _float_param(request, "at", start)
 
 
 @router.get("/runs/{run_id}/sample", include_in_schema=False)
 def sample_page(request: Request, run_id: int, conn: ReadConn) -> Response:
     run = _run_or_404(conn, run_id)
-    rid = _pick(request, conn, run_id)
     params = _sample_params(request)
+    rid = _pick(request, conn, run_id, _session(request, params))
     if rid is None:
         return render(request, "viewer.html", {
             "run": run, "rec": None, "mode": params.get("mode", "all"), "sample_params": params,
             "modes": review.SAMPLE_MODES, "check_names": list(review.check_bits()),
+            "session": _session_progress(conn, run, params), "session_done": "s" in request.query_params,
+            "restart_url":
+                f"/runs/{run_id}/sample{_qs({k: v for k, v in params.items() if k not in ('s', 't0')})}",
         })
     return RedirectResponse(f"/runs/{run_id}/records/{rid}{_qs(params)}", status_code=303)
 
@@ -197,7 +216,7 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         except ReviewError as exc:
             raise _bad(exc) from None
     filter_qs = _qs({**f.params(), "from": "records"})
-    sample_qs = _qs({**params, "exclude": rec["id"]})
+    sample_qs = _qs({**params, "exclude": rec["id"], "at": repr(rec["rnd"]) if "s" in params else None})
     attempts: list[Any] = []
     if rec.get("attempts_json"):
         try:
@@ -225,7 +244,19 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         "sample_url": f"/runs/{run['id']}/sample{sample_qs}",
         "tokens_url": f"/runs/{run['id']}/records/{rec['id']}/tokens",
         "history": _history(conn, rec["id"]),
+        "session": _session_progress(conn, run, params),
     }
+
+
+def _session_progress(conn: Any, run: dict[str, Any], params: dict[str, str]) -> dict[str, int] | None:
+    if "t0" not in params:
+        return None
+    try:
+        t0 = float(params["t0"])
+    except ValueError:
+        return None
+    return {"reviewed": review.reviewed_since(conn, run["id"], t0), "unreviewed": review.unreviewed_ok(conn, run),
+            "n_ok": int(run["n_ok"])}
 
 
 def _history(conn: Any, record_id: int) -> list[dict[str, Any]]:
@@ -246,7 +277,9 @@ def _history(conn: Any, record_id: int) -> list[dict[str, Any]]:
 def viewer_page(request: Request, run_id: int, record_id: int, conn: ReadConn) -> Response:
     run = _run_or_404(conn, run_id)
     rec = _record_or_404(conn, run_id, record_id)
-    return render(request, "viewer.html", _viewer_context(request, conn, run, rec))
+    response = render(request, "viewer.html", _viewer_context(request, conn, run, rec))
+    response.headers["Cache-Control"] = "no-store"  # Back shows the verdict as it is now, not a cached page
+    return response
 
 
 @router.get("/api/runs/{run_id}/records/{record_id:int}", tags=["review"])
@@ -369,7 +402,10 @@ async def bulk_form(request: Request, run_id: int, conn: ReadConn, read: ReadEng
                                                     _to_int(form["max_id"], "max_id"))
     except ReviewError as exc:
         raise _bad(exc) from None
-    return render(request, "_records_bulk.html", ctx)
+    response = render(request, "_records_bulk.html", ctx)
+    if "undone" in ctx or "result" in ctx:  # the table below redraws itself with the new flags
+        response.headers["HX-Trigger"] = "records-changed"
+    return response
 
 
 def _to_int(raw: Any, name: str) -> int:
@@ -411,8 +447,9 @@ def _records_context(request: Request, conn: Any, run: dict[str, Any], backlog: 
     except ReviewError as exc:
         raise _bad(exc) from None
     base = f.params()
+    found = snippets.for_rows(conn, [r["id"] for r in pg.rows], f.q, f.field) if f.q else {}
     return {
-        "run": run, "f": f, "page": pg, "fq": _qs({**base, "from": "records"}),
+        "run": run, "f": f, "page": pg, "snippets": found, "fq": _qs({**base, "from": "records"}),
         "next_url": f"/runs/{run['id']}/records{_qs({**base, 'after': pg.next_cursor})}" if pg.next_cursor else None,
         "prev_url": f"/runs/{run['id']}/records{_qs({**base, 'before': pg.prev_cursor})}" if pg.prev_cursor else None,
         "count_url": f"/runs/{run['id']}/records/count{_qs(base)}",
@@ -422,7 +459,8 @@ def _records_context(request: Request, conn: Any, run: dict[str, Any], backlog: 
         "endpoints": review.distinct_values(conn, run["id"], "endpoint"),
         "sources": review.distinct_values(conn, run["id"], "reasoning_source"),
         "search_ok": conn.dialect.name in ("sqlite", "postgresql"),
-        "search_backlog": backlog,
+        "search_backlog": backlog, "table_url": f"/runs/{run['id']}/records{_qs(base)}",
+        "follow": run["status"] in stats.LIVE_STATUSES and not (q.get("after") or q.get("before")),
     }
 
 
@@ -432,6 +470,7 @@ def records_page(request: Request, run_id: int, backlog: SearchBacklog, conn: Re
     ctx = _records_context(request, conn, run, backlog)
     if hx and request.headers.get("HX-Target") == "records-table":
         return render(request, "_records_table.html", ctx)
+    ctx["last_bulk"] = review.latest_bulk(conn, run_id)
     return render(request, "records.html", ctx)
 
 
@@ -557,7 +596,7 @@ def _chip_views(lt: Any, chips: list[Any]) -> list[tuple[str, str, str]]:
             shown = "".join(m if k != "t" else m.translate(_CHIP_WS) for k, m in review.segments(c.text)) or "∅"
             seen = cache[c.id] = (shown, f"id {c.id} · {c.kind} · bytes {c.raw_bytes or '–'} · piece {c.piece!r}")
         classes = f"chip k-{c.kind}" + (" asst" if c.in_assistant else "") + (" differs" if c.differs else "")
-        out.append((seen[0], classes, seen[1]))
+        out.append((seen[0], classes, seen[1] + (" · trained" if c.in_assistant else " · not trained")))
     return out
 
 

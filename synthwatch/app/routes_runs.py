@@ -45,6 +45,12 @@ def _poll_ms(request: Request) -> int:
     return int(request.app.state.settings.poll_interval_ms)
 
 
+def _slow_poll_ms(request: Request) -> int:
+    """Charts, failure tables, workers and the audit log: a chart bucket is 5 s, so a faster poll only costs
+    bytes (an open live run page stays within 100 KB per 30 s, see tests/test_polling_budget_browser.py)."""
+    return max(10_000, 5 * _poll_ms(request))
+
+
 # ------------------------------------------------------------------ data functions (pages and fragments)
 
 
@@ -65,7 +71,8 @@ def _stats_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str
         stale = None
     except stats.StatsTimeout as exc:
         st, stale = None, str(exc)
-    return {"run": run, "st": st, "stale": stale, "poll_ms": _poll_ms(request)}
+    return {"run": run, "st": st, "stale": stale, "poll_ms": _poll_ms(request),
+            "details_poll_ms": _slow_poll_ms(request)}
 
 
 def _charts_context(request: Request, conn: Any, run: dict[str, Any], window: str) -> dict[str, Any]:
@@ -76,11 +83,11 @@ def _charts_context(request: Request, conn: Any, run: dict[str, Any], window: st
     except stats.StatsTimeout as exc:
         data, charts, stale = None, [], str(exc)
     return {"run": run, "charts": charts, "ts": data, "window": window, "windows": list(stats.WINDOWS),
-            "stale": stale, "chart_poll_ms": max(2000, _poll_ms(request))}
+            "stale": stale, "chart_poll_ms": _slow_poll_ms(request)}
 
 
 def _audit_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
-    return {"run": run, "events": stats.control_events(conn, run["id"]), "audit_poll_ms": max(2000, _poll_ms(request))}
+    return {"run": run, "events": stats.control_events(conn, run["id"]), "audit_poll_ms": _slow_poll_ms(request)}
 
 
 # ------------------------------------------------------------------ pages
@@ -103,8 +110,13 @@ def _new_run_defaults() -> dict[str, str]:
 
 
 @router.get("/runs/new", include_in_schema=False)
-def new_run_form(request: Request) -> Response:
-    return render(request, "new_run.html", {"form": _new_run_defaults(), "error": None, "modes": REASONING_MODES})
+def new_run_form(request: Request, conn: ReadConn, like: int | None = None) -> Response:
+    form, like_run = _new_run_defaults(), None
+    if like is not None:  # "Start a run like this": the form pre-filled from that run's stored configuration
+        like_run = _run_or_404(conn, like)
+        form.update({k: v for k, v in launch.config_to_form(like_run["config"]).items() if v != "" or k == "name"})
+    return render(request, "new_run.html", {"form": form, "error": None, "modes": REASONING_MODES,
+                                            "like_run": like_run})
 
 
 async def _posted_form(request: Request) -> dict[str, str]:
@@ -152,8 +164,8 @@ async def new_run_submit(request: Request) -> Response:
     try:
         launched = await run_in_threadpool(_launch, request, form)
     except launch.LaunchError as exc:
-        return render(request, "new_run.html", {"form": form, "error": str(exc), "modes": REASONING_MODES},
-                      status_code=400)
+        return render(request, "new_run.html", {"form": form, "error": str(exc), "modes": REASONING_MODES,
+                                                "like_run": None}, status_code=400)
     if launched.run_id is None:
         return RedirectResponse(f"/runs?started={launched.name}", status_code=303)
     return RedirectResponse(f"/runs/{launched.run_id}", status_code=303)
@@ -182,12 +194,20 @@ def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m
 
 
 @router.get("/runs/{run_id}/stats", include_in_schema=False)
-def run_stats_fragment(request: Request, conn: ReadConn, run_id: int) -> Response:
+def run_stats_fragment(request: Request, conn: ReadConn, run_id: int, shown_state: str = "") -> Response:
     run = _run_or_404(conn, run_id)
-    ctx = {**_stats_context(request, conn, run), "fragment": True}
+    # shown_state: the status:desired the page's controls were drawn for; when the run moved on (an alarm
+    # paused it, another tab resumed it) this poll redraws them too
+    ctx = {**_stats_context(request, conn, run), "fragment": True, "shown_state": shown_state or None}
     if not run["live"]:  # the last render also switches off the controls and the audit log's polling
         ctx.update(_audit_context(request, conn, run))
     return render(request, "_run_stats.html", ctx)
+
+
+@router.get("/runs/{run_id}/details", include_in_schema=False)
+def run_details_fragment(request: Request, conn: ReadConn, run_id: int) -> Response:
+    run = _run_or_404(conn, run_id)
+    return render(request, "_run_details.html", _stats_context(request, conn, run))
 
 
 @router.get("/runs/{run_id}/charts", include_in_schema=False)

@@ -65,7 +65,7 @@ def workers_context(request: Request, conn: Connection, run: dict[str, Any]) -> 
         })
     summary = {s: sum(1 for w in workers if w["state"] == s) for s in ("running", "dead", "exited")}
     return {"run": run, "workers": workers, "summary": summary, "dead_after_s": dead_after_s,
-            "recent_s": RECENT_S, "workers_poll_ms": max(2000, int(request.app.state.settings.poll_interval_ms))}
+            "recent_s": RECENT_S, "workers_poll_ms": max(10_000, 5 * int(request.app.state.settings.poll_interval_ms))}
 
 
 def _run_or_404(conn: Connection, run_id: int) -> dict[str, Any]:

@@ -84,6 +84,8 @@ def install(app: FastAPI, *, auth_token: str | None, loopback_only: bool) -> Non
                     return JSONResponse({"detail": "authentication required"}, status_code=401)
                 return RedirectResponse("/login", status_code=303)
         response = await call_next(request)
+        if response.status_code == 304:  # "not modified" to a poll: no body, nothing for these headers to guard
+            return response
         response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "same-origin")

@@ -7,7 +7,9 @@
 
   function typing(target) {
     if (!target || !target.closest) return false;
-    return !!target.closest("input, textarea, select, [contenteditable=''], [contenteditable='true']");
+    // a checkbox or a button keeps the keys working; text fields take them
+    return !!target.closest("input:not([type=checkbox]):not([type=radio]):not([type=button]):not([type=submit]),"
+      + " textarea, select, [contenteditable=''], [contenteditable='true']");
   }
 
   function showTab(root, name) {
@@ -84,11 +86,56 @@
 
   function go(url) { if (url) window.location.assign(url); }
 
+  // After a verdict the next record comes up by itself (one key per record); a checkbox turns that off.
+  const ADVANCE_KEY = "synthwatch.advance";
+  let stayOnce = false;  // a note saved with Enter stays on the record
+  function advanceOn() {
+    try { return window.localStorage.getItem(ADVANCE_KEY) !== "0"; } catch (e) { return true; }
+  }
+
+  // In the note field Enter saves the note (with the record's verdict, when it has one) and Escape leaves
+  // the field: either way the next key is a command again, not a character of the note.
+  function noteKey(ev) {
+    const note = ev.target;
+    if (ev.key === "Escape") { note.blur(); ev.preventDefault(); return; }
+    if (ev.key !== "Enter" || ev.isComposing) return;
+    ev.preventDefault();
+    const bar = document.getElementById("flag-bar");
+    const verdict = bar ? bar.dataset.verdict : "";
+    if (verdict && note.value && typeof htmx !== "undefined") {
+      stayOnce = true;
+      const values = { verdict: verdict, note: note.value };
+      if (bar.dataset.reason) values.reason = bar.dataset.reason;
+      chain = chain.then(function () {
+        return htmx.ajax("POST", bar.dataset.flagUrl, { target: "#flag-bar", swap: "outerHTML", values: values });
+      }).catch(function () { /* htmx reports failed requests itself */ });
+    } else if (bar) {
+      bar.classList.add("note-pending");  // no verdict yet: the note goes with the next one
+    }
+    note.blur();
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     const root = document.getElementById("review");
     if (!root) return;
     root.querySelectorAll(".tab[data-tab]").forEach((t) => t.addEventListener("click", () => showTab(root, t.dataset.tab)));
     if (wsOn()) applyWhitespace(true);
+    const toggle = document.getElementById("advance-toggle");
+    if (toggle) {
+      toggle.checked = advanceOn();
+      toggle.addEventListener("change", function () {
+        try { window.localStorage.setItem(ADVANCE_KEY, toggle.checked ? "1" : "0"); } catch (e) { /* this page only */ }
+      });
+    }
+    document.addEventListener("htmx:afterRequest", function (evt) {
+      const path = evt.detail.pathInfo ? evt.detail.pathInfo.requestPath : "";
+      if (!evt.detail.successful || !/\/flag$/.test(path || "")) return;
+      if (stayOnce) { stayOnce = false; return; }
+      if (advanceOn()) go(root.dataset.advanceUrl);
+    });
+    document.addEventListener("keydown", function (ev) {
+      if (ev.target && ev.target.id === "flag-note") noteKey(ev);
+    });
 
     document.addEventListener("keydown", function (ev) {
       if (ev.ctrlKey || ev.metaKey || ev.altKey || ev.isComposing || typing(ev.target)) return;
