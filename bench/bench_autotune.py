@@ -24,7 +24,7 @@ from typing import Any
 from bench import write_section
 from bench.clients import SimProcess, workdir, write_dataset
 
-FULL = {"knee": 48, "tokens_per_s": 33, "reasoning": "lognormal:6.0:0.5", "content": "40-120", "timeout_s": 60,
+FULL = {"knee": 48, "tokens_per_s": 30, "reasoning": "lognormal:6.0:0.5", "content": "40-120", "timeout_s": 60,
         "fixed": 200, "duration_s": 150, "interval_s": 5.0, "records": 4000}
 QUICK = {"knee": 6, "tokens_per_s": 40, "reasoning": "40-80", "content": "10-20", "timeout_s": 5,
          "fixed": 24, "duration_s": 20, "interval_s": 1.0, "records": 600}
