@@ -178,8 +178,8 @@ class ServerMetricsConfig(_Strict):
 
 class AutotuneConfig(_Strict):
     enabled: bool = Field(False, description="Tune the concurrency to the servers (`--concurrency auto`).")
-    min: int = Field(1, ge=1, le=100_000, description="Fewest requests in flight the tuner sets.")
-    max: int = Field(1024, ge=1, le=100_000, description="Most requests in flight the tuner sets.")
+    min: int = Field(1, ge=1, le=100_000, description="Fewest requests in flight the tuner sets, per endpoint.")
+    max: int = Field(1024, ge=1, le=100_000, description="Most requests in flight the tuner sets, per endpoint.")
     start: int = Field(8, ge=1, le=100_000, description="Concurrency the tuner starts from (within min..max).")
     interval_s: float = Field(5.0, ge=0.5, le=600, description="Seconds between two tuning steps.")
     gain: float = Field(0.05, ge=0, le=1, description="Raise only while output tokens/s grows by this share.")

@@ -1,5 +1,9 @@
 """Self-tuning concurrency (`concurrency = "auto"`): as many requests in flight as the servers can serve.
 
+The worker runs one tuner per endpoint (RunWorker._tune): each endpoint gets its own limit of requests at once
+(Endpoint.limit, respected by the pool), fed by that endpoint's own answers, failures and /metrics; the run's
+concurrency is the sum of the limits.
+
 Every ``interval_s`` the tuner looks at what the last interval gave and decides one step, each recorded in
 the audit log with its reason (and visible as the concurrency line of the in-flight chart):
 

@@ -17,6 +17,7 @@ import os
 import ssl
 import time
 import unicodedata
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -55,6 +56,12 @@ class Endpoint:
     window: int = 0  # most requests outstanding during the slow start (0: no limit)
     limited: int = 0  # 429 / 503 answers
     consecutive_limits: int = 0
+    # the concurrency tuner (workers/autotune.py): this endpoint's own limit (0: none) and what it looks at
+    limit: int = 0
+    outstanding_max: int = 0
+    n_timeouts: int = 0
+    n_server_errors: int = 0
+    done: deque[tuple[float, int, float | None]] = field(default_factory=lambda: deque(maxlen=4096))
     _latencies: list[float] = field(default_factory=list)
 
     def state(self, t: float) -> str:
@@ -74,6 +81,7 @@ class Endpoint:
             "ejected_for_s": round(max(0.0, self.ejected_until - t), 1), "last_error": self.last_error[:300],
             "state": self.state(t), "rate_limited": self.limited,
             "backoff_for_s": round(max(0.0, self.backoff_until - t), 1), "window": self.window,
+            "limit": self.limit,
         }
 
 
@@ -201,8 +209,9 @@ class EndpointPool:
 
     @staticmethod
     def _open(ep: Endpoint, t: float) -> bool:
-        """Not backing off, and within its slow-start window."""
-        return ep.backoff_until <= t and not (ep.window and ep.outstanding >= ep.window)
+        """Not backing off, within its slow-start window and within its tuned limit."""
+        return (ep.backoff_until <= t and not (ep.window and ep.outstanding >= ep.window)
+                and not (ep.limit and ep.outstanding >= ep.limit))
 
     def wait_s(self) -> float:
         """How long until some endpoint takes a request (0: one does now). Only rate limiting makes a request

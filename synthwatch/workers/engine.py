@@ -312,44 +312,58 @@ class RunWorker:
         return asyncio.create_task(self._tune(), name="synthwatch-autotune")
 
     async def _tune(self) -> None:
-        """Self-tuning concurrency (workers/autotune.py): one step per interval, each in the audit log."""
+        """Self-tuning concurrency (workers/autotune.py), per endpoint: each endpoint has its own tuner and its own
+        limit of requests at once (Endpoint.limit); the run's concurrency is their sum. One step per interval,
+        each in the audit log naming the endpoint and the reason."""
         at = self.config.autotune
         start = max(at.min, min(at.max, at.start))
-        tuner = Tuner(start, at.min, at.max, gain=at.gain, latency_factor=at.latency_factor)
-        await asyncio.to_thread(store.apply_control, self.engine, self.run_id, "concurrency", start, "autotune",
-                                f"self-tuning concurrency starts at {start} (min {at.min}, max {at.max})")
-        s = self.stats
-        last = (s.attempt_timeouts, s.rate_limited, s.server_errors)
+        eps = list(self.pool.endpoints)
+        tuners = {ep.label: Tuner(start, at.min, at.max, gain=at.gain, latency_factor=at.latency_factor)
+                  for ep in eps}
+        for ep in eps:
+            ep.limit = start
+        total = start * len(eps)
+        await asyncio.to_thread(store.apply_control, self.engine, self.run_id, "concurrency", total, "autotune",
+                                f"self-tuning concurrency starts at {start} per endpoint (min {at.min}, max {at.max})"
+                                + (f", {len(eps)} endpoints" if len(eps) > 1 else ""))
+        last = {ep.label: (ep.n_timeouts, ep.limited, ep.n_server_errors) for ep in eps}
         while True:
             t0 = time.monotonic()
-            self._inflight_max = len(self.tasks)
+            for ep in eps:
+                ep.outstanding_max = ep.outstanding
             await asyncio.sleep(at.interval_s)
             if self.state != "running":
-                last = (s.attempt_timeouts, s.rate_limited, s.server_errors)
+                last = {ep.label: (ep.n_timeouts, ep.limited, ep.n_server_errors) for ep in eps}
                 continue
             dt = time.monotonic() - t0
-            tokens = sum(tk for ts, _ok, tk in s.recent if ts >= t0)
-            lat = [x for ts, x in s.latencies if ts >= t0]
-            if len(lat) < 10:  # too few answers to say how long a token takes now
-                lat = []
-            now = (s.attempt_timeouts, s.rate_limited, s.server_errors)
-            waiting = running = None
-            preempt = 0.0
-            rows = [r for r in (self.scraper.latest.values() if self.scraper is not None else ()) if not r.get("error")]
-            if rows and all(r.get("t", 0) >= time.time() - 2 * at.interval_s for r in rows):
-                waiting = sum(r.get("waiting") or 0 for r in rows)
-                running = sum(r.get("running") or 0 for r in rows)
-                preempt = sum(r.get("preemptions_s") or 0 for r in rows) * dt
-            iv = Interval(tokens / dt, median(lat), self._inflight_max, now[0] - last[0], now[1] - last[1],
-                          now[2] - last[2], preempt, waiting, running, in_flight_now=len(self.tasks))
-            last = now
-            tuner.current = int(self.writer.control.get("concurrency") or tuner.current) if self.writer else tuner.current
-            decision = tuner.step(iv)
-            if decision is not None:
-                n, reason = decision
-                log.info("run %d: concurrency %d -> %d (%s)", self.run_id, tuner.history[-1][0], n, reason)
-                await asyncio.to_thread(store.apply_control, self.engine, self.run_id, "concurrency", n, "autotune",
-                                        reason)
+            changes = []
+            for ep in eps:
+                done = [(tk, spt) for ts, tk, spt in ep.done if ts >= t0]
+                lat = [spt for _tk, spt in done if spt is not None]
+                now = (ep.n_timeouts, ep.limited, ep.n_server_errors)
+                prev = last[ep.label]
+                last[ep.label] = now
+                waiting = running = None
+                preempt = 0.0
+                row = self.scraper.latest.get(ep.label) if self.scraper is not None else None
+                if row and not row.get("error") and row.get("t", 0) >= time.time() - 2 * at.interval_s:
+                    waiting, running = row.get("waiting") or 0.0, row.get("running") or 0.0
+                    preempt = (row.get("preemptions_s") or 0.0) * dt
+                iv = Interval(sum(tk for tk, _ in done) / dt, median(lat) if len(lat) >= 10 else None,
+                              ep.outstanding_max, now[0] - prev[0], now[1] - prev[1], now[2] - prev[2], preempt,
+                              waiting, running, in_flight_now=ep.outstanding)
+                tuner = tuners[ep.label]
+                tuner.current = ep.limit or tuner.current
+                decision = tuner.step(iv)
+                if decision is not None:
+                    ep.limit = decision[0]
+                    changes.append(f"{ep.label}: {tuner.history[-1][0]} -> {decision[0]}, {decision[1]}")
+            if changes:
+                total = sum(ep.limit for ep in eps)
+                reason = "; ".join(changes)
+                log.info("run %d: concurrency %d (%s)", self.run_id, total, reason)
+                await asyncio.to_thread(store.apply_control, self.engine, self.run_id, "concurrency", total,
+                                        "autotune", reason[:2000])
 
     def _loop_wake(self) -> None:
         """Called from the writer thread when a claim is answered."""
@@ -598,6 +612,8 @@ class RunWorker:
                     await asyncio.sleep(min(wait, 0.5))
                 ep = self.pool.pick()
                 ep.outstanding += 1
+                if ep.outstanding > ep.outstanding_max:
+                    ep.outstanding_max = ep.outstanding
                 started = time.time()
                 try:
                     faults.hit(stage)
@@ -616,10 +632,12 @@ class RunWorker:
                 st = self.stats
                 if res.kind in TIMEOUT_KINDS:
                     st.attempt_timeouts += 1
+                    ep.n_timeouts += 1
                 elif limited:
                     st.rate_limited += 1
                 elif res.kind == "http_5xx":
                     st.server_errors += 1
+                    ep.n_server_errors += 1
                 if limited:  # rate limiting: this endpoint backs off; the record may go on elsewhere at once
                     ep.failed += 1
                     ep.last_error = res.message
@@ -665,6 +683,8 @@ class RunWorker:
                 s.record(True, tokens)
                 if tokens:
                     s.latencies.append((time.monotonic(), last.latency_s / tokens))  # seconds per output token
+                if ep is not None:
+                    ep.done.append((time.monotonic(), tokens, last.latency_s / tokens if tokens else None))
             elif status == "timeout":
                 s.timeouts += 1
                 s.record(False, 0)

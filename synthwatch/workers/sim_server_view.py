@@ -66,6 +66,8 @@ class ServerView:
             self._kv = Gauge(p + "token_usage", "KV token usage (1 = full)", labels, registry=self.registry).labels(**lv)
             self._throughput = Gauge(p + "gen_throughput", "Generation throughput (tokens/s)", labels,
                                      registry=self.registry).labels(**lv)
+            self._preempt = Counter(p + "num_preemptions", "Preempted requests", labels,
+                                    registry=self.registry).labels(**lv)
             self._gen = Counter(p + "generation_tokens", "Generated tokens", labels, registry=self.registry).labels(**lv)
             self._prompt = Counter(p + "prompt_tokens", "Prefilled prompt tokens", labels,
                                    registry=self.registry).labels(**lv)
@@ -98,6 +100,10 @@ class ServerView:
             self.running -= 1
             if self.capacity > 0 and self._sem is not None:
                 self._sem.release()
+
+    def preempted(self) -> None:
+        if self.kind != "none":
+            self._preempt.inc()
 
     def observe(self, *, prompt_tokens: int, completion_tokens: int, queued_s: float, ttft_s: float,
                 e2e_s: float | None) -> None:

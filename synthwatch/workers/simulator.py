@@ -62,6 +62,7 @@ from .sim_server_view import SERVER_KINDS, ServerView
 
 log = logging.getLogger(__name__)
 
+PREEMPT_PAUSE_S = 1.0  # how long a preempted stream waits to be computed again
 REASONING_FIELDS = ("reasoning", "reasoning_content", "both", "inline", "inline-no-open", "none")
 """Values of :attr:`SimConfig.reasoning_field`."""
 TOKEN_ID_MODES = ("words", "deepseek")
@@ -132,6 +133,9 @@ class SimConfig:
         seed: Seeds the text (together with the prompt and the request's ``seed``) and the fault draws.
         capacity: At most this many paced requests generate at once (0 = unlimited); the others wait in a
             queue, so throughput saturates at the knee and latency grows past it (``sim_server_view``).
+        rate_preempt: With a capacity, the share of paced streams preempted once half-way while requests queue
+            (as a server whose KV cache is full evicts a request and computes it again): the stream pauses for a
+            second and ``num_preemptions`` counts it.
         server_kind: What ``/metrics`` and ``/version`` look like: ``vllm``, ``vllm-old`` (before
             ``gpu_cache_usage_perc`` was renamed), ``sglang`` (``/get_server_info``) or ``none``.
         server_version: The version those endpoints report.
@@ -163,6 +167,7 @@ class SimConfig:
     seed: int = 0
     token_ids: str = "words"
     capacity: int = 0
+    rate_preempt: float = 0.0
     server_kind: str = "vllm"
     server_version: str = "0.32.0"
 
@@ -175,6 +180,8 @@ class SimConfig:
             raise ValueError(f"server_kind must be one of {', '.join(SERVER_KINDS)}")
         if self.capacity < 0:
             raise ValueError("capacity must be >= 0 (0 = unlimited)")
+        if not 0.0 <= self.rate_preempt <= 1.0:
+            raise ValueError("rate_preempt must be between 0 and 1")
         if not self.model:
             raise ValueError("model must not be empty")
         for name in ("tokens_per_s", "ttft_ms", "stall_s", "retry_after_s"):
@@ -1051,7 +1058,7 @@ class _StreamChunks:
     A paced stream holds only this (a prefix and a reference), not a copy of its whole body.
     """
 
-    __slots__ = ("prefix", "parts", "usage", "n", "override")
+    __slots__ = ("prefix", "parts", "usage", "n", "override", "preempt_at")
 
     def __init__(self, prefix: bytes, parts: list[bytes], include_usage: bool) -> None:
         self.prefix = prefix
@@ -1059,6 +1066,7 @@ class _StreamChunks:
         self.usage = include_usage
         self.n = len(parts) - 1 - include_usage
         self.override: dict[int, bytes] = {}  # chunks replaced by faults
+        self.preempt_at = -1  # the chunk before which the server preempts this stream (-1: never)
 
     def __len__(self) -> int:
         return self.n
@@ -1234,6 +1242,7 @@ class Simulator:
         self.config = config
         if seed_changed:
             self._fault_rng = random.Random(config.seed)
+            self._preempt_rng = random.Random(config.seed + 1)
         self._any_faults = any(getattr(config, name) > 0 for name in config.fault_rates())
         self._ids: _TokenIds | None = None if config.token_ids == "deepseek" else _TokenIds("words")
         self._gens: dict[bytes, _Gen] = {}
@@ -1621,6 +1630,8 @@ class Simulator:
         drop_at = self._stream_faults(chunks, faults, request_id)
         if paced:
             stall_at = len(chunks) // 2 if faults.stall else -1
+            if cfg.rate_preempt and self._preempt_rng.random() < cfg.rate_preempt:
+                chunks.preempt_at = len(chunks) // 2
             conn.start_task(self._paced_stream(conn, head, chunks, stall_at, drop_at, chunked, keep_alive,
                                                self._tokens(reply)))
             return
@@ -1743,7 +1754,14 @@ class Simulator:
             await asyncio.sleep(cfg.ttft_ms / 1000)
         start = loop.time()
         i = 0
+        preempt_at = chunks.preempt_at
         while i < end:
+            if preempt_at >= 0 and i >= preempt_at:
+                preempt_at = -1
+                if self.view.waiting > 0:  # only under pressure: requests are queued for the batch
+                    self.view.preempted()
+                    await asyncio.sleep(PREEMPT_PAUSE_S)
+                    start += PREEMPT_PAUSE_S
             if i == stall_at:
                 await asyncio.sleep(cfg.stall_s)
                 start += cfg.stall_s
@@ -1797,6 +1815,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "token_ids": "token ids for return_token_ids: " + ", ".join(TOKEN_ID_MODES),
         "capacity": "requests generating at once before the rest queue (0 = unlimited): the knee",
         "server_kind": "what /metrics and /version look like: " + ", ".join(SERVER_KINDS),
+        "rate_preempt": "with a capacity: share of streams preempted once while requests queue",
         "server_version": "the version /version (or SGLang's /get_server_info) reports",
     }
     group = parser.add_argument_group("simulator")
