@@ -254,6 +254,31 @@ def view_from_outcome(o: Any) -> RecordView:
     )
 
 
+def view_from_turn(record_id: int, idx: int, turn: dict[str, Any]) -> RecordView:
+    """A finished earlier turn of a conversation (synthwatch.turns) as a view: it is checked like a record."""
+    return view_from_row({**turn, "id": record_id, "idx": idx, "status": "ok", "prompt_json": None})
+
+
+def load_turns(turns_json: str | None) -> list[dict[str, Any]]:
+    from .turns import load
+
+    return load(turns_json)
+
+
+def check_turns(checker: RecordChecker, v: RecordView, turns: list[dict[str, Any]] | None
+                ) -> tuple[int, int, dict[str, Any]]:
+    """Check a record and its earlier turns: a record fails a check when any of its turns does. The details
+    are the last turn's, plus ``turns``: {turn number (1-based): details} for earlier turns that failed."""
+    applied, failed, det = checker.check(v)
+    for i, turn in enumerate(turns or ()):
+        a, f, d = checker.check(view_from_turn(v.record_id, v.idx, turn))
+        applied |= a
+        failed |= f
+        if f:
+            det.setdefault("turns", {})[str(i + 1)] = {n: d.get(n, {}) for n in CHECK_NAMES if f & BIT[n]}
+    return applied, failed, det
+
+
 def view_from_row(r: Any) -> RecordView:
     unread: dict[str, str] = {}
     if r["extra_json"]:
@@ -665,7 +690,7 @@ class ChecksHook:
                 continue
             v = view_from_outcome(o)
             try:
-                applied, failed, det = self.checker.check(v)
+                applied, failed, det = check_turns(self.checker, v, o.turns)
             except Exception as exc:  # a checks bug must not stop data collection: flag the record instead
                 self.check_errors += 1
                 if self.check_errors <= 5:
@@ -903,7 +928,7 @@ def with_canaries(prompts: Iterable[Any], settings: CheckSettings) -> Iterator[A
 # ------------------------------------------------------------------------------------ recompute
 
 _RECORD_COLS = ("id, idx, status, reasoning, content, finish_reason, completion_tokens, reasoning_tokens, extra_json,"
-                " model, system_fingerprint, prompt_json, finished_at, endpoint")
+                " model, system_fingerprint, prompt_json, finished_at, endpoint, turns_json")
 
 
 def save_settings(engine: Engine, run_id: int, raw: dict[str, Any], actor: str = "cli") -> CheckSettings:
@@ -977,7 +1002,7 @@ def recompute(engine: Engine, run_id: int, *, batch: int = 1000, use_tokenizer: 
         updates = []
         for row in rows:
             v = view_from_row(row)
-            applied, failed, det = checker.check(v)
+            applied, failed, det = check_turns(checker, v, load_turns(row["turns_json"]))
             if v.status == "ok" and lt is not None:
                 ok_seen += 1
                 template = not template_done and bool(v.reasoning.strip()) \

@@ -202,27 +202,32 @@ class SeriesAccumulator:
             if o.status == "pending":
                 c["cancelled"] += 1
                 continue
-            c["finished"] += 1
-            if o.status == "ok":
-                c["ok"] += 1
-            elif o.status == "timeout":
-                c["timeouts"] += 1
-            else:
-                c["errors"] += 1
+            # an earlier turn of a conversation (synthwatch.turns) adds its tokens and timing; the record's
+            # counters (finished, ok, per-record shares) count its last turn only
+            turn = o.status == "turn"
+            if not turn:
+                c["finished"] += 1
+                if o.status == "ok":
+                    c["ok"] += 1
+                elif o.status == "timeout":
+                    c["timeouts"] += 1
+                else:
+                    c["errors"] += 1
             ex = o.extracted
-            if ex is not None and o.status == "ok":
+            if ex is not None and (o.status == "ok" or turn):
                 p, comp, r, cont = split_tokens(ex)
                 c["prompt_tokens"] += p
                 c["completion_tokens"] += comp
                 c["reasoning_tokens"] += r
                 c["content_tokens"] += cont
                 c["chunks"] += ex.n_chunks
-                if not ex.reasoning.strip():
-                    c["empty_reasoning"] += 1
-                if ex.finish_reason == "length":
-                    c["finish_length"] += 1
-                src = ex.reasoning_source or "none"
-                b.sources[src] = b.sources.get(src, 0) + 1
+                if not turn:
+                    if not ex.reasoning.strip():
+                        c["empty_reasoning"] += 1
+                    if ex.finish_reason == "length":
+                        c["finish_length"] += 1
+                    src = ex.reasoning_source or "none"
+                    b.sources[src] = b.sources.get(src, 0) + 1
                 if o.latency_s is not None:
                     b.latency_sum += o.latency_s
                     b.lat.add(o.latency_s)
@@ -342,6 +347,26 @@ class Writer:
         fut: Future[tuple[list[store.Claimed], str]] = Future()
         self.q.put(("c", n, fut))
         return fut
+
+    def submit_turn(self, outcome: Outcome) -> None:
+        """A stored earlier turn (status "turn"), for the time series only: its tokens and timing."""
+        self._add_result(("s", outcome))
+
+    def write_turn(self, record_id: int, turns: list[dict[str, Any]], attempts: int) -> Future[bool]:
+        """Store a conversation's finished turns while the record stays claimed (synthwatch.turns); the future
+        is True once committed, False when the claim is no longer this worker's (the turn is not stored)."""
+        turns_json = orjson.dumps(turns, option=orjson.OPT_NON_STR_KEYS).decode()
+
+        def write(conn: Connection) -> bool:
+            t = time.time()
+            moved = conn.execute(_TURN_UPDATE, {"j": turns_json, "d": len(turns), "a": attempts, "l": t + self.lease_s,
+                                                "id": record_id, "w": self.worker_id}).rowcount
+            if moved:
+                conn.execute(text("UPDATE run SET n_turns_done = n_turns_done + 1, updated_at = :t WHERE id = :r"),
+                             {"t": t, "r": self.run_id})
+            return bool(moved)
+
+        return self.call(write)
 
     def call(self, fn: Callable[[Connection], Any]) -> Future[Any]:
         """Run fn(conn) inside the next write transaction."""
@@ -581,7 +606,8 @@ class Writer:
         if outcomes:
             for hook in self.hooks:
                 hook.on_outcomes(outcomes)
-        touched = self._accumulate(outcomes, failures)
+        turns = [it[1] for it in work if it[0] == "s"]
+        touched = self._accumulate(outcomes + turns if turns else outcomes, failures)
         claim_results: list[tuple[Future[Any], Any]] = []
         with self._write_conn() as conn, store.write_begin(conn):
             store.lock_run(conn, self.run_id)
@@ -635,7 +661,7 @@ class Writer:
         back_rows: list[dict[str, Any]] = []
         for o in outcomes:
             attempts_json = orjson.dumps(o.attempts).decode() if o.attempts else None
-            n_attempts = len(o.attempts)
+            n_attempts = len(o.attempts) + o.prior_attempts
             if o.status == "pending":
                 back_rows.append({"id": o.record_id, "w": self.worker_id, "attempts": n_attempts,
                                   "attempts_json": attempts_json, "error_kind": o.error_kind,
@@ -650,6 +676,8 @@ class Writer:
                 "rnd": rnd(),  # the sampling key, drawn now (see store.insert_prompts)
                 "gen_version": o.config_version, "derive_version": o.config_version, "rerun": 0,
                 "was_rerun": o.rerun,
+                "turns_json": orjson.dumps(o.turns, option=orjson.OPT_NON_STR_KEYS).decode() if o.turns else None,
+                "turns_done": len(o.turns or ()) + (o.status == "ok"),
             }
             row.update(record_columns(ex))
             final_rows.append(row)
@@ -671,7 +699,7 @@ class Writer:
         if len(final_rows) + len(back_rows) != n_results:
             log.warning("%d results discarded: their claims had been taken over",
                         n_results - len(final_rows) - len(back_rows))
-        by_status = {"ok": 0, "error": 0, "timeout": 0}
+        by_status = {"ok": 0, "error": 0, "timeout": 0}  # the last turn of an ok record is a turn done too
         reruns = 0
         for r in final_rows:
             by_status[r["status"]] += 1
@@ -684,7 +712,7 @@ class Writer:
         conn.execute(
             text("UPDATE run SET n_ok = n_ok + :ok, n_error = n_error + :err, n_timeout = n_timeout + :to,"
                  " n_in_flight = n_in_flight - :fin, n_pending = n_pending + :back, n_rerun = n_rerun - :rr,"
-                 " updated_at = :t WHERE id = :r"),
+                 " n_turns_done = n_turns_done + :ok, updated_at = :t WHERE id = :r"),
             {"ok": by_status["ok"], "err": by_status["error"], "to": by_status["timeout"],
              "fin": len(final_rows) + len(back_rows), "back": len(back_rows), "rr": reruns, "t": time.time(),
              "r": self.run_id},
@@ -752,13 +780,17 @@ _FINAL_COLS = (
     "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json",
     "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
     "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags", "check_json", "rnd",
-    "gen_version", "derive_version", "rerun",
+    "gen_version", "derive_version", "rerun", "turns_json", "turns_done",
 )
 # run through the driver (exec_driver_sql, positional parameters): SQLAlchemy's processing of ~30 named
 # parameters per row cost more than SQLite's UPDATE itself (measured ~35 us vs ~25 us per record)
 _FINAL_UPDATE = (
     "UPDATE record SET " + ", ".join(f"{c} = {{m}}" for c in _FINAL_COLS)
     + ", worker_id = NULL, lease_until = NULL WHERE id = {m} AND status = 'in_flight' AND worker_id = {m}"
+)
+_TURN_UPDATE = text(
+    "UPDATE record SET turns_json = :j, turns_done = :d, attempts = :a, attempts_json = NULL, lease_until = :l"
+    " WHERE id = :id AND status = 'in_flight' AND worker_id = :w"
 )
 _BACK_UPDATE = text(
     "UPDATE record SET status = 'pending', attempts = :attempts, attempts_json = :attempts_json,"
