@@ -45,6 +45,8 @@ from . import store
 from .alarms import DEFAULT_RULES, AlarmKeeper, Rule, RuleOverride, effective_rules
 from .config import ConfigError, format_validation_error
 from .notify import Notifier, check_webhook_url
+from .turns import check_turns
+from .turns import load as load_turns
 
 log = logging.getLogger("synthwatch.checks")
 
@@ -252,31 +254,6 @@ def view_from_outcome(o: Any) -> RecordView:
         _int_or_none(details.get("reasoning_tokens")) if isinstance(details, dict) else None,
         ex.unread_fields or {}, ex.model, ex.system_fingerprint, o.messages, endpoint=o.endpoint,
     )
-
-
-def view_from_turn(record_id: int, idx: int, turn: dict[str, Any]) -> RecordView:
-    """A finished earlier turn of a conversation (synthwatch.turns) as a view: it is checked like a record."""
-    return view_from_row({**turn, "id": record_id, "idx": idx, "status": "ok", "prompt_json": None})
-
-
-def load_turns(turns_json: str | None) -> list[dict[str, Any]]:
-    from .turns import load
-
-    return load(turns_json)
-
-
-def check_turns(checker: RecordChecker, v: RecordView, turns: list[dict[str, Any]] | None
-                ) -> tuple[int, int, dict[str, Any]]:
-    """Check a record and its earlier turns: a record fails a check when any of its turns does. The details
-    are the last turn's, plus ``turns``: {turn number (1-based): details} for earlier turns that failed."""
-    applied, failed, det = checker.check(v)
-    for i, turn in enumerate(turns or ()):
-        a, f, d = checker.check(view_from_turn(v.record_id, v.idx, turn))
-        applied |= a
-        failed |= f
-        if f:
-            det.setdefault("turns", {})[str(i + 1)] = {n: d.get(n, {}) for n in CHECK_NAMES if f & BIT[n]}
-    return applied, failed, det
 
 
 def view_from_row(r: Any) -> RecordView:

@@ -35,13 +35,13 @@ from .checks import (
     CHECK_NAMES,
     RecordChecker,
     RunContext,
-    check_turns,
-    load_turns,
     recent_windows,
     view_from_row,
 )
 from .reasoning import REASONING_FIELDS, rederive
 from .review import Cursor, Filters, ReviewError, _select_ids, failed_checks, max_record_id
+from .turns import check_turns
+from .turns import load as load_turns
 
 log = logging.getLogger("synthwatch.repair")
 

@@ -37,8 +37,9 @@ from .client import Requester
 from .endpoints import EndpointPool
 from .gc_tuning import tuned_for_worker
 from .results import RETRYABLE_KINDS, TIMEOUT_KINDS, AttemptFailure, AttemptResult, LiveStats, Outcome
+from .series import record_columns
 from .server_metrics import Scraper, insert_rows
-from .writer import Writer, WriterHook, record_columns
+from .writer import Writer, WriterHook
 
 log = logging.getLogger("synthwatch.worker")
 
