@@ -270,3 +270,23 @@ def test_run_page_counts_turns_and_the_viewer_shows_them(engine, tmp_path, sim, 
         for turn in turns_mod.load(rec["turns_json"]):
             assert turn["content"] in text_ and turn["reasoning"] in text_
         assert DATASET_ANSWER not in text_  # the prompt shown is the model's history, not the dataset's
+
+
+def test_the_start_a_run_form_offers_turns(engine, tmp_path, sim, live_app) -> None:  # type: ignore[no-untyped-def]
+    url = sim(seed=9, reasoning_tokens="8-12", content_tokens="4-6")
+    data = write_conversations(tmp_path / "conv.jsonl", 4)
+    srv = live_app(launch_dataset_dirs=str(tmp_path))
+    form = {"name": "form-turns", "dataset": str(data), "endpoints": url, "model": "sim-reasoner",
+            "concurrency": "2", "stream": "on", "reasoning_mode": "auto", "turns": "all", "history_reasoning": "keep"}
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        assert 'name="turns"' in c.get("/runs/new").text
+        bad = c.post("/runs/new", data={**form, "turns": "some"}, follow_redirects=False)
+        assert bad.status_code == 400 and "turns: expected one of last, all" in bad.text
+        r = c.post("/runs/new", data=form, follow_redirects=False)
+        assert r.status_code == 303, r.text[-2000:]
+        run_id = int(r.headers["location"].rsplit("/", 1)[1])
+    wait_for(lambda: run_row(engine, run_id)["status"] == "completed", timeout_s=60, what="form-started run")
+    run = run_row(engine, run_id)
+    assert run["n_turns"] == run["n_turns_done"] == 1 + 2 + 3 + 1
+    cfg = orjson.loads(run["config_json"])
+    assert (cfg["turns"], cfg["history_reasoning"]) == ("all", "keep")
