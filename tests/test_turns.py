@@ -5,6 +5,7 @@ at the next turn with nothing done twice. Real worker, real simulator, real data
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import time
@@ -186,17 +187,16 @@ def _persisted(engine: Any, run_id: int) -> dict[tuple[str, int], str]:
     return out
 
 
-def test_kill_9_mid_conversation_resumes_at_the_next_turn(tmp_path, sim) -> None:  # type: ignore[no-untyped-def]
+def test_kill_9_mid_conversation_resumes_at_the_next_turn(any_db, tmp_path, sim) -> None:  # type: ignore[no-untyped-def]
     """`synthwatch run --turns all` SIGKILLed again and again: every assistant turn is written by the model; a
     turn stored before a kill is never asked for again, and every stored turn's answer is unchanged after."""
-    url = sim(seed=6, keep_requests=100_000, tokens_per_s=150, reasoning_tokens="10-30", content_tokens="5-10")
-    db = tmp_path / "x.db"
-    n_conv = 45
+    url = sim(seed=6, keep_requests=100_000, tokens_per_s=80, reasoning_tokens="10-30", content_tokens="5-10")
+    n_conv = 60
     data = write_conversations(tmp_path / "conv.jsonl", n_conv)
-    args = ["run", "--dataset", str(data), "--base-url", url, "--model", "sim-reasoner", "--db", str(db),
+    args = ["run", "--dataset", str(data), "--base-url", url, "--model", "sim-reasoner", "--db", any_db,
             "--name", "turns-crashy", "--turns", "all", "--concurrency", "6", "--quiet"]
-    rng = random.Random(18)
-    engine = open_engine(str(db))
+    rng = random.Random(int(os.environ.get("SW_KILL_SEED", "18")))
+    engine = open_engine(any_db)
     kills = 0
     mid_conversation = 0
     stored_before: dict[tuple[str, int], str] = {}
@@ -228,7 +228,7 @@ def test_kill_9_mid_conversation_resumes_at_the_next_turn(tmp_path, sim) -> None
     final = popen_cli(*args, env=cli_env())
     _out, err = final.communicate(timeout=180)
     assert final.returncode == 0, err
-    assert kills >= 4 and mid_conversation >= 1  # killed with conversations half done
+    assert kills >= 3 and mid_conversation >= 1  # killed with conversations half done
     run = run_row(engine, "turns-crashy")
     recs = records(engine, run["id"])
     total = sum(1 + i % 3 for i in range(n_conv))
@@ -240,11 +240,15 @@ def test_kill_9_mid_conversation_resumes_at_the_next_turn(tmp_path, sim) -> None
         assert done[key] == content, key
     asked = Counter(_conv_key(m) for m in _requests(url))
     assert set(asked) == set(done)
-    # a turn stored before a kill is never asked for again; only turns in flight at a kill were asked twice
+    # a turn stored before a kill is never asked for again
     assert asked_when_stored
     for key, n in asked_when_stored.items():
         assert asked[key] == n, key
-    assert sum(asked.values()) - total <= kills * 6
+    # what a kill loses is at most once per kill: the requests in flight, and last turns answered but not yet
+    # written (the writer flushes finished records every flush_interval_ms)
+    assert max(asked.values()) <= 1 + kills
+    print(f"kills {kills}, conversations half done at a kill {mid_conversation}, turns {total}, requests"
+          f" {sum(asked.values())}, turns stored before a kill and never asked again {len(asked_when_stored)}")
     for r in recs:
         for k, turn in enumerate(turns_mod.all_turns(r)):
             assert DATASET_ANSWER not in (turn["content"] or "")
