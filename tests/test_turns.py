@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import signal
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from conftest import cli_env, popen_cli
+from conftest import cli_env, kill_9_repeatedly, popen_cli
 from sqlalchemy import text
 from test_checks_kit import run_checked
 from workerkit import make_config, records, run_row, run_to_end, wait_for
@@ -60,10 +57,6 @@ def _conv_key(messages: list[dict[str, Any]]) -> tuple[str, int]:
 
 def _requests(url: str) -> list[list[dict[str, Any]]]:
     return list(httpx.get(url.removesuffix("/v1") + "/sim/requests", timeout=5).json())
-
-
-def _started(proc: Any, url: str, seen: int) -> Any:
-    return lambda: proc.poll() is not None or _requests_seen(url) > seen
 
 
 def _requests_seen(url: str) -> int:
@@ -187,6 +180,7 @@ def _persisted(engine: Any, run_id: int) -> dict[tuple[str, int], str]:
     return out
 
 
+@pytest.mark.slow
 def test_kill_9_mid_conversation_resumes_at_the_next_turn(any_db, tmp_path, sim) -> None:  # type: ignore[no-untyped-def]
     """`synthwatch run --turns all` SIGKILLed again and again: every assistant turn is written by the model; a
     turn stored before a kill is never asked for again, and every stored turn's answer is unchanged after."""
@@ -195,24 +189,18 @@ def test_kill_9_mid_conversation_resumes_at_the_next_turn(any_db, tmp_path, sim)
     data = write_conversations(tmp_path / "conv.jsonl", n_conv)
     args = ["run", "--dataset", str(data), "--base-url", url, "--model", "sim-reasoner", "--db", any_db,
             "--name", "turns-crashy", "--turns", "all", "--concurrency", "6", "--quiet"]
-    rng = random.Random(int(os.environ.get("SW_KILL_SEED", "18")))
     engine = open_engine(any_db)
-    kills = 0
     mid_conversation = 0
     stored_before: dict[tuple[str, int], str] = {}
-    seen = 0
     asked_when_stored: dict[tuple[str, int], int] = {}  # how often a turn had been asked for when first seen stored
-    for _ in range(8):
-        proc = popen_cli(*args, env=cli_env())
-        started = _started(proc, url, seen)
-        wait_for(started, timeout_s=60, what="requests")
-        time.sleep(rng.uniform(0.3, 1.5))
-        if proc.poll() is not None:
-            break
-        seen = _requests_seen(url)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        kills += 1
+    seen = [0]
+
+    def started() -> bool:
+        return _requests_seen(url) > seen[0]
+
+    def after_kill() -> None:
+        nonlocal stored_before, mid_conversation
+        seen[0] = _requests_seen(url)
         run_id = run_row(engine, "turns-crashy")["id"]
         now = _persisted(engine, run_id)
         for key, content in stored_before.items():
@@ -225,6 +213,9 @@ def test_kill_9_mid_conversation_resumes_at_the_next_turn(any_db, tmp_path, sim)
             mid_conversation += conn.execute(text(
                 "SELECT COUNT(*) FROM record WHERE run_id = :r AND turns_done > 0 AND turns_done < n_turns"),
                 {"r": run_id}).scalar_one()
+
+    kills = kill_9_repeatedly(args, rounds=8, wait_s=(0.3, 1.5), seed=int(os.environ.get("SW_KILL_SEED", "18")),
+                              env=cli_env(), started=started, after_kill=after_kill)
     final = popen_cli(*args, env=cli_env())
     _out, err = final.communicate(timeout=180)
     assert final.returncode == 0, err
