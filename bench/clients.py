@@ -398,7 +398,7 @@ def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batc
                   "completion_tokens": reply["usage"].get("completion_tokens"), "usage_json": usage,
                   "latency_s": 0.01, "ttft_s": None, "n_chunks": 0, "attempts": 1,
                   "attempts_json": '[{"n":1,"ok":true}]', "endpoint": "e", "model": MODEL, "finished_at": t,
-                  "check_flags": 0, "gen_version": 1, "derive_version": 1, "rerun": 0}
+                  "check_flags": 0, "gen_version": 1, "derive_version": 1, "rerun": 0, "turns_done": 1}
         values["reasoning_len"], values["content_len"] = len(values["reasoning"]), len(values["content"])
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(final_sql, [(*(values.get(c) if c != "rnd" else rnd() for c in _FINAL_COLS), i, 1)

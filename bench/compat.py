@@ -5,8 +5,9 @@
     python -m bench.compat --python .compat-venv/bin/python [--out docs/compat.md]
 
 This module (in synthwatch's environment) runs the simulator with vLLM-like DeepSeek token ids, a worker
-run over single-turn prompts and prompts with a history (the last turn regenerated), and writes every
-export; bench/compat_readers.py (in the trainers' environment) loads them with the trainers' readers; the
+run over single-turn prompts and prompts with a history (the last turn regenerated) and a run with
+`turns = all` over multi-turn conversations (every turn regenerated, exported one row per turn), and writes
+every export; bench/compat_readers.py (in the trainers' environment) loads them with the trainers' readers; the
 results become the table of docs/compat.md. Not part of `./dev test`.
 """
 
@@ -47,6 +48,21 @@ PROMPTS: list[dict[str, Any]] = [
         {"role": "tool", "tool_call_id": "call-1", "name": "get_weather", "content": '{"temp_c": -3}'}]},
 ]
 
+# turns = all: every assistant turn regenerated against the model's own history (the dataset's answers are
+# never sent); exported one row per turn
+CONVERSATIONS: list[dict[str, Any]] = [
+    {"id": f"conv-{i}", "messages": [
+        *([{"role": "system", "content": "Answer in one line."}] if i == 0 else []),
+        *(m for j in range(2 + i % 2) for m in (
+            {"role": "user", "content": f"What is {i + j} + {2 * j + 1}?"},
+            {"role": "assistant", "content": f"DATASET ANSWER {i}.{j}"})),
+        {"role": "user", "content": f"And {i} + 9?"}]} for i in range(3)]
+TURN_EXPORTS: list[tuple[str, dict[str, Any]]] = [
+    ("specforge-turns-all.jsonl", {"format": "specforge", "turns": "all"}),
+    ("speculators-turns-all.jsonl", {"format": "speculators", "turns": "all"}),
+    ("tokens-turns-all.jsonl", {"format": "tokens", "turns": "all"}),
+]
+
 EXPORTS: list[tuple[str, dict[str, Any]]] = [
     ("specforge.jsonl", {"format": "specforge"}),
     ("speculators.jsonl", {"format": "speculators"}),
@@ -79,24 +95,32 @@ def make_exports(folder: Path) -> dict[str, Any]:
     from synthwatch.workers.engine import RunWorker
     from synthwatch.workers.simulator import SimConfig, running_in_thread
 
-    prompts = folder / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS), encoding="utf-8")
     engine = open_engine(str(folder / "compat.db"))
     manifests: dict[str, Any] = {}
+
+    def run(name: str, rows: list[dict[str, Any]], url: str, **extra: Any) -> int:
+        prompts = folder / f"{name}.prompts.jsonl"
+        prompts.write_text("".join(json.dumps(p) + "\n" for p in rows), encoding="utf-8")
+        config = RunConfig.model_validate({
+            "name": name, "dataset": {"path": str(prompts)}, "endpoints": [{"base_url": url}],
+            "model": "sim-reasoner", "request_token_ids": True, "concurrency": 4,
+            "tokenizer": {"name_or_path": "deepseek-v4", "chat_template": "deepseek-v4"}, **extra,
+        })
+        with open("/dev/null", "w") as devnull:  # noqa: PTH123
+            run_id, _ = prepare_run(engine, config, out=devnull)
+        final = asyncio.run(RunWorker(engine, run_id, config).main())
+        if final != "completed":
+            raise SystemExit(f"the simulator run {name} ended {final!r}")
+        return run_id
+
     try:
         with running_in_thread(SimConfig(token_ids="deepseek", reasoning_field="reasoning", seed=18)) as url:
-            config = RunConfig.model_validate({
-                "name": "compat", "dataset": {"path": str(prompts)}, "endpoints": [{"base_url": url}],
-                "model": "sim-reasoner", "request_token_ids": True, "concurrency": 4,
-                "tokenizer": {"name_or_path": "deepseek-v4", "chat_template": "deepseek-v4"},
-            })
-            with open("/dev/null", "w") as devnull:  # noqa: PTH123
-                run_id, _ = prepare_run(engine, config, out=devnull)
-            final = asyncio.run(RunWorker(engine, run_id, config).main())
-            if final != "completed":
-                raise SystemExit(f"the simulator run ended {final!r}")
+            run_id = run("compat", PROMPTS, url)
+            turns_run = run("compat-turns", CONVERSATIONS, url, turns="all")
         for name, opts in EXPORTS:
             manifests[name] = export_run(engine, run_id, ExportOptions(out=folder / name, **opts))["counts"]
+        for name, opts in TURN_EXPORTS:
+            manifests[name] = export_run(engine, turns_run, ExportOptions(out=folder / name, **opts))["counts"]
     finally:
         engine.dispose()
     return manifests
@@ -111,6 +135,10 @@ def render(report: dict[str, Any], counts: dict[str, Any], seconds: float) -> st
         "(`--token-ids deepseek`, reasoning in `reasoning`, vLLM 0.32's id conventions) over "
         f"{len(PROMPTS)} prompts (6 single-turn, 1 with a system turn, 3 with a history whose last user "
         "turn is regenerated, 2 with tools: one answered by a tool call, one answering a tool's result), "
+        f"and a second run with `turns = all` over {len(CONVERSATIONS)} conversations of "
+        f"{sum(1 + sum(m['role'] == 'assistant' for m in c['messages']) for c in CONVERSATIONS)} assistant turns, "
+        "every turn regenerated against the model's own history (earlier reasoning stripped) and exported one "
+        "row per turn (`--turns all`, the `*-turns-all` files), "
         "loaded with the trainers' own readers in a separate environment.",
         "",
         f"Trainers: **specforge {v['specforge']}**, **speculators {v['speculators']}** (PyPI, installed "
@@ -155,7 +183,8 @@ def render(report: dict[str, Any], counts: dict[str, Any], seconds: float) -> st
         "see `prompt ends`, the prompt's tokens from its last assistant header). `rows in` counts the export's lines.",
         "",
         "Export counts (synthwatch's manifests): "
-        + "; ".join(f"`{name}` {c['exported']} of {c['ok_scanned']}" for name, c in counts.items()) + ".",
+        + "; ".join(f"`{name}` {c['exported']} rows from {c['ok_scanned']} conversations" if "turns" in name
+                    else f"`{name}` {c['exported']} of {c['ok_scanned']}" for name, c in counts.items()) + ".",
         "",
         "## What is not run here",
         "",
@@ -167,8 +196,10 @@ def render(report: dict[str, Any], counts: dict[str, Any], seconds: float) -> st
         "checks them against its reader's turn-order rules instead.",
         "- speculators' training loader (`ArrowDataset`) loads the prepared rows; its hidden states come from a "
         "vLLM server at training time, which this CPU job does not run (items report as unavailable).",
-        "- Multi-turn regeneration of every assistant turn (`turns = all`) is not in this branch yet; the "
-        "prompts with a history regenerate their last turn only.",
+        "- The `*-turns-all` rows each train one turn the model wrote: with `train_only_last_turn` SpecForge "
+        "trains one span per row (the row's answer); its default (every assistant turn) would train the "
+        "history too, which is the model's own earlier answers there but the dataset's in a `turns = last` "
+        "run, so the preset keeps `train_only_last_turn: true`.",
     ]
     return "\n".join(out) + "\n"
 

@@ -45,6 +45,8 @@ from . import store
 from .alarms import DEFAULT_RULES, AlarmKeeper, Rule, RuleOverride, effective_rules
 from .config import ConfigError, format_validation_error
 from .notify import Notifier, check_webhook_url
+from .turns import check_turns
+from .turns import load as load_turns
 
 log = logging.getLogger("synthwatch.checks")
 
@@ -665,7 +667,7 @@ class ChecksHook:
                 continue
             v = view_from_outcome(o)
             try:
-                applied, failed, det = self.checker.check(v)
+                applied, failed, det = check_turns(self.checker, v, o.turns)
             except Exception as exc:  # a checks bug must not stop data collection: flag the record instead
                 self.check_errors += 1
                 if self.check_errors <= 5:
@@ -903,7 +905,7 @@ def with_canaries(prompts: Iterable[Any], settings: CheckSettings) -> Iterator[A
 # ------------------------------------------------------------------------------------ recompute
 
 _RECORD_COLS = ("id, idx, status, reasoning, content, finish_reason, completion_tokens, reasoning_tokens, extra_json,"
-                " model, system_fingerprint, prompt_json, finished_at, endpoint")
+                " model, system_fingerprint, prompt_json, finished_at, endpoint, turns_json")
 
 
 def save_settings(engine: Engine, run_id: int, raw: dict[str, Any], actor: str = "cli") -> CheckSettings:
@@ -977,7 +979,7 @@ def recompute(engine: Engine, run_id: int, *, batch: int = 1000, use_tokenizer: 
         updates = []
         for row in rows:
             v = view_from_row(row)
-            applied, failed, det = checker.check(v)
+            applied, failed, det = check_turns(checker, v, load_turns(row["turns_json"]))
             if v.status == "ok" and lt is not None:
                 ok_seen += 1
                 template = not template_done and bool(v.reasoning.strip()) \

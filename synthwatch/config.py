@@ -211,6 +211,12 @@ class RunConfig(_Strict):
     pool: EndpointPoolConfig = Field(default_factory=EndpointPoolConfig)
     server_metrics: ServerMetricsConfig = Field(default_factory=ServerMetricsConfig)
     autotune: AutotuneConfig = Field(default_factory=AutotuneConfig)
+    turns: Literal["last", "all"] = Field(
+        "last", description="Multi-turn conversations: generate only the final answer from the dataset's history "
+        "(last), or every assistant turn in order, each request carrying the model's own earlier answers (all).")
+    history_reasoning: Literal["strip", "keep"] = Field(
+        "strip", description="turns = all: the model's earlier reasoning is left out of later requests (strip, "
+        "what DeepSeek/Qwen3 templates do with past turns) or sent back as reasoning_content (keep).")
     checks: dict[str, Any] = Field(default_factory=dict, description="Check and alarm settings.")
     webhook_url: str | None = None
     lease_s: float = Field(30.0, ge=2, description="A claim not renewed this long is taken over.")

@@ -29,6 +29,8 @@ from sqlalchemy.engine import Engine
 
 from . import store
 from .export_sinks import PARTIAL_SUFFIX, JsonlSink, ParquetSink, write_atomic
+from .export_turns import EXPORT_TURNS, manifest_part, turn_rows
+from .turns import history_reasoning_of
 
 if TYPE_CHECKING:
     from .tokens import LoadedTokenizer
@@ -61,7 +63,7 @@ _SECRET_KEY = re.compile(
 _SECRET_VALUE_KEYS = frozenset({"webhook_url", "headers", "default_headers"})
 
 _MESSAGE_COLS = ("id, idx, source_id, prompt_json, reasoning, content, finish_reason, review, check_flags,"
-                 " gen_version, derive_version, revision")
+                 " gen_version, derive_version, revision, turns_json")
 
 
 class ExportError(Exception):
@@ -100,6 +102,8 @@ class ExportOptions:
     """Only records whose current output was read under this config version (record.derive_version)."""
     generated_under: int | None = None
     """Only records generated under this config version (record.gen_version)."""
+    turns: str = "last"
+    """Conversations regenerated turn by turn: a row for the last turn only, or one for each (export_turns)."""
 
 
 @dataclass
@@ -208,7 +212,8 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
 
 def record_id(rec: Mapping[str, Any], run_name: str) -> str:
     sid = rec.get("source_id")
-    return str(sid) if sid not in (None, "") else f"{run_name}-{rec['idx']}"
+    base = str(sid) if sid not in (None, "") else f"{run_name}-{rec['idx']}"
+    return base + rec.get("_row_suffix", "")  # one row per turn of a conversation (synthwatch.export_turns)
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -229,6 +234,8 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
     if (options.think_inline or options.from_value) and fmt != "sharegpt":
         flag = "--think-inline" if options.think_inline else "--from-value"
         raise ExportError(f"{flag} applies to the sharegpt format only")
+    if options.turns not in EXPORT_TURNS:
+        raise ExportError(f"turns must be one of {', '.join(EXPORT_TURNS)}, got {options.turns!r}")
     if options.only_good and options.include_flagged:
         raise ExportError("--only-good and --include-flagged contradict each other; give one")
     if not str(options.out).strip():
@@ -496,26 +503,31 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
     sources: Counter[str] = Counter()
     repaired = {"rederived": 0, "rerun": 0, "generated": Counter(), "derived": Counter()}
     sink: JsonlSink | ParquetSink = ParquetSink(partial) if plan.parquet else JsonlSink(partial)
+    history_reasoning = history_reasoning_of(plan.config)
+    which = plan.options.turns if fmt != "raw" else "raw"
+    conversations = 0
     try:
         if progress:
             progress(0, plan.total)
         for page in iter_ok_pages(engine, int(plan.run["id"]), _columns(fmt), plan.options.page_size):
             rows = []
-            for rec in page:
-                reason = exclusion_reason(rec, plan)
-                if reason is None:
-                    try:
-                        row = make_row(rec, plan)
-                    except Skip as skip:
-                        reason = skip.reason
-                    else:
-                        rows.append(row)
-                        _count_repair(repaired, rec)
-                        source = _row_source(fmt, row)
-                        if source is not None:
-                            sources[source] += 1
-                if reason is not None:
-                    excluded[reason] += 1
+            for stored in page:
+                conversations += bool(stored.get("turns_json"))
+                for rec in turn_rows(stored, which, history_reasoning):
+                    reason = exclusion_reason(rec, plan)
+                    if reason is None:
+                        try:
+                            row = make_row(rec, plan)
+                        except Skip as skip:
+                            reason = skip.reason
+                        else:
+                            rows.append(row)
+                            _count_repair(repaired, rec)
+                            source = _row_source(fmt, row)
+                            if source is not None:
+                                sources[source] += 1
+                    if reason is not None:
+                        excluded[reason] += 1
             sink.write(rows)
             scanned += len(page)
             exported += len(rows)
@@ -526,6 +538,8 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
 
         manifest = build_manifest(plan, scanned, exported, excluded, sources, digest, partial.stat().st_size, started)
         manifest["repairs"] = _repairs_summary(engine, plan, repaired)
+        manifest["turns"] = manifest_part(which, history_reasoning, str(plan.config.get("turns") or "last"),
+                                          conversations)
         os.replace(partial, out)
         write_atomic(manifest_path(out), orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     except BaseException:

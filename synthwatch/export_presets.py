@@ -82,8 +82,9 @@ PRESETS: dict[str, Preset] = {
                     "reasoning, </think>, content and EOS are all under loss",
             "think": "not written in the text: the template writes <think>…</think> around reasoning_content",
             "eos": "kept (the template's end-of-turn token, under loss)",
-            "earlier turns": "assistant turns of the prompt come from the source dataset, not the model: "
-                             "train_only_last_turn = true trains only the generated answer",
+            "earlier turns": "a row's earlier assistant turns are its history (the dataset's answers with turns = "
+                             "last, the model's own with turns = all) and are never trained with "
+                             "train_only_last_turn = true: the row's answer is always a turn the model wrote",
         },
         needs_token_ids=False,
         notes=["SpecForge's validator accepts only user/assistant (and a leading system) turns with non-empty "
@@ -111,6 +112,8 @@ PRESETS: dict[str, Preset] = {
                      "model wrote itself is under loss",
             "eos": "kept, under loss, when the reply stopped by itself (finish_reason 'stop'); absent when it "
                    "was cut (finish_reason 'length')",
+            "earlier turns": "part of the prompt ids, mask 0; with turns = all and export --turns all each turn the "
+                             "model wrote is a row of its own (id <record id>#t<k>_gen0)",
         },
         needs_token_ids=True,
     ),

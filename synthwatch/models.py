@@ -49,6 +49,7 @@ class RecordOutput(SQLModel):
     check_json: str | None = Field(default=None, sa_type=Text)
     gen_version: int | None = None  # config version the output was generated under
     derive_version: int | None = None  # config version the output was last derived (read) under
+    turns_json: str | None = Field(default=None, sa_type=Text)  # turns = all: the finished turns before the last
 
 
 class Run(SQLModel, table=True):
@@ -78,6 +79,8 @@ class Run(SQLModel, table=True):
     config_version: int = Field(default=1, sa_column_kwargs={"server_default": "1"})  # current config_version
     n_rerun: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # re-runs queued, not finished
     repair_seq: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # bumped by every repair
+    n_turns: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # turns of all records (0: old run)
+    n_turns_done: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # turns finished and stored
 
 
 class Record(RecordOutput, table=True):
@@ -115,6 +118,10 @@ class Record(RecordOutput, table=True):
     reviewed_at: float | None = None
     revision: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # earlier outputs in history
     rerun: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # 1 while queued again
+    # multi-turn regeneration (synthwatch.turns, migration 0008_turns): the turns the model writes for this
+    # conversation, how many are finished and stored, and the finished ones before the last (JSON list)
+    n_turns: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
+    turns_done: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class Series(SQLModel, table=True):
@@ -371,6 +378,7 @@ class RecordHistory(RecordOutput, table=True):
     content_null: bool | None = None
     attempts: int | None = None
     check_flags: int | None = None
+    turns_done: int | None = None  # record.turns_done of this output (the turns themselves: turns_json)
 
 
 class PauseOverride(SQLModel, table=True):

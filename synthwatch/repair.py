@@ -30,9 +30,18 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import search_index, store
 from .alarms import AlarmKeeper, effective_rules
-from .checks import BIT, CHECK_NAMES, RecordChecker, RunContext, recent_windows, view_from_row
+from .checks import (
+    BIT,
+    CHECK_NAMES,
+    RecordChecker,
+    RunContext,
+    recent_windows,
+    view_from_row,
+)
 from .reasoning import REASONING_FIELDS, rederive
 from .review import Cursor, Filters, ReviewError, _select_ids, failed_checks, max_record_id
+from .turns import check_turns
+from .turns import load as load_turns
 
 log = logging.getLogger("synthwatch.repair")
 
@@ -46,7 +55,7 @@ OUTPUT_COLS = (
     "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json",
     "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
     "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags", "check_json", "gen_version",
-    "derive_version",
+    "derive_version", "turns_json", "turns_done",
 )
 _COLS = ", ".join(OUTPUT_COLS)
 
@@ -136,7 +145,8 @@ def iter_ids(engine: Engine, run_id: int, sel: Selection, chunk: int = CHUNK) ->
 # what reading an answer again and checking it need (not usage, token ids, attempts: read once, kept as they are)
 _READ_COLS = ("id, idx, run_id, revision, rerun, prompt_json, status, reasoning, content, content_null,"
               " reasoning_source, finish_reason, completion_tokens, reasoning_tokens, extra_json, model,"
-              " system_fingerprint, endpoint, error_kind, check_flags, check_json, derive_version")
+              " system_fingerprint, endpoint, error_kind, check_flags, check_json, derive_version, turns_json,"
+              " turns_done")
 
 
 def _rows(conn: Connection, ids: list[int]) -> list[dict[str, Any]]:
@@ -229,6 +239,24 @@ def derive(row: dict[str, Any], rs: ReadingSettings) -> dict[str, Any]:
     }
 
 
+def derive_turns(row: dict[str, Any], rs: ReadingSettings) -> str | None:
+    """A conversation's earlier turns (synthwatch.turns) re-derived like its last one: each stored turn is read
+    again from its own answer as sent. Unchanged turns give back the stored text itself."""
+    turns = load_turns(row.get("turns_json"))
+    if not turns:
+        return row.get("turns_json")
+    out = []
+    for i, turn in enumerate(turns):
+        try:
+            cols = derive({**turn, "status": "ok"}, rs)
+        except NotDerivable as exc:
+            raise NotDerivable(f"turn {i + 1}: {exc}") from None
+        out.append({**turn, **cols})
+    if out == turns:
+        return row.get("turns_json")
+    return orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
 class _Rechecker:
     """The per-record checks under the run's current settings, keeping the cross-record checks' results."""
 
@@ -237,7 +265,7 @@ class _Rechecker:
         self.checker = RecordChecker(self.ctx)
 
     def check(self, row: dict[str, Any]) -> tuple[int, str | None]:
-        applied, failed, det = self.checker.check(view_from_row(row))
+        applied, failed, det = check_turns(self.checker, view_from_row(row), load_turns(row.get("turns_json")))
         old_flags = row["check_flags"] or 0
         old_det: dict[str, Any] = {}
         if row["check_json"]:
@@ -278,6 +306,7 @@ def _changes(engine: Engine, run_id: int, sel: Selection, *,
             totals["selected"] += 1
             try:
                 cols = derive(row, rs)
+                cols["turns_json"] = derive_turns(row, rs)
             except NotDerivable as exc:
                 cannot[str(row["id"])] = str(exc)
                 reasons[str(exc)] = reasons.get(str(exc), 0) + 1
@@ -352,7 +381,7 @@ def _bump(conn: Connection, run_id: int) -> None:
 
 
 _DERIVED = ("reasoning", "content", "reasoning_source", "reasoning_len", "content_len", "extra_json", "check_flags",
-            "check_json", "derive_version")
+            "check_json", "derive_version", "turns_json")
 _REDERIVE_UPDATE = (f"UPDATE record SET {', '.join(c + ' = {m}' for c in _DERIVED)}, revision = revision + 1"
                     " WHERE id = {m}")
 
@@ -509,8 +538,8 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
         with engine.connect() as conn, store.write_begin(conn):
             store.lock_run(conn, run_id)
             rows = conn.execute(text(
-                f"SELECT id, status, check_flags, reasoning_tokens FROM record WHERE id IN ({','.join(map(str, ids))})"
-                " AND status IN ('ok', 'error', 'timeout') AND rerun = 0")).all()
+                f"SELECT id, status, check_flags, reasoning_tokens, turns_done FROM record WHERE id IN"
+                f" ({','.join(map(str, ids))}) AND status IN ('ok', 'error', 'timeout') AND rerun = 0")).all()
             mine = [r[0] for r in rows]
             counts["skipped"] += len(ids) - len(mine)
             if not mine:
@@ -518,8 +547,10 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
             _copy_to_history(conn, mine, "rerun", repair_id, t)
             search_index.unindex(conn, mine)
             by = {"ok": 0, "error": 0, "timeout": 0}
-            for _id, status, flags, rtok in rows:
+            turns_undone = 0
+            for _id, status, flags, rtok, done in rows:
                 by[status] += 1
+                turns_undone += done or 0
                 applied = _applied(status, rtok, expects)
                 for name in CHECK_NAMES:
                     b = BIT[name]
@@ -534,12 +565,14 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
                     " latency_s = NULL, ttft_s = NULL, n_chunks = NULL, attempts = 0, attempts_json = NULL,"
                     " error_kind = NULL, error = NULL, endpoint = NULL, model = NULL, system_fingerprint = NULL,"
                     " response_id = NULL, extra_json = NULL, finished_at = NULL, check_flags = 0, check_json = NULL,"
-                    " worker_id = NULL, lease_until = NULL, claimed_at = NULL"
+                    " turns_json = NULL, turns_done = 0, worker_id = NULL, lease_until = NULL, claimed_at = NULL"
                     f" WHERE id IN ({chunk})"), {"rnd": store.PENDING_RND})
             conn.execute(text(
                 "UPDATE run SET n_ok = n_ok - :ok, n_error = n_error - :err, n_timeout = n_timeout - :to,"
-                " n_pending = n_pending + :k, n_rerun = n_rerun + :k, updated_at = :t WHERE id = :r"),
-                {"ok": by["ok"], "err": by["error"], "to": by["timeout"], "k": len(mine), "t": t, "r": run_id})
+                " n_pending = n_pending + :k, n_rerun = n_rerun + :k, n_turns_done = n_turns_done - :td,"
+                " updated_at = :t WHERE id = :r"),
+                {"ok": by["ok"], "err": by["error"], "to": by["timeout"], "k": len(mine), "td": turns_undone,
+                 "t": t, "r": run_id})
             counts["queued"] += len(mine)
     out: dict[str, Any] = {**counts, "changed": counts["queued"], "cannot": counts["skipped"],
                            "selection": sel.description, "config_version": version}

@@ -107,11 +107,15 @@ def undo(engine: Engine, run_id: int, repair_id: int, *, actor: str = "cli") -> 
             _copy_to_history(conn, ok_ids, "undo", undo_id, t)
             search_index.unindex(conn, ok_ids)
             by = {"ok": 0, "error": 0, "timeout": 0}
+            turns_d = 0
             for h in hist:
                 if h["record_id"] not in ok_ids:
                     continue
                 c = cur[h["record_id"]]
                 cols = {k: h[k] for k in OUTPUT_COLS}
+                if cols["turns_done"] is None:  # kept before turns were counted: one turn, done when ok
+                    cols["turns_done"] = int(cols["status"] == "ok")
+                turns_d += cols["turns_done"] - (c["turns_done"] or 0)
                 conn.execute(text(
                     f"UPDATE record SET {', '.join(f'{k} = :{k}' for k in OUTPUT_COLS)}, revision = revision + 1,"
                     " rerun = 0, rnd = CASE WHEN rnd < 0 THEN :rnd ELSE rnd END WHERE id = :id"),
@@ -129,6 +133,9 @@ def undo(engine: Engine, run_id: int, repair_id: int, *, actor: str = "cli") -> 
                     "UPDATE run SET n_ok = n_ok + :ok, n_error = n_error + :err, n_timeout = n_timeout + :to,"
                     " n_pending = n_pending - :k, n_rerun = n_rerun - :k, updated_at = :t WHERE id = :r"),
                     {"ok": by["ok"], "err": by["error"], "to": by["timeout"], "k": k, "t": t, "r": run_id})
+            if turns_d:
+                conn.execute(text("UPDATE run SET n_turns_done = n_turns_done + :d WHERE id = :r"),
+                             {"d": turns_d, "r": run_id})
             search_index.enqueue(conn, ok_ids)
             restored += len(ok_ids)
     with engine.connect() as conn, store.write_begin(conn):

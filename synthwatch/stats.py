@@ -308,7 +308,16 @@ def _progress(run: dict[str, Any], recent: dict[str, Any]) -> dict[str, Any]:
     paused = run["status"] == "paused" or (run["status"] in LIVE_STATUSES and run["desired"] == "pause")
     return {"target": target, "ok": n_ok, "left": left, "fraction": min(1.0, n_ok / target) if target else 0.0,
             "eta_s": eta if run["status"] in LIVE_STATUSES and not paused else None, "paused": paused,
-            "rate_req_s": rate, "capped": run["cap"] is not None}
+            "rate_req_s": rate, "capped": run["cap"] is not None, "turns": _turns_progress(run)}
+
+
+def _turns_progress(run: dict[str, Any]) -> dict[str, int] | None:
+    """Conversations regenerated turn by turn (synthwatch.turns): turns stored / turns to write; None when
+    every record is one turn. A record counts as ok once its last turn is; its earlier turns count here."""
+    total = int(run.get("n_turns") or 0)
+    if total <= int(run.get("total") or 0):
+        return None
+    return {"done": int(run.get("n_turns_done") or 0), "total": total}
 
 
 def _gauge(conn: Connection, rid: int, run: dict[str, Any]) -> dict[str, Any]:

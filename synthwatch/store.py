@@ -65,6 +65,8 @@ class Claimed:
     attempts: int
     attempts_json: str | None
     rerun: bool = False  # queued again by a re-run (synthwatch.repair)
+    n_turns: int = 1  # turns the model writes (synthwatch.turns)
+    turns_json: str | None = None  # the finished turns so far: a resumed conversation goes on from the next
 
 
 # ---------------------------------------------------------------- runs
@@ -124,24 +126,32 @@ def create_run(conn: Connection, name: str, config: RunConfig | None, *, kind: s
 PENDING_RND = -1.0
 
 
-def insert_prompts(conn: Connection, run_id: int, prompts: Iterable[Any], *, batch: int = 5000) -> int:
+def insert_prompts(conn: Connection, run_id: int, prompts: Iterable[Any], *, batch: int = 5000,
+                   turns: str = "last") -> int:
     """Load prompts (objects with index, line, source_id, messages) as pending records.
 
     Their sampling key ``rnd`` is PENDING_RND; the writer draws the random one when the record finishes. Every
     index holding (status, rnd) then moves a claimed or finished record's entry within a run of consecutive
     ids instead of to a random page: with random keys, each claim and each final update dirtied several
-    random index pages, which doubled the worker's write cost (measured)."""
+    random index pages, which doubled the worker's write cost (measured).
+
+    ``turns`` is the run's setting: with "all" each record counts the assistant turns the model will write
+    (synthwatch.turns), and the run's n_turns their sum."""
+    from . import turns as turns_mod
+
     stmt = text(
         "INSERT INTO record (run_id, idx, source_id, source_line, rnd, prompt_json, status, content_null,"
-        f" attempts, check_flags) VALUES (:run_id, :idx, :source_id, :line, {PENDING_RND}, :prompt, 'pending',"
-        " false, 0, 0)"
+        f" attempts, check_flags, n_turns, turns_done) VALUES (:run_id, :idx, :source_id, :line, {PENDING_RND},"
+        " :prompt, 'pending', false, 0, 0, :n_turns, 0)"
     )
-    n = 0
+    n = n_turns = 0
     buf: list[dict[str, Any]] = []
     for p in prompts:
+        k = turns_mod.count(p.messages, turns) if turns != "last" and p.index >= 0 else 1
+        n_turns += k
         buf.append({
             "run_id": run_id, "idx": p.index, "source_id": p.source_id, "line": p.line,
-            "prompt": orjson.dumps(p.messages).decode(),
+            "prompt": orjson.dumps(p.messages).decode(), "n_turns": k,
         })
         if len(buf) >= batch:
             conn.execute(stmt, buf)
@@ -151,8 +161,9 @@ def insert_prompts(conn: Connection, run_id: int, prompts: Iterable[Any], *, bat
         conn.execute(stmt, buf)
         n += len(buf)
     conn.execute(
-        text("UPDATE run SET total = total + :n, n_pending = n_pending + :n, updated_at = :t WHERE id = :r"),
-        {"n": n, "t": now(), "r": run_id},
+        text("UPDATE run SET total = total + :n, n_pending = n_pending + :n, n_turns = n_turns + :k,"
+             " updated_at = :t WHERE id = :r"),
+        {"n": n, "k": n_turns, "t": now(), "r": run_id},
     )
     return n
 
@@ -320,10 +331,14 @@ def recount(conn: Connection, run_id: int) -> None:
         text("SELECT status, COUNT(*) FROM record WHERE run_id = :r GROUP BY status"), {"r": run_id}
     ):
         counts[status] = n
+    n_turns, n_done = conn.execute(
+        text("SELECT COALESCE(SUM(n_turns), 0), COALESCE(SUM(turns_done), 0) FROM record WHERE run_id = :r"),
+        {"r": run_id}).one()
     conn.execute(
         text("UPDATE run SET n_pending = :pending, n_in_flight = :in_flight, n_ok = :ok, n_error = :error,"
-             " n_timeout = :timeout, n_cancelled = :cancelled, total = :total WHERE id = :r"),
-        {**counts, "total": sum(counts.values()), "r": run_id},
+             " n_timeout = :timeout, n_cancelled = :cancelled, total = :total, n_turns = :nt, n_turns_done = :nd"
+             " WHERE id = :r"),
+        {**counts, "total": sum(counts.values()), "nt": int(n_turns), "nd": int(n_done), "r": run_id},
     )
 
 
@@ -331,7 +346,7 @@ def claim_sql(skip: str = "") -> str:
     """The claim statement (named parameters w, lease, t, r, n); the benchmark's SQLite floor runs it too."""
     return ("UPDATE record SET status = 'in_flight', worker_id = :w, lease_until = :lease, claimed_at = :t"
             " WHERE id IN (SELECT id FROM record WHERE run_id = :r AND status = 'pending' ORDER BY id"
-            f" LIMIT :n{skip}) RETURNING id, idx, prompt_json, attempts, attempts_json, rerun")
+            f" LIMIT :n{skip}) RETURNING id, idx, prompt_json, attempts, attempts_json, rerun, n_turns, turns_json")
 
 
 def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float) -> tuple[list[Claimed], str]:
@@ -371,7 +386,7 @@ def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float)
             text("UPDATE run SET n_in_flight = n_in_flight + :k, n_pending = n_pending - :k WHERE id = :r"),
             {"k": len(rows), "r": run_id},
         )
-    claimed = [Claimed(r[0], r[1], orjson.loads(r[2]), r[3] or 0, r[4], bool(r[5])) for r in rows]
+    claimed = [Claimed(r[0], r[1], orjson.loads(r[2]), r[3] or 0, r[4], bool(r[5]), r[6] or 1, r[7]) for r in rows]
     claimed.sort(key=lambda c: c.id)
     return claimed, limited if len(claimed) == n else "empty"
 

@@ -15,7 +15,8 @@ What counts as what:
   sent; a change applies to records generated (or re-run) from then on;
 - controls (``cap``, ``concurrency``) are not versions: they change through controls, which the
   audit log records;
-- the dataset is loaded once: a different dataset is a different run.
+- the dataset is loaded once: a different dataset is a different run; so is ``turns`` (last / all),
+  which decides how many turns each loaded conversation has.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ from . import store
 from .config import ConfigError, RunConfig, build_config, deep_merge
 
 READING_KEYS = ("reasoning",)
-GENERATION_KEYS = ("model", "endpoints", "stream", "request_token_ids", "sampling", "timeouts", "retries")
+GENERATION_KEYS = ("model", "endpoints", "stream", "request_token_ids", "sampling", "timeouts", "retries",
+                   "history_reasoning")
 CONTROL_KEYS = ("cap", "concurrency")
 # per-process settings of a worker: several workers of one run may differ, and none changes the data
 PROCESS_KEYS = ("name", "lease_s", "flush_interval_ms")
-FIXED_KEYS = ("dataset",)
+FIXED_KEYS = ("dataset", "turns")  # turns: each conversation's turn count is set when it is loaded
 NEW_VERSION_FLAG = "--new-config-version"
+_ADDED_LATER = {"turns": "last", "history_reasoning": "strip"}
 
 
 class VersionError(ValueError):
@@ -96,6 +99,7 @@ def kind_of(path: str) -> str:
 
 def versioned_changes(old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
     """The differences that make a new version (controls and per-process settings do not)."""
+    old, new = {**_ADDED_LATER, **old}, {**_ADDED_LATER, **new}  # a run stored before a key existed had its default
     return [c for c in diff(old, new) if kind_of(c.path) not in ("control", "process")]
 
 
@@ -202,7 +206,8 @@ def change_settings(engine: Engine, run_id: int, changes: dict[str, Any], *, act
     for key in patch:
         kind = kind_of(key)
         if kind == "dataset":
-            raise VersionError("dataset: a run's dataset is loaded once; start a new run for another dataset")
+            raise VersionError(f"{key}: a run's dataset and its turns setting are fixed when it is loaded; start"
+                               " a new run to change them")
         if kind == "control":
             raise VersionError(f"{key}: change it with the run's controls (synthwatch control RUN {key} N)")
         if key == "name":

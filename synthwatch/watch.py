@@ -34,7 +34,8 @@ from sqlalchemy.exc import OperationalError
 from . import search_index, store
 from .ingest import LineError, LineParser, Parsed
 from .workers.results import Outcome
-from .workers.writer import SERIES_WIDTH_S, SeriesAccumulator, WriterHook, record_columns
+from .workers.series import SERIES_WIDTH_S, SeriesAccumulator, record_columns
+from .workers.writer import WriterHook
 
 log = logging.getLogger("synthwatch.watch")
 

@@ -112,9 +112,11 @@ def run_cli(*args: str, timeout: float = 120, check: bool = False, env: dict[str
 
 
 def kill_9_repeatedly(args: list[str], *, rounds: int, wait_s: tuple[float, float], seed: int,
-                     env: dict[str, str] | None = None) -> int:
+                     env: dict[str, str] | None = None, started: Callable[[], bool] | None = None,
+                     after_kill: Callable[[], None] | None = None) -> int:
     """Start `synthwatch *args` again and again, each time SIGKILLed after a random wait, until it finishes on
-    its own or `rounds` are done; returns how many times it was killed."""
+    its own or `rounds` are done; returns how many times it was killed. ``started``: the random wait begins
+    once it is true (e.g. the process sent a request); ``after_kill`` runs after each kill."""
     import random
     import signal
     import time
@@ -123,6 +125,10 @@ def kill_9_repeatedly(args: list[str], *, rounds: int, wait_s: tuple[float, floa
     kills = 0
     for _ in range(rounds):
         proc = popen_cli(*args, env=env)
+        if started is not None:
+            deadline = time.monotonic() + 60
+            while proc.poll() is None and not started() and time.monotonic() < deadline:
+                time.sleep(0.05)
         time.sleep(rng.uniform(*wait_s))
         if proc.poll() is not None:
             proc.communicate()
@@ -130,6 +136,8 @@ def kill_9_repeatedly(args: list[str], *, rounds: int, wait_s: tuple[float, floa
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
         kills += 1
+        if after_kill is not None:
+            after_kill()
     return kills
 
 

@@ -42,7 +42,7 @@ class Launched:
 
 FORM_FIELDS = ("name", "dataset", "endpoints", "api_key_env", "model", "temperature", "top_p", "max_tokens",
                "concurrency", "cap", "timeout_s", "idle_timeout_s", "connect_timeout_s", "max_attempts",
-               "reasoning_mode", "stream", "limit")
+               "reasoning_mode", "stream", "limit", "turns", "history_reasoning")
 
 
 def _num(form: dict[str, str], key: str, kind: type[int] | type[float], label: str) -> Any:
@@ -110,6 +110,11 @@ def form_to_data(form: dict[str, str]) -> dict[str, Any]:
     if mode not in REASONING_MODES:
         raise LaunchError(f"reasoning mode: expected one of {', '.join(REASONING_MODES)}, got {mode!r}")
     data["reasoning"] = {"mode": mode}
+    for key, allowed in (("turns", ("last", "all")), ("history_reasoning", ("strip", "keep"))):
+        value = (form.get(key) or allowed[0]).strip()
+        if value not in allowed:
+            raise LaunchError(f"{key}: expected one of {', '.join(allowed)}, got {value!r}")
+        data[key] = value
     return data
 
 

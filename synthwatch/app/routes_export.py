@@ -44,7 +44,8 @@ router = APIRouter()
 log = logging.getLogger("synthwatch.export")
 
 PROGRESS_WRITE_INTERVAL_S = 0.5
-_FORM_BOOLS = ("think_inline", "from_value", "only_good", "include_flagged", "parquet", "template_drops_past_reasoning")
+_FORM_BOOLS = ("think_inline", "from_value", "only_good", "include_flagged", "parquet", "template_drops_past_reasoning",
+               "all_turns")
 _FORMAT_HELP = {
     "messages": "OpenAI-style messages; the answer carries reasoning_content and content (HF chat templates).",
     "sharegpt": "SpecForge/EAGLE {id, conversations}; reasoning as reasoning_content or inline.",
@@ -198,6 +199,7 @@ def _options_from(values: dict[str, Any], out: Path) -> ExportOptions:
         exclude_checks=tuple(checks),
         retokenize=bool(values.get("retokenize")),
         template_drops_past_reasoning=bool(values.get("template_drops_past_reasoning")),
+        turns="all" if values.get("all_turns") else "last",
     )
 
 
@@ -361,7 +363,7 @@ def api_list_exports(request: Request, run_id: int) -> dict[str, Any]:
 async def api_start_export(request: Request, run_id: int) -> Response:
     """Start an export. Body: {"format": "messages|sharegpt|tokens|raw|specforge|speculators", "think_inline",
     "only_good", "include_flagged", "default_exclusions", "exclude_checks": [...], "parquet", "retokenize",
-    "template_drops_past_reasoning"}."""
+    "template_drops_past_reasoning", "all_turns" (conversations regenerated turn by turn: one row per turn)}."""
     try:
         body = orjson.loads(await request.body() or b"{}")
     except orjson.JSONDecodeError as exc:

@@ -199,6 +199,44 @@ def _answer_tool_calls(rec: dict[str, Any], ws: bool) -> dict[str, Any] | None:
             **_text_block(_pretty(tool_calls.pretty(calls)), ws)}
 
 
+def _last_turn_prompt(run: dict[str, Any], rec: dict[str, Any]) -> str:
+    """The prompt of the record's last turn: with earlier turns (synthwatch.turns), the history its request
+    carried, the model's own answers in place of the dataset's."""
+    from .. import turns as turns_mod
+
+    done = turns_mod.load(rec.get("turns_json"))
+    if not done:
+        return str(rec["prompt_json"])
+    try:
+        prompt = orjson.loads(rec["prompt_json"])
+        hist = turns_mod.history(prompt, done, len(done), turns_mod.history_reasoning_of(run.get("config_json")))
+    except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError):
+        return str(rec["prompt_json"])
+    return orjson.dumps(hist).decode()
+
+
+def _turn_blocks(rec: dict[str, Any], ws: bool) -> list[dict[str, Any]]:
+    """The conversation's finished turns before the last (the last is the record's own answer)."""
+    from .. import turns as turns_mod
+
+    try:
+        det = orjson.loads(rec.get("check_json") or "{}")
+    except orjson.JSONDecodeError:
+        det = {}
+    failing: dict[str, Any] = {}
+    if isinstance(det, dict) and isinstance(det.get("turns"), dict):
+        failing = det["turns"]
+    out = []
+    for i, t in enumerate(turns_mod.load(rec.get("turns_json"))):
+        out.append({
+            "n": i + 1, "reasoning": _text_block(t.get("reasoning"), ws), "content": _text_block(t.get("content"), ws),
+            "tool_calls": _answer_tool_calls({**t, "prompt_json": rec.get("prompt_json")}, ws),
+            "attempts": len(t.get("attempts") or ()), "finish_reason": t.get("finish_reason"),
+            "failed": sorted(failing.get(str(i + 1)) or ()),
+        })
+    return out
+
+
 def _flag_context(conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
     return {"run": run, "rec": rec, "flags": review.flag_history(conn, rec["id"]), "reasons": review.REASONS,
             "reason_labels": review.REASON_LABELS}
@@ -230,7 +268,8 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         "sample_params": params,
         "modes": review.SAMPLE_MODES,
         "check_names": list(review.check_bits()),
-        "prompt": _prompt_blocks(rec["prompt_json"], ws),
+        "prompt": _prompt_blocks(_last_turn_prompt(run, rec), ws),
+        "turns": _turn_blocks(rec, ws),
         "reasoning": _text_block(rec["reasoning"], ws),
         "content": _text_block(rec["content"], ws),
         "tool_calls": _answer_tool_calls(rec, ws),

@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="sharegpt: put the reasoning inside the content between the run's think strings")
     p.add_argument("--from-value", action="store_true",
                    help="sharegpt: turns as from/value with human/gpt (EAGLE) instead of role/content (SpecForge)")
+    p.add_argument("--turns", choices=("last", "all"), default="last",
+                   help="conversations regenerated turn by turn (run setting turns = all): a row for the last "
+                        "turn only (default) or one row per turn; only the row's answer is ever trained")
     g = p.add_argument_group("selection")
     g.add_argument("--only-good", action="store_true", help="export only records reviewed good")
     g.add_argument("--include-flagged", action="store_true", help="keep records flagged bad")
@@ -128,7 +131,7 @@ def handle(args: argparse.Namespace) -> int:
         config_version=args.config_version, generated_under=args.generated_under,
         tokenizer=args.tokenizer, chat_template=args.chat_template, trust_remote_code=args.trust_remote_code,
         retokenize=args.retokenize, template_drops_past_reasoning=args.template_drops_past_reasoning,
-        page_size=args.page_size,
+        page_size=args.page_size, turns=args.turns,
     )
     try:
         engine = open_engine(args.db, readonly=True)

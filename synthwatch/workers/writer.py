@@ -3,7 +3,7 @@
 Results, failed attempts, claims and status changes are queued by the asyncio side and applied
 in batched transactions (``BEGIN IMMEDIATE`` on SQLite). A failed commit (locked database, full
 disk) keeps the batch in memory and retries it, reporting the error so the worker can pause;
-nothing queued is dropped. The time series is accumulated here and upserted per bucket.
+nothing queued is dropped. The time series is accumulated here (workers/series.py) and upserted per bucket.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
@@ -27,8 +26,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from .. import search_index, store
-from ..sketch import TPS_MIN, Sketch
-from .results import TIMEOUT_KINDS, AttemptFailure, Outcome
+from .results import AttemptFailure, Outcome
+from .series import SeriesAccumulator, _Bucket, record_columns
 
 log = logging.getLogger("synthwatch.writer")
 CHECKPOINT_EVERY_S = 1.0
@@ -38,14 +37,6 @@ CHECKPOINT_EVERY_S = 1.0
 CHECK_EVERY_S = 0.02
 WAKE_AT_RESULTS = 2000  # finished records that wake the writer before its flush interval is up
 MAX_BATCH = 5000  # queued items taken into one write transaction
-
-SERIES_WIDTH_S = 5
-_SERIES_COUNTERS = (
-    "finished", "ok", "errors", "timeouts", "attempts_failed", "attempt_timeouts", "retries", "dropped",
-    "http_429", "http_4xx", "http_5xx", "other_errors", "cancelled", "prompt_tokens", "completion_tokens",
-    "reasoning_tokens", "content_tokens", "chunks", "empty_reasoning", "finish_length",
-)
-
 
 class WriterHook(Protocol):
     """Extension point (data-quality checks): runs in the writer thread."""
@@ -57,220 +48,6 @@ class WriterHook(Protocol):
     def pause_due(self) -> bool: ...
 
     def take_paused(self) -> bool: ...
-
-
-@dataclass
-class _Bucket:
-    run_id: int
-    worker_id: int
-    endpoint: str
-    t: int
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_SERIES_COUNTERS, 0))
-    latency_sum: float = 0.0
-    lat: Sketch = field(default_factory=Sketch)
-    ttft: Sketch = field(default_factory=Sketch)
-    tps: Sketch = field(default_factory=lambda: Sketch(TPS_MIN))
-    sources: dict[str, int] = field(default_factory=dict)
-    inflight: int = 0
-    concurrency: int = 0
-
-
-def split_tokens(ex: Any) -> tuple[int, int, int, int]:
-    """(prompt, completion, reasoning, content) token counts for the series.
-
-    The server's reasoning_tokens when it reports them; otherwise the completion is split in
-    proportion to the text lengths (vLLM's deepseek_r1 parser reports 0)."""
-    usage = (ex.usage or {}) if ex is not None else {}
-    prompt = _int(usage.get("prompt_tokens"))
-    completion = _int(usage.get("completion_tokens"))
-    details = usage.get("completion_tokens_details") or {}
-    reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, dict) else 0
-    if ex is not None and completion == 0:
-        completion = ex.n_chunks or 0
-    if reasoning <= 0 and ex is not None:
-        rl, cl = len(ex.reasoning), len(ex.content)
-        reasoning = round(completion * rl / (rl + cl)) if rl + cl else 0
-    reasoning = min(reasoning, completion)
-    return prompt, completion, reasoning, completion - reasoning
-
-
-def _int(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
-
-
-def _usage_int(usage: dict[str, Any] | None, key: str, sub: str | None = None) -> int | None:
-    if not isinstance(usage, dict):
-        return None
-    v = usage.get(key)
-    if sub is not None:
-        v = v.get(sub) if isinstance(v, dict) else None
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-_EXTRACTED_COLS = (
-    "reasoning", "content", "reasoning_source", "reasoning_len", "content_len", "finish_reason", "prompt_tokens",
-    "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json", "model", "system_fingerprint",
-    "response_id", "extra_json",
-)
-
-
-def record_columns(ex: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Record columns from a parsed response (synthwatch.reasoning.Extracted), None -> all empty.
-
-    ``extra`` is merged into the stored raw fields (e.g. where an ingested line came from)."""
-    if ex is None:
-        cols: dict[str, Any] = dict.fromkeys(_EXTRACTED_COLS)
-        cols["content_null"] = False
-        if extra:
-            cols["extra_json"] = orjson.dumps(extra, option=orjson.OPT_NON_STR_KEYS).decode()
-        return cols
-    usage = ex.usage if isinstance(ex.usage, dict) else None
-    token_ids = None
-    if ex.token_ids is not None or ex.prompt_token_ids is not None:
-        token_ids = orjson.dumps({"prompt": ex.prompt_token_ids, "completion": ex.token_ids}).decode()
-    raw = dict(extra) if extra else {}
-    raw.update(ex.extra or {})
-    if ex.unread_fields:
-        raw["unread_fields"] = ex.unread_fields
-    if ex.duplicate_fields:
-        raw["duplicate_fields"] = ex.duplicate_fields
-    if ex.problems:
-        raw["problems"] = ex.problems
-    if ex.raw_content is not None:
-        raw["raw_content"] = ex.raw_content
-    return {
-        "reasoning": ex.reasoning, "content": ex.content, "content_null": ex.content_was_null,
-        "reasoning_source": ex.reasoning_source, "reasoning_len": len(ex.reasoning),
-        "content_len": len(ex.content), "finish_reason": ex.finish_reason,
-        "prompt_tokens": _usage_int(usage, "prompt_tokens"),
-        "completion_tokens": _usage_int(usage, "completion_tokens"),
-        "reasoning_tokens": _usage_int(usage, "completion_tokens_details", "reasoning_tokens"),
-        "usage_json": orjson.dumps(usage).decode() if usage is not None else None,
-        "token_ids_json": token_ids, "model": ex.model, "system_fingerprint": ex.system_fingerprint,
-        "response_id": ex.response_id,
-        "extra_json": orjson.dumps(raw, option=orjson.OPT_NON_STR_KEYS).decode() if raw else None,
-    }
-
-
-class SeriesAccumulator:
-    """Per-interval counters of one writer (run, worker), upserted per bucket into ``series``.
-
-    The worker keeps recent buckets in memory; a watcher, whose records may carry old timestamps
-    and which may restart, seeds the buckets it touches from their stored rows first (``load``)."""
-
-    def __init__(self, run_id: int, worker_id: int) -> None:
-        self.run_id = run_id
-        self.worker_id = worker_id
-        self.buckets: dict[tuple[str, int], _Bucket] = {}
-
-    def bucket(self, endpoint: str, t: float) -> _Bucket:
-        bt = int(t // SERIES_WIDTH_S) * SERIES_WIDTH_S
-        key = (endpoint, bt)
-        b = self.buckets.get(key)
-        if b is None:
-            b = _Bucket(self.run_id, self.worker_id, endpoint, bt)
-            self.buckets[key] = b
-        return b
-
-    def load(self, conn: Connection, keys: set[tuple[str, int]]) -> None:
-        """Replace the in-memory buckets by the stored rows for these (endpoint, bucket start) keys."""
-        self.buckets = {k: _Bucket(self.run_id, self.worker_id, k[0], k[1]) for k in keys}
-        ts = sorted({k[1] for k in keys})
-        for chunk in store.int_lists(ts):
-            for row in conn.execute(
-                text(f"SELECT * FROM series WHERE run_id = :r AND worker_id = :w AND t IN ({chunk})"),
-                {"r": self.run_id, "w": self.worker_id},
-            ).mappings():
-                b = self.buckets.get((row["endpoint"], row["t"]))
-                if b is None:
-                    continue
-                for c in _SERIES_COUNTERS:
-                    b.counts[c] = row[c] or 0
-                b.latency_sum = row["latency_sum"] or 0.0
-                b.lat.merge_text(row["lat_hist"])
-                b.ttft.merge_text(row["ttft_hist"])
-                b.tps.merge_text(row["tps_hist"])
-                b.sources = orjson.loads(row["sources_json"] or "{}")
-                b.inflight, b.concurrency = row["inflight"] or 0, row["concurrency"] or 0
-
-    def add(self, outcomes: list[Outcome], failures: list[AttemptFailure]) -> dict[tuple[str, int], _Bucket]:
-        touched: dict[tuple[str, int], _Bucket] = {}
-        for o in outcomes:
-            b = self.bucket(o.endpoint or "", o.finished_at)
-            touched[(b.endpoint, b.t)] = b
-            c = b.counts
-            if o.status == "pending":
-                c["cancelled"] += 1
-                continue
-            c["finished"] += 1
-            if o.status == "ok":
-                c["ok"] += 1
-            elif o.status == "timeout":
-                c["timeouts"] += 1
-            else:
-                c["errors"] += 1
-            ex = o.extracted
-            if ex is not None and o.status == "ok":
-                p, comp, r, cont = split_tokens(ex)
-                c["prompt_tokens"] += p
-                c["completion_tokens"] += comp
-                c["reasoning_tokens"] += r
-                c["content_tokens"] += cont
-                c["chunks"] += ex.n_chunks
-                if not ex.reasoning.strip():
-                    c["empty_reasoning"] += 1
-                if ex.finish_reason == "length":
-                    c["finish_length"] += 1
-                src = ex.reasoning_source or "none"
-                b.sources[src] = b.sources.get(src, 0) + 1
-                if o.latency_s is not None:
-                    b.latency_sum += o.latency_s
-                    b.lat.add(o.latency_s)
-                    gen_s = o.latency_s - (o.ttft_s or 0.0)
-                    if comp and gen_s > 0:
-                        b.tps.add(comp / gen_s)
-                if o.ttft_s is not None:
-                    b.ttft.add(o.ttft_s)
-        for f in failures:
-            b = self.bucket(f.endpoint, f.t)
-            touched[(b.endpoint, b.t)] = b
-            c = b.counts
-            c["attempts_failed"] += 1
-            if f.retried:
-                c["retries"] += 1
-            k = f.kind
-            if k in TIMEOUT_KINDS:
-                c["attempt_timeouts"] += 1
-            elif k == "dropped":
-                c["dropped"] += 1
-            elif k == "http_429":
-                c["http_429"] += 1
-            elif k == "http_5xx":
-                c["http_5xx"] += 1
-            elif k.startswith("http_"):
-                c["http_4xx"] += 1
-            else:
-                c["other_errors"] += 1
-        return touched
-
-    def forget_before(self, t: float) -> None:
-        for key in [k for k, v in self.buckets.items() if v.t < t]:
-            del self.buckets[key]
-
-    def write(self, conn: Connection, buckets: list[_Bucket]) -> None:
-        if not buckets:
-            return
-        rows = []
-        for b in buckets:
-            row: dict[str, Any] = dict(b.counts)
-            row.update({
-                "run_id": b.run_id, "worker_id": b.worker_id, "endpoint": b.endpoint, "t": b.t,
-                "width_s": SERIES_WIDTH_S, "inflight": b.inflight, "concurrency": b.concurrency,
-                "latency_sum": b.latency_sum, "lat_hist": b.lat.to_text(), "ttft_hist": b.ttft.to_text(),
-                "tps_hist": b.tps.to_text(), "sources_json": orjson.dumps(b.sources).decode(),
-            })
-            rows.append(row)
-        conn.execute(_SERIES_UPSERT, rows)
 
 
 class Writer:
@@ -342,6 +119,26 @@ class Writer:
         fut: Future[tuple[list[store.Claimed], str]] = Future()
         self.q.put(("c", n, fut))
         return fut
+
+    def submit_turn(self, outcome: Outcome) -> None:
+        """A stored earlier turn (status "turn"), for the time series only: its tokens and timing."""
+        self._add_result(("s", outcome))
+
+    def write_turn(self, record_id: int, turns: list[dict[str, Any]], attempts: int) -> Future[bool]:
+        """Store a conversation's finished turns while the record stays claimed (synthwatch.turns); the future
+        is True once committed, False when the claim is no longer this worker's (the turn is not stored)."""
+        turns_json = orjson.dumps(turns, option=orjson.OPT_NON_STR_KEYS).decode()
+
+        def write(conn: Connection) -> bool:
+            t = time.time()
+            moved = conn.execute(_TURN_UPDATE, {"j": turns_json, "d": len(turns), "a": attempts, "l": t + self.lease_s,
+                                                "id": record_id, "w": self.worker_id}).rowcount
+            if moved:
+                conn.execute(text("UPDATE run SET n_turns_done = n_turns_done + 1, updated_at = :t WHERE id = :r"),
+                             {"t": t, "r": self.run_id})
+            return bool(moved)
+
+        return self.call(write)
 
     def call(self, fn: Callable[[Connection], Any]) -> Future[Any]:
         """Run fn(conn) inside the next write transaction."""
@@ -581,7 +378,8 @@ class Writer:
         if outcomes:
             for hook in self.hooks:
                 hook.on_outcomes(outcomes)
-        touched = self._accumulate(outcomes, failures)
+        turns = [it[1] for it in work if it[0] == "s"]
+        touched = self._accumulate(outcomes + turns if turns else outcomes, failures)
         claim_results: list[tuple[Future[Any], Any]] = []
         with self._write_conn() as conn, store.write_begin(conn):
             store.lock_run(conn, self.run_id)
@@ -635,7 +433,7 @@ class Writer:
         back_rows: list[dict[str, Any]] = []
         for o in outcomes:
             attempts_json = orjson.dumps(o.attempts).decode() if o.attempts else None
-            n_attempts = len(o.attempts)
+            n_attempts = len(o.attempts) + o.prior_attempts
             if o.status == "pending":
                 back_rows.append({"id": o.record_id, "w": self.worker_id, "attempts": n_attempts,
                                   "attempts_json": attempts_json, "error_kind": o.error_kind,
@@ -650,6 +448,8 @@ class Writer:
                 "rnd": rnd(),  # the sampling key, drawn now (see store.insert_prompts)
                 "gen_version": o.config_version, "derive_version": o.config_version, "rerun": 0,
                 "was_rerun": o.rerun,
+                "turns_json": orjson.dumps(o.turns, option=orjson.OPT_NON_STR_KEYS).decode() if o.turns else None,
+                "turns_done": len(o.turns or ()) + (o.status == "ok"),
             }
             row.update(record_columns(ex))
             final_rows.append(row)
@@ -671,7 +471,7 @@ class Writer:
         if len(final_rows) + len(back_rows) != n_results:
             log.warning("%d results discarded: their claims had been taken over",
                         n_results - len(final_rows) - len(back_rows))
-        by_status = {"ok": 0, "error": 0, "timeout": 0}
+        by_status = {"ok": 0, "error": 0, "timeout": 0}  # the last turn of an ok record is a turn done too
         reruns = 0
         for r in final_rows:
             by_status[r["status"]] += 1
@@ -684,7 +484,7 @@ class Writer:
         conn.execute(
             text("UPDATE run SET n_ok = n_ok + :ok, n_error = n_error + :err, n_timeout = n_timeout + :to,"
                  " n_in_flight = n_in_flight - :fin, n_pending = n_pending + :back, n_rerun = n_rerun - :rr,"
-                 " updated_at = :t WHERE id = :r"),
+                 " n_turns_done = n_turns_done + :ok, updated_at = :t WHERE id = :r"),
             {"ok": by_status["ok"], "err": by_status["error"], "to": by_status["timeout"],
              "fin": len(final_rows) + len(back_rows), "back": len(back_rows), "rr": reruns, "t": time.time(),
              "r": self.run_id},
@@ -738,27 +538,22 @@ def _describe_db_error(exc: DBAPIError) -> str:
     return msg
 
 
-_SERIES_COLS = (
-    "run_id", "worker_id", "endpoint", "t", "width_s", *_SERIES_COUNTERS, "inflight", "concurrency",
-    "latency_sum", "lat_hist", "ttft_hist", "tps_hist", "sources_json",
-)
-_SERIES_UPSERT = text(
-    f"INSERT INTO series ({', '.join(_SERIES_COLS)}) VALUES ({', '.join(':' + c for c in _SERIES_COLS)})"
-    " ON CONFLICT (run_id, worker_id, endpoint, t) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in _SERIES_COLS[4:])
-)
 _FINAL_COLS = (
     "status", "reasoning", "content", "content_null", "reasoning_source", "reasoning_len", "content_len",
     "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json",
     "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
     "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags", "check_json", "rnd",
-    "gen_version", "derive_version", "rerun",
+    "gen_version", "derive_version", "rerun", "turns_json", "turns_done",
 )
 # run through the driver (exec_driver_sql, positional parameters): SQLAlchemy's processing of ~30 named
 # parameters per row cost more than SQLite's UPDATE itself (measured ~35 us vs ~25 us per record)
 _FINAL_UPDATE = (
     "UPDATE record SET " + ", ".join(f"{c} = {{m}}" for c in _FINAL_COLS)
     + ", worker_id = NULL, lease_until = NULL WHERE id = {m} AND status = 'in_flight' AND worker_id = {m}"
+)
+_TURN_UPDATE = text(
+    "UPDATE record SET turns_json = :j, turns_done = :d, attempts = :a, attempts_json = NULL, lease_until = :l"
+    " WHERE id = :id AND status = 'in_flight' AND worker_id = :w"
 )
 _BACK_UPDATE = text(
     "UPDATE record SET status = 'pending', attempts = :attempts, attempts_json = :attempts_json,"
