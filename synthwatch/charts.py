@@ -212,6 +212,13 @@ def run_charts(data: dict[str, object]) -> list[Markup]:
     def opt(k: str) -> list[float | None]:
         return [p.get(k) for p in pts]  # type: ignore[misc]
 
+    # with several endpoints, each one's queue and KV cache get a line of their own (at most four)
+    names = sorted({ep for p in pts for ep in (p.get("server_by_endpoint") or {})})  # type: ignore[attr-defined]
+    eps_colors = list(zip(names, ("amber", "teal", "pink", "grey"), strict=False)) if len(names) > 1 else []
+
+    def per_ep(ep: str, k: str) -> list[float | None]:
+        return [((p.get("server_by_endpoint") or {}).get(ep) or {}).get(k) for p in pts]  # type: ignore[attr-defined]
+
     def pct(k: str) -> list[float | None]:
         return [None if p[k] is None else float(p[k]) * 100 for p in pts]  # type: ignore[arg-type]
 
@@ -244,13 +251,16 @@ def run_charts(data: dict[str, object]) -> list[Markup]:
             Line("in flight", col("in_flight"), "green"),
             Line("concurrency limit", col("concurrency"), "grey", dashed=True),
         ] + ([Line("server: running", opt("server_running"), "blue", dashed=True),
-              Line("server: waiting (queue)", opt("server_waiting"), "red")] if data.get("server") else []),
+              Line("server: waiting (queue)", opt("server_waiting"), "red")] if data.get("server") else [])
+            + [Line(f"waiting @{ep}", per_ep(ep, "waiting"), color, dashed=True) for ep, color in eps_colors],
             y_label="requests", t0=t0, t1=t1, chart_id="inflight"),
     ] + ([
-        time_chart("Server: KV cache and preemptions", times, [
+        time_chart("Server: KV cache and preemptions, per endpoint", times, [
             Line("KV cache used (%)", [None if v is None else v * 100 for v in opt("server_kv_usage")], "purple"),
             Line("preemptions/s x100", [None if v is None else v * 100 for v in opt("server_preemptions_s")], "red"),
-        ], y_label="percent", t0=t0, t1=t1, y_min_max=100, chart_id="server"),
+        ] + [Line(f"KV % @{ep}", [None if v is None else v * 100 for v in per_ep(ep, "kv_usage")], color,
+                  dashed=True) for ep, color in eps_colors],
+            y_label="percent", t0=t0, t1=t1, y_min_max=100, chart_id="server"),
         time_chart("Output tokens/s: server vs client", times, [
             Line("server generated", opt("server_gen_tok_s"), "grey", dashed=True),
             Line("client received", col("tok_s"), "teal"),

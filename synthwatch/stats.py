@@ -741,6 +741,8 @@ def _server_points(conn: Connection, rid: int, width: int, since: int, points: l
         if p is None:
             continue
         found = True
+        per = p.setdefault("server_by_endpoint", {})
+        per[_ep] = {"waiting": waiting, "running": running, "kv_usage": kv, "preemptions_s": pre, "gen_tok_s": gen}
         for key, v in (("server_waiting", waiting), ("server_running", running), ("server_preemptions_s", pre),
                        ("server_gen_tok_s", gen)):
             if v is not None:

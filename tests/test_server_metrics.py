@@ -3,6 +3,7 @@ served by the API, and shown on the run page in a real browser; parsing against 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -100,6 +101,34 @@ def test_worker_scrapes_and_the_run_page_shows_the_server(kind, page, live_app, 
             assert "server: waiting (queue)" in page.locator('svg[data-chart="inflight"]').inner_html()
             ts = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/timeseries", params={"window": "5m"}).json()
             assert ts["server"] and any((p.get("server_waiting") or 0) > 0 for p in ts["points"])
+    finally:
+        from synthwatch import store
+
+        store.apply_control(engine, bg.run_id, "stop_now")
+        bg.join(30)
+
+
+@pytest.mark.browser
+def test_two_endpoints_each_have_their_own_server_lines(page, live_app, engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    a = sim(capacity=2, tokens_per_s=60, seed=62, reasoning_tokens="20-40", content_tokens="10-20")
+    b = sim(capacity=3, tokens_per_s=60, seed=63, reasoning_tokens="20-40", content_tokens="10-20",
+            server_kind="sglang")
+    config = make_config([a, b], prompts(300), concurrency=10, name="srv-two", server_metrics={"interval_s": 0.3})
+    bg = Background(engine, config).start()
+    try:
+        wait_for(lambda: len({r["endpoint"] for r in _rows(engine, bg.run_id) if r["error"] is None}) == 2,
+                 timeout_s=30, what="metrics from both endpoints")
+        time.sleep(1.5)
+        srv = live_app()
+        ts = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/timeseries", params={"window": "5m"}).json()
+        per = [p["server_by_endpoint"] for p in ts["points"] if p.get("server_by_endpoint")]
+        assert per and max(len(x) for x in per) == 2
+        page.goto(f"{srv.url}/runs/{bg.run_id}")
+        page.locator('svg[data-chart="server"]').wait_for()
+        for ep in per[-1]:
+            assert f"KV % @{ep}" in page.locator('svg[data-chart="server"]').inner_html()
+            assert f"waiting @{ep}" in page.locator('svg[data-chart="inflight"]').inner_html()
+        assert page.locator("#run-server tr[data-endpoint]").count() == 2
     finally:
         from synthwatch import store
 
