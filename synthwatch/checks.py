@@ -554,6 +554,24 @@ def _stat_upsert(n_rows: int) -> Any:
     )
 
 
+_OK_BITS = sum(BIT[n] for n in ("empty_content", "both_empty_with_tokens", "truncated", "truncated_in_reasoning",
+                                 "think_tags_in_content", "field_mismatch", "repetition"))
+
+
+def applied_bits(status: str, reasoning_tokens: Any, expects: bool) -> int:
+    """Which per-record checks apply to a stored record, from what it stored (a record's applied bits are not
+    kept): the status checks always; the answer checks on ok records; empty reasoning when the run expects it;
+    the reasoning-tokens check when the server reported them."""
+    applied = BIT["timeout"] | BIT["error"]
+    if status == "ok":
+        applied |= _OK_BITS
+        if expects:
+            applied |= BIT["empty_reasoning"]
+        if reasoning_tokens is not None:
+            applied |= BIT["reasoning_tokens_no_text"]
+    return applied
+
+
 def recent_windows(conn: Connection, run_id: int, checker: RecordChecker, rules: dict[str, Rule]) -> dict[str, Window]:
     """Each check's rolling window over the run's most recently finished records, from their stored results.
 
@@ -568,15 +586,10 @@ def recent_windows(conn: Connection, run_id: int, checker: RecordChecker, rules:
     windows = {n: Window(rules[n].window) for n in CHECK_NAMES}
     en = checker.enabled
     for status, reasoning_tokens, flags in reversed(rows):
-        applied = en & (BIT["timeout"] | BIT["error"])
+        applied = applied_bits(status, reasoning_tokens, checker.ctx.expects)
         if status == "ok":
-            applied |= en & (BIT["empty_content"] | BIT["both_empty_with_tokens"] | BIT["truncated"]
-                             | BIT["truncated_in_reasoning"] | BIT["think_tags_in_content"] | BIT["field_mismatch"]
-                             | BIT["repetition"] | BIT["duplicate_output"] | BIT["server_drift"])
-            if checker.ctx.expects:
-                applied |= en & BIT["empty_reasoning"]
-            if reasoning_tokens is not None:
-                applied |= en & BIT["reasoning_tokens_no_text"]
+            applied |= BIT["duplicate_output"] | BIT["server_drift"]
+        applied &= en
         for name in CHECK_NAMES:
             if applied & BIT[name]:
                 windows[name].add(bool((flags or 0) & BIT[name]))

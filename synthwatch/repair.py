@@ -35,6 +35,7 @@ from .checks import (
     CHECK_NAMES,
     RecordChecker,
     RunContext,
+    applied_bits,
     recent_windows,
     view_from_row,
 )
@@ -504,19 +505,6 @@ def preview_rerun(engine: Engine, run_id: int, sel: Selection) -> dict[str, Any]
     return {**counts, "skipped_why": why, "selection": sel.description, "max_id": sel.max_id}
 
 
-def _applied(status: str, reasoning_tokens: Any, expects: bool) -> int:
-    applied = BIT["timeout"] | BIT["error"]
-    if status == "ok":
-        for name in ("empty_content", "both_empty_with_tokens", "truncated", "truncated_in_reasoning",
-                     "think_tags_in_content", "field_mismatch", "repetition"):
-            applied |= BIT[name]
-        if expects:
-            applied |= BIT["empty_reasoning"]
-        if reasoning_tokens is not None:
-            applied |= BIT["reasoning_tokens_no_text"]
-    return applied
-
-
 def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "cli") -> dict[str, Any]:
     """Queue the selection's finished records to be generated again under the current config version.
 
@@ -551,7 +539,7 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
             for _id, status, flags, rtok, done in rows:
                 by[status] += 1
                 turns_undone += done or 0
-                applied = _applied(status, rtok, expects)
+                applied = applied_bits(status, rtok, expects)
                 for name in CHECK_NAMES:
                     b = BIT[name]
                     fail_d[name] -= bool((flags or 0) & b)

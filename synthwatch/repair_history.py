@@ -13,13 +13,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from . import search_index, store
-from .checks import BIT, CHECK_NAMES
+from .checks import BIT, CHECK_NAMES, applied_bits
 from .repair import (
     CHUNK,
     OUTPUT_COLS,
     RepairError,
     Selection,
-    _applied,
     _copy_to_history,
     _finish,
     _rows,
@@ -124,7 +123,7 @@ def undo(engine: Engine, run_id: int, repair_id: int, *, actor: str = "cli") -> 
                     b = BIT[name]
                     fail_d[name] += bool((h["check_flags"] or 0) & b) - bool((c["check_flags"] or 0) & b)
                     if kind == "rerun":
-                        total_d[name] += bool(_applied(h["status"], h["reasoning_tokens"], expects) & b)
+                        total_d[name] += bool(applied_bits(h["status"], h["reasoning_tokens"], expects) & b)
                 if kind == "rerun":
                     by[h["status"]] += 1
             if kind == "rerun":

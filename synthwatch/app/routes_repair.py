@@ -45,10 +45,17 @@ def _run(conn: Connection, run_id: int) -> dict[str, Any]:
     return run
 
 
-def repair_context(conn: Connection, run_id: int) -> dict[str, Any]:
+def job_context(conn: Connection, run_id: int) -> dict[str, Any]:
+    """The running (or last) repair job of the run: what the job fragment polls, every second while it runs."""
     run = _run(conn, run_id)
     with _jobs_lock:
         job = dict(_jobs[run_id]) if run_id in _jobs else None
+    return {"run": run, "job": job}
+
+
+def repair_context(conn: Connection, run_id: int) -> dict[str, Any]:
+    ctx = job_context(conn, run_id)
+    run, job = ctx["run"], ctx["job"]
     return {
         "run": run,
         "versions": list(reversed(versions.list_versions(conn, run_id))),
@@ -111,7 +118,8 @@ def repair_page(request: Request, run_id: int, conn: ReadConn) -> Response:
 
 @router.get("/runs/{run_id}/repair/job", include_in_schema=False)
 def repair_job_fragment(request: Request, run_id: int, conn: ReadConn) -> Response:
-    return render(request, "_repair_job.html", repair_context(conn, run_id))
+    # not repair_context: its version counts scan the run's records, and this polls every second during a repair
+    return render(request, "_repair_job.html", job_context(conn, run_id))
 
 
 def _back(run_id: int, **q: str) -> RedirectResponse:
@@ -389,8 +397,9 @@ def api_rerun(run_id: int, body: SelectionBody, engine: WriteEngine, read: ReadE
 
 @router.get("/api/runs/{run_id}/repairs", tags=["repair"], summary="Repairs of a run (newest first) and the running job")
 def api_repairs(run_id: int, conn: ReadConn) -> Any:
-    ctx = repair_context(conn, run_id)
-    return {"run_id": run_id, "job": ctx["job"], "repairs": ctx["repairs"], "n_rerun_queued": ctx["run"]["n_rerun"]}
+    ctx = job_context(conn, run_id)
+    return {"run_id": run_id, "job": ctx["job"], "repairs": repair_history.list_repairs(conn, run_id),
+            "n_rerun_queued": ctx["run"]["n_rerun"]}
 
 
 @router.post("/api/runs/{run_id}/repairs/{repair_id}/undo", tags=["repair"], summary="Undo a re-derive or re-run")

@@ -559,7 +559,7 @@ class RunWorker:
 
     def _count_ok(self, ex: Any, latency_s: float, ep: Any) -> None:
         tokens = self.stats.count_ok(ex, latency_s)
-        if ep is not None:  # what this endpoint's concurrency tuner looks at
+        if ep is not None and self.config.autotune.enabled:  # what this endpoint's concurrency tuner looks at
             ep.done.append((time.monotonic(), tokens, latency_s / tokens if tokens else None))
 
     async def _attempts(self, body: bytes, attempts: list[dict[str, Any]], record_id: int,
