@@ -34,7 +34,7 @@ SETTLE_SHARE = 0.8  # within 20 % of the knee's throughput
 def _run(size: dict[str, Any], concurrency: str, tmp: Path, log: Any) -> dict[str, Any]:
     from sqlalchemy import text
 
-    from synthwatch.db import open_engine
+    from synthwatch.store.db import open_engine
 
     sim = SimProcess(capacity=size["knee"], tokens_per_s=size["tokens_per_s"], reasoning_tokens=size["reasoning"],
                      content_tokens=size["content"], seed=7)

@@ -168,7 +168,7 @@ def verify(db: Path, run_id: int, n: int, dashboard_url: str) -> tuple[dict[str,
 
     import httpx
 
-    from synthwatch.checks import BIT
+    from synthwatch.quality.checks import BIT
 
     fm, er = BIT["field_mismatch"], BIT["empty_reasoning"]
     con = sqlite3.connect(str(db))
@@ -228,8 +228,9 @@ def verify(db: Path, run_id: int, n: int, dashboard_url: str) -> tuple[dict[str,
 
 def measure(quick: bool, log: Any = sys.stdout) -> dict[str, Any]:
     from bench.fill import fill_field_mismatch
-    from synthwatch import repair, versions
-    from synthwatch.db import open_engine
+    from synthwatch.repair import actions as repair
+    from synthwatch.store import versions
+    from synthwatch.store.db import open_engine
 
     n = QUICK_RECORDS if quick else FULL_RECORDS
     baseline_s = 3.0 if quick else 15.0
@@ -332,7 +333,7 @@ def markdown(r: dict[str, Any]) -> str:
         " so it sits only in `extra_json.unread_fields`, and every record fails field_mismatch, empty_reasoning and"
         " reasoning_tokens_no_text; the records are in the full-text index. Then, as a user would: a new config"
         f" version (reasoning.mode = reasoning, version {r['config_version']}), the records failing"
-        " field_mismatch selected, previewed, re-derived (`synthwatch.repair`, the calls behind `synthwatch"
+        " field_mismatch selected, previewed, re-derived (`synthwatch.repair.actions`, the calls behind `synthwatch"
         " rederive` and the API). Meanwhile a `synthwatch serve` process on the same SQLite file answers one reader"
         f" that polls the JSON stats and the run page in turn, {POLL_GAP_S * 1000:.0f} ms apart; the baseline is the"
         " same reader just before, in the same run. The dashboard's background indexer re-indexes the re-derived"

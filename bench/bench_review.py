@@ -58,7 +58,7 @@ def _db_for(n: int) -> tuple[Path, int]:
                 " AND status = 'ok' AND idx % 100 = 7", (rid,))
     con.execute("UPDATE record SET check_flags = 1 << (idx % 4) WHERE run_id = ? AND status = 'ok' AND idx % 33 = 5",
                 (rid,))
-    # the full-text index, built in one pass (what synthwatch.search_index.rebuild does)
+    # the full-text index, built in one pass (what synthwatch.store.search_index.rebuild does)
     con.execute("INSERT INTO record_fts(record_fts) VALUES ('delete-all')")
     con.execute("INSERT INTO record_fts(rowid, prompt_json, reasoning, content) SELECT id, prompt_json, reasoning,"
                 " content FROM record WHERE reasoning IS NOT NULL OR content IS NOT NULL")
@@ -87,8 +87,8 @@ def _token_record(db: Path, run_id: int) -> int:
     """A record whose training sequence is ~8,000 tokens, and the run's tokenizer set to DeepSeek-V4."""
     import orjson
 
-    from synthwatch.db import open_engine
-    from synthwatch.tokens import DEEPSEEK_V4, TokenizerSpec, load_tokenizer
+    from synthwatch.store.db import open_engine
+    from synthwatch.tokens.tokenizer import DEEPSEEK_V4, TokenizerSpec, load_tokenizer
 
     lt = load_tokenizer(TokenizerSpec(DEEPSEEK_V4))
     words = ("first check the sum then verify each digit carefully 12 + 7 = 19 so the running total is "
@@ -185,16 +185,16 @@ def main(quick: bool = False) -> int:
         ok = med < limit
         failed += 0 if ok else 1
         print(f"{kind:8} {med:10.1f} {max(ms):9.1f}  {'ok ' if ok else 'MISS'} {limit:4.0f}  {label}")
-    print("database time alone (synthwatch.review functions, no HTTP), median ms:")
+    print("database time alone (synthwatch.review.queries functions, no HTTP), median ms:")
     for label, ms in queries:
         print(f"  {statistics.median(ms):8.1f}  {label}")
     return 1 if failed else 0
 
 
 def _query_times(db: Path, run_id: int) -> list[tuple[str, list[float]]]:
-    from synthwatch import review
-    from synthwatch.db import make_engine, resolve_url
-    from synthwatch.review import Filters
+    from synthwatch.review import queries as review
+    from synthwatch.review.queries import Filters
+    from synthwatch.store.db import make_engine, resolve_url
 
     eng = make_engine(resolve_url(str(db)), readonly=True)
     out: list[tuple[str, list[float]]] = []

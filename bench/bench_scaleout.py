@@ -77,8 +77,8 @@ def _wait(pred: Any, timeout_s: float, what: str, procs: list[subprocess.Popen[s
 def measure(db: str, sim_url: str, dataset: Path, n_workers: int, size: dict[str, int], cfg_dir: Path) -> dict[str, Any]:
     from sqlalchemy import text
 
-    from synthwatch import store
-    from synthwatch.db import open_engine
+    from synthwatch.store import queue as store
+    from synthwatch.store.db import open_engine
 
     cfg = cfg_dir / f"scaleout-{n_workers}.toml"
     cfg.write_text(f'name = "{NAME}"\nmodel = "sim-reasoner"\nconcurrency = {size["concurrency"]}\n'
@@ -137,7 +137,7 @@ def _copy_to_pg(sqlite_path: Path, pg_url: str) -> int:
 
     import psycopg
 
-    from synthwatch.db import open_engine
+    from synthwatch.store.db import open_engine
 
     open_engine(pg_url).dispose()  # schema from the migrations
     src = sqlite3.connect(str(sqlite_path))
@@ -320,7 +320,7 @@ def main(quick: bool = False) -> list[dict[str, Any]]:
             "text": (f"One run of {latency['n']:,} records (bench/fill.py, copied into PostgreSQL with COPY; the search "
                      f"index built afterwards; {latency['fill_s']:.0f} s in all), the dashboard over real HTTP, one "
                      f"request at a time, median of {MEASURED} after {WARMUP} warm-up requests. Search uses the GIN index of "
-                     "migration 0003_pg_search, newest records first in two phases (synthwatch/review.py, "
+                     "migration 0003_pg_search, newest records first in two phases (synthwatch/review/queries.py, "
                      "_pg_search_windows)."),
             "columns": ["request", "median", "target"], "rows": lrows,
         })

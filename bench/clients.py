@@ -247,7 +247,7 @@ def _new_run(base_url: str, dataset: str, db: str, stream: bool, **config: Any) 
     """A fresh database with the dataset loaded into a new run, as `synthwatch run` does it (untimed)."""
     from synthwatch.commands.run import prepare_run
     from synthwatch.config import RunConfig
-    from synthwatch.db import open_engine
+    from synthwatch.store.db import open_engine
 
     engine = open_engine(db)
     run_config = RunConfig.model_validate({
@@ -263,7 +263,7 @@ def measure_worker(base_url: str, dataset: str, db: str, concurrency: int, strea
                    deadline_s: float | None = None) -> dict[str, Any]:
     """Load the dataset into a fresh run (untimed), then time RunWorker.main() to completion.
 
-    The worker is built as ``synthwatch run`` builds it: writer hooks from synthwatch.checks, default
+    The worker is built as ``synthwatch run`` builds it: writer hooks from synthwatch.quality.checks, default
     flush interval, retries and lease; the progress line is off (``--quiet``).
     """
     from sqlalchemy import text
@@ -273,9 +273,9 @@ def measure_worker(base_url: str, dataset: str, db: str, concurrency: int, strea
     engine, config, run_id = _new_run(base_url, dataset, db, stream, concurrency=concurrency,
                                       timeouts={"idle_s": idle_timeout_s})
     hooks: list[Any] = []
-    checks = "off (synthwatch.checks.writer_hooks missing)"
+    checks = "off (synthwatch.quality.checks.writer_hooks missing)"
     try:
-        from synthwatch.checks import writer_hooks
+        from synthwatch.quality.checks import writer_hooks
     except ImportError:
         pass
     else:
@@ -323,7 +323,7 @@ def measure_process(base_url: str, dataset: str, db: str, concurrency: int, stre
     it runs on this process's core (the affinity is inherited)."""
     from sqlalchemy import text
 
-    from synthwatch.db import open_engine
+    from synthwatch.store.db import open_engine
 
     args = [sys.executable, "-m", "synthwatch", "run", "--dataset", dataset, "--base-url", base_url,
             "--model", MODEL, "--db", db, "--name", Path(db).stem, "--concurrency", str(concurrency), "--quiet"]
@@ -358,7 +358,7 @@ def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batc
     import sqlite3
     import urllib.request
 
-    from synthwatch.store import claim_sql
+    from synthwatch.store.queue import claim_sql
     from synthwatch.workers.writer import _FINAL_COLS, _FINAL_UPDATE
 
     engine, _, run_id = _new_run(base_url, dataset, db, stream)

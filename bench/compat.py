@@ -90,10 +90,10 @@ def make_tokenizer(folder: Path) -> None:
 def make_exports(folder: Path) -> dict[str, Any]:
     from synthwatch.commands.run import prepare_run
     from synthwatch.config import RunConfig
-    from synthwatch.db import open_engine
-    from synthwatch.export import ExportOptions, export_run
+    from synthwatch.export.stream import ExportOptions, export_run
+    from synthwatch.simulator.server import SimConfig, running_in_thread
+    from synthwatch.store.db import open_engine
     from synthwatch.workers.engine import RunWorker
-    from synthwatch.workers.simulator import SimConfig, running_in_thread
 
     engine = open_engine(str(folder / "compat.db"))
     manifests: dict[str, Any] = {}

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from synthwatch.sketch import TPS_MIN, Sketch
+from synthwatch.workers.sketch import TPS_MIN, Sketch
 
 SERIES_COUNTERS = (
     "finished", "ok", "errors", "timeouts", "attempts_failed", "attempt_timeouts", "retries", "dropped",
@@ -62,7 +62,7 @@ def fill(db_path: str | Path, n_records: int, *, run_name: str | None = None, n_
     and must not be updated or deleted (the triggers would delete index entries that were never made).
     Benchmarks that do not search use it, or build the index in one pass.
     """
-    from synthwatch.db import open_engine
+    from synthwatch.store.db import open_engine
 
     open_engine(str(db_path)).dispose()  # schema from the migrations
     rng = random.Random(seed)
@@ -131,7 +131,7 @@ def fill(db_path: str | Path, n_records: int, *, run_name: str | None = None, n_
             buf = []
     if buf:
         conn.executemany(rec_sql, buf)
-    if fts:  # what every writer of text does (synthwatch.search_index.enqueue)
+    if fts:  # what every writer of text does (synthwatch.store.search_index.enqueue)
         conn.execute("INSERT OR IGNORE INTO record_fts_queue(record_id) SELECT id FROM record WHERE run_id = ?"
                      " AND (reasoning IS NOT NULL OR content IS NOT NULL)", (run_id,))
     conn.executemany("INSERT INTO error_event (run_id, t, record_id, endpoint, kind, status_code, final, message)"
@@ -208,11 +208,11 @@ def fill_field_mismatch(db_path: str | Path, n_records: int, *, run_name: str | 
     """
     from sqlalchemy import text
 
-    from synthwatch import store
-    from synthwatch.alarms import effective_rules
-    from synthwatch.checks import BIT, CHECK_NAMES, RecordChecker, RecordView, RunContext, recent_windows
     from synthwatch.config import RunConfig
-    from synthwatch.db import open_engine
+    from synthwatch.quality.alarms import effective_rules
+    from synthwatch.quality.checks import BIT, CHECK_NAMES, RecordChecker, RecordView, RunContext, recent_windows
+    from synthwatch.store import queue as store
+    from synthwatch.store.db import open_engine
 
     rng = random.Random(seed)
     end = end_t if end_t is not None else time.time()

@@ -235,7 +235,7 @@ class RunConfig(_Strict):
     @classmethod
     def _check_checks(cls, v: dict[str, Any]) -> dict[str, Any]:
         # validated wherever a config is built (CLI, UI form, resume), not only when a worker starts
-        from .checks import CheckSettings
+        from .quality.checks import CheckSettings
 
         try:
             CheckSettings.model_validate(v or {})

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from .reasoning import ResponseShapeError, StreamAccumulator, extract_response
+from .capture.reasoning import ResponseShapeError, StreamAccumulator, extract_response
 
 KNOWN_THINK_IDS = {128821: "DeepSeek-V4", 128798: "DeepSeek-R1", 151667: "Qwen3", 163606: "Kimi-K2"}
 """``<think>`` ids of common reasoning vocabularies: without a tokenizer, a prompt ending with one is taken as
@@ -182,7 +182,7 @@ def _stream(client: Any, base: str, body: dict[str, Any]) -> Any:
 
 
 def _tools(client: Any, base: str, options: ProbeOptions) -> dict[str, Any]:
-    from . import tool_calls
+    from .capture import tool_calls
 
     body = {"model": options.model, "messages": [{"role": "user", "content": TOOL_QUESTION}],
             "max_tokens": options.max_tokens, "tools": [WEATHER_TOOL], "tool_choice": "auto"}
@@ -217,7 +217,7 @@ def _tools(client: Any, base: str, options: ProbeOptions) -> dict[str, Any]:
 def _tokenizer(options: ProbeOptions, report: ProbeReport) -> Any:
     if not options.tokenizer:
         return None
-    from .tokens import TokenizerError, TokenizerSpec, load_tokenizer
+    from .tokens.tokenizer import TokenizerError, TokenizerSpec, load_tokenizer
 
     try:
         return load_tokenizer(TokenizerSpec(options.tokenizer, chat_template=options.chat_template,
@@ -243,8 +243,8 @@ def _token_facts(lt: Any, report: ProbeReport, ex: Any) -> None:
 
 
 def _template_facts(lt: Any, ex: Any) -> dict[str, Any]:
-    from .tokens import TokenizerError
-    from .training_rows import Unusable, retokenized_row
+    from .export.training_rows import Unusable, retokenized_row
+    from .tokens.tokenizer import TokenizerError
 
     messages = [{"role": "user", "content": QUESTION}]
     out: dict[str, Any] = {"name": lt.spec.name_or_path, "template": lt.template_source}

@@ -54,7 +54,7 @@ def db_path(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def engine(db_path: Path) -> Any:
-    from synthwatch.db import open_engine
+    from synthwatch.store.db import open_engine
 
     eng = open_engine(str(db_path))
     yield eng
@@ -66,7 +66,7 @@ def sim() -> Iterator[Callable[..., str]]:
     """Start simulators: sim(reasoning_field="reasoning", ...) -> base_url. All stop at teardown."""
     from contextlib import ExitStack
 
-    from synthwatch.workers.simulator import SimConfig, running_in_thread
+    from synthwatch.simulator.server import SimConfig, running_in_thread
 
     with ExitStack() as stack:
 
@@ -275,7 +275,7 @@ def any_db(request: Any, tmp_path: Path) -> str:
 
 @pytest.fixture
 def any_engine(any_db: str) -> Iterator[Any]:
-    from synthwatch.db import open_engine
+    from synthwatch.store.db import open_engine
 
     eng = open_engine(any_db)
     yield eng

@@ -16,8 +16,8 @@ import pytest
 from test_checks_kit import CheckedBackground, alarms, events, run_checked, stats
 from workerkit import make_config, records, run_row, wait_for
 
-from synthwatch import store
-from synthwatch.checks import parse_settings, with_canaries
+from synthwatch.quality.checks import parse_settings, with_canaries
+from synthwatch.store import queue as store
 
 
 def patch_sim(url: str, **changes: Any) -> None:

@@ -10,7 +10,7 @@ from test_alarms import patch_sim
 from test_checks_kit import CheckedBackground
 from workerkit import make_config, run_row, wait_for
 
-from synthwatch import store
+from synthwatch.store import queue as store
 
 pytestmark = pytest.mark.browser
 

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 from workerkit import Background, make_config, run_row, wait_for
 
-from synthwatch import store
+from synthwatch.store import queue as store
 from synthwatch.workers.autotune import Interval, Tuner
 
 

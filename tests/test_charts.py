@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import xml.etree.ElementTree as ET
 
-from synthwatch.charts import Line, fmt_value, nice_max, run_charts, time_chart
+from synthwatch.app.charts import Line, fmt_value, nice_max, run_charts, time_chart
 
 T0 = 1_800_000_000
 

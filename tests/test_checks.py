@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from synthwatch.alarms import DEFAULT_RULES, fires, should_pause
-from synthwatch.checks import (
+from synthwatch.app.words import check_label
+from synthwatch.quality.alarms import DEFAULT_RULES, fires, should_pause
+from synthwatch.quality.checks import (
     BIT,
     CHECK_NAMES,
     ChecksConfigError,
@@ -23,7 +24,6 @@ from synthwatch.checks import (
     run_token_job,
     with_canaries,
 )
-from synthwatch.words import check_label
 
 REASONING = ("Let me work through this step by step. The question asks me to compute 2 + 2. "
              "First, 2 + 2 = 4. Let me double-check: 4 - 2 = 2, which matches. So the result is 4.")
@@ -229,7 +229,7 @@ DROPPING_TEMPLATE = (
 @pytest.fixture(scope="module")
 def ds_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     """Loaded once per module (transformers takes seconds to import); later loads hit the cache."""
-    from synthwatch.tokens import DEEPSEEK_V4, TokenizerSpec, load_tokenizer
+    from synthwatch.tokens.tokenizer import DEEPSEEK_V4, TokenizerSpec, load_tokenizer
 
     template = tmp_path_factory.mktemp("tpl") / "dropping.jinja"
     template.write_text(DROPPING_TEMPLATE, encoding="utf-8")

@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy import text
 from workerkit import Background
 
-from synthwatch.checks import writer_hooks
 from synthwatch.config import RunConfig
+from synthwatch.quality.checks import writer_hooks
 
 
 def run_checked(engine: Any, config: RunConfig, timeout_s: float = 60) -> tuple[int, str]:

@@ -13,7 +13,7 @@ from conftest import cli_env, kill_9_repeatedly, popen_cli, run_cli
 from sqlalchemy import text
 from workerkit import answer_ok, counts, records, run_row, wait_for
 
-from synthwatch.db import open_engine
+from synthwatch.store.db import open_engine
 
 
 def _toml(path: Path, body: str) -> Path:

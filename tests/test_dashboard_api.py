@@ -13,7 +13,8 @@ from sqlalchemy import text
 from workerkit import make_config, run_row, run_to_end, wait_for
 
 from bench.fill import series_row
-from synthwatch import stats, store
+from synthwatch.app import stats
+from synthwatch.store import queue as store
 
 
 @pytest.fixture

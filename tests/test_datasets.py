@@ -11,14 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from synthwatch.datasets import (
-    BadLine,
-    DatasetError,
-    DatasetSpec,
-    Prompt,
-    iter_dataset,
-    load_dataset,
-)
+from synthwatch.sources.datasets import BadLine, DatasetError, DatasetSpec, Prompt, iter_dataset, load_dataset
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:

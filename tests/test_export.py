@@ -16,11 +16,11 @@ import pytest
 from conftest import ROOT, cli_env, run_cli
 from sqlalchemy import text
 
-from synthwatch import store
 from synthwatch.cli import main as cli_main
 from synthwatch.config import RunConfig
-from synthwatch.export import ExportError, ExportOptions, export_run, manifest_path, prepare_export
-from synthwatch.tokens import DEEPSEEK_V4, TokenizerSpec, load_tokenizer
+from synthwatch.export.stream import ExportError, ExportOptions, export_run, manifest_path, prepare_export
+from synthwatch.store import queue as store
+from synthwatch.tokens.tokenizer import DEEPSEEK_V4, TokenizerSpec, load_tokenizer
 
 THINK_OPEN_ID, THINK_CLOSE_ID = 128821, 128822  # DeepSeek-V4 (reference/training-formats.md)
 
@@ -340,8 +340,8 @@ def test_selection_options(engine, tmp_path) -> None:  # type: ignore[no-untyped
     assert export(include_flagged=True) == (["0", "1", "8"], {"empty_reasoning": 3, "truncated": 2})
     assert export(default_exclusions=False) == (["0", "2", "3", "4", "8", "9"], {"flagged_bad": 2})
     assert export(default_exclusions=False, exclude_checks=("truncated",))[1] == {"flagged_bad": 2, "truncated": 1}
-    # any check of synthwatch.checks, by its bit in record.check_flags
-    from synthwatch.checks import BIT
+    # any check of synthwatch.quality.checks, by its bit in record.check_flags
+    from synthwatch.quality.checks import BIT
 
     with engine.connect() as conn, store.write_begin(conn):
         conn.execute(text("UPDATE record SET check_flags = :b WHERE run_id = :r AND idx IN (0, 2)"),

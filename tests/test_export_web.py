@@ -57,7 +57,7 @@ def test_api_export_progress_manifest_and_download(engine, db_path, live_app) ->
 
 def test_trainer_presets_from_the_dashboard(engine, live_app) -> None:  # type: ignore[no-untyped-def]
     """The form offers both presets; the API starts them and the manifest names the trainer and its settings."""
-    from synthwatch.export_presets import specforge_row_error
+    from synthwatch.export.presets import specforge_row_error
 
     run_id = make_run(engine, VARIED)
     srv = live_app()

@@ -13,7 +13,7 @@ import pytest
 from conftest import popen_cli, require
 from workerkit import answer_ok, counts, records, run_row, wait_for
 
-from synthwatch.db import open_engine
+from synthwatch.store.db import open_engine
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_full_disk_pauses_then_continues_losing_nothing(small_disk: Path, sim, p
 
 
 def _n_ok(engine) -> int:  # type: ignore[no-untyped-def]
-    from synthwatch.store import NotFound
+    from synthwatch.store.queue import NotFound
 
     try:
         return int(run_row(engine, "disk")["n_ok"])

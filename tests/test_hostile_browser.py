@@ -3,7 +3,7 @@
 The simulator echoes `ECHO:` prompts, so every string of tests/hostile.py comes back as both reasoning and
 content. In a real browser no script may run (`window.__pwned` stays unset, no dialog opens; an inline
 script blocked by the CSP or an injected <img> would also fail the test through the browser-problem checks),
-and every string is shown literally: the textContent of the element showing it equals what synthwatch.review
+and every string is shown literally: the textContent of the element showing it equals what synthwatch.review.queries
 renders (invisible and bidi characters as visible markers).
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 import orjson
 import pytest
 
-from synthwatch import review
-from synthwatch.alarms import DEFAULT_RULES
-from synthwatch.db import open_engine
+from synthwatch.quality.alarms import DEFAULT_RULES
+from synthwatch.review import queries as review
+from synthwatch.store.db import open_engine
 from tests.hostile import HOSTILE
 from tests.test_checks_kit import CheckedBackground
 from tests.workerkit import counts, make_config, records, wait_for
@@ -129,8 +129,8 @@ def test_viewer_shows_every_hostile_string_literally(hostile_run: dict[str, Any]
 
 @pytest.mark.browser
 def test_token_chips_escape_hostile_text(hostile_run: dict[str, Any], live_app: Any, page: Any) -> None:
-    from synthwatch import tokens
     from synthwatch.app.routes_review import MAX_CHIPS, _chip_views
+    from synthwatch.tokens import tokenizer as tokens
 
     app = live_app()
     guard = Guard(page)

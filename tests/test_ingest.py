@@ -1,4 +1,4 @@
-"""Shape detection and line -> record mapping (synthwatch.ingest), and `synthwatch import` end to end."""
+"""Shape detection and line -> record mapping (synthwatch.sources.ingest), and `synthwatch import` end to end."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from conftest import require
 from sqlalchemy import text
 
-from synthwatch.ingest import LineError, LineParser, MapError, parse_map
+from synthwatch.sources.ingest import LineError, LineParser, MapError, parse_map
 
 # a copy of the shared seed file (/work/shared/data/raw_responses_sample.jsonl) kept with the tests
 SEED = Path(__file__).parent / "data" / "raw_responses_sample.jsonl"
@@ -214,11 +214,11 @@ def test_seed_shape_with_empty_reasoning_trips_the_alarm(tmp_path: Path, db_path
                                                          capsys: Any) -> None:
     require(SEED.exists(), f"{SEED} missing")
     try:
-        import synthwatch.checks  # noqa: F401
+        import synthwatch.quality.checks  # noqa: F401
         have_checks = True
     except ImportError:
         have_checks = False
-    require(have_checks, "synthwatch.checks is not built yet")
+    require(have_checks, "synthwatch.quality.checks is not built yet")
     src = shutil.copy(SEED, tmp_path / "raw_responses.jsonl")
     rc, err = cli(capsys, "import", str(src), "--db", str(db_path))
     assert rc == 0 and "script ×24" in err and "`question` is the prompt" in err, err

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from synthwatch.db import open_engine
+from synthwatch.store.db import open_engine
 from tests.test_hostile_browser import Guard
 from tests.workerkit import make_config, records, run_to_end
 

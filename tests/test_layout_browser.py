@@ -9,7 +9,7 @@ from playwright.sync_api import Page, expect
 from sqlalchemy import text
 from workerkit import Background, make_config, run_row, wait_for
 
-from synthwatch import store
+from synthwatch.store import queue as store
 
 pytestmark = pytest.mark.browser
 

@@ -14,7 +14,7 @@ from conftest import popen_cli
 from sqlalchemy import text
 from workerkit import answer_ok, counts, records, run_row, wait_for
 
-from synthwatch.db import open_engine
+from synthwatch.store.db import open_engine
 
 
 def _toml(tmp_path: Path, url: str, dataset: Path, cap: int) -> Path:

@@ -12,7 +12,7 @@ from playwright.sync_api import Page
 from test_checks_kit import CheckedBackground
 from workerkit import make_config, run_row, wait_for
 
-from synthwatch import store
+from synthwatch.store import queue as store
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

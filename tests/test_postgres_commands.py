@@ -19,11 +19,9 @@ from sqlalchemy import create_engine, text
 from sqlmodel import SQLModel
 from workerkit import wait_for
 
-from synthwatch import (
-    models,  # noqa: F401
-    review,
-)
-from synthwatch.db import open_engine, resolve_url
+from synthwatch.review import queries as review
+from synthwatch.store import models  # noqa: F401
+from synthwatch.store.db import open_engine, resolve_url
 
 
 def _script_lines(path: Path, start: int, n: int) -> Path:
@@ -118,7 +116,7 @@ def test_search_on_postgresql(pg_server: Any, window: int, monkeypatch: Any) -> 
     """Search results and keyset pages on PostgreSQL; window 1 makes every page walk several id windows."""
     monkeypatch.setattr(review, "PG_FIRST_WINDOW", window)
     engine = open_engine(pg_server.new_database())
-    from synthwatch import store
+    from synthwatch.store import queue as store
 
     class P:
         def __init__(self, i: int, text_: str) -> None:
@@ -180,6 +178,6 @@ def test_migrations_match_the_models_on_postgresql(pg_server: Any) -> None:
     assert diff == []
     from alembic.script import ScriptDirectory
 
-    from synthwatch.db import alembic_config
+    from synthwatch.store.db import alembic_config
 
     assert head == ScriptDirectory.from_config(alembic_config(url)).get_current_head()

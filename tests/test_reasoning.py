@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from synthwatch.reasoning import (
+from synthwatch.capture.reasoning import (
     MODES,
     REASONING_FIELDS,
     Extracted,

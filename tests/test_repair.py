@@ -15,9 +15,12 @@ import pytest
 from test_checks_kit import CheckedBackground, alarms, completed_mismatch_run, events, stats
 from workerkit import make_config, records, run_row, wait_for
 
-from synthwatch import alarms as alarms_mod
-from synthwatch import repair, repair_history, store, versions
-from synthwatch.export import ExportOptions, export_run
+from synthwatch.export.stream import ExportOptions, export_run
+from synthwatch.quality import alarms as alarms_mod
+from synthwatch.repair import actions as repair
+from synthwatch.repair import history as repair_history
+from synthwatch.store import queue as store
+from synthwatch.store import versions
 
 
 def _sim_chat_requests(url: str) -> int:
@@ -173,7 +176,7 @@ def test_rerun_truncated_keeps_history_and_the_cap(any_engine, sim, prompts) -> 
 def _resume(engine: Any, run_id: int, config: Any) -> str:
     from workerkit import Background
 
-    from synthwatch.checks import writer_hooks
+    from synthwatch.quality.checks import writer_hooks
 
     bg = Background(engine, config, run_id, hooks=lambda r: writer_hooks(engine, r, None)).start()
     return bg.join(60)
@@ -229,7 +232,7 @@ def test_autopause_off_is_recorded_and_completion_names_the_failures(engine, sim
 def test_resume_with_changed_flags_is_refused_then_versioned(db_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     from conftest import run_cli
 
-    from synthwatch.db import open_engine
+    from synthwatch.store.db import open_engine
 
     url = sim(reasoning_field="reasoning", seed=26, reasoning_tokens="4-8", content_tokens="4-8")
     data = prompts(30)
@@ -261,7 +264,7 @@ def test_resume_with_changed_flags_is_refused_then_versioned(db_path, sim, promp
 def test_cli_fix_rederive_rerun_over_ssh(db_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     from conftest import popen_cli, run_cli
 
-    from synthwatch.db import open_engine
+    from synthwatch.store.db import open_engine
 
     url = sim(reasoning_field="reasoning", seed=27, reasoning_tokens="8-24", content_tokens="4-12")
     worker = popen_cli("run", "--db", str(db_path), "--dataset", str(prompts(40)), "--base-url", url, "--model",
@@ -311,7 +314,7 @@ def test_cli_fix_rederive_rerun_over_ssh(db_path, sim, prompts) -> None:  # type
 def test_kill_9_during_reruns_loses_or_doubles_nothing(db_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     from conftest import kill_9_repeatedly, run_cli
 
-    from synthwatch.db import open_engine
+    from synthwatch.store.db import open_engine
 
     url = sim(reasoning_field="reasoning", seed=28, tokens_per_s=120, reasoning_tokens="8-24", content_tokens="4-12")
     cap = 100

@@ -14,7 +14,7 @@ import pytest
 from test_checks_kit import CheckedBackground
 from workerkit import make_config, records, run_row, wait_for
 
-from synthwatch import store
+from synthwatch.store import queue as store
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

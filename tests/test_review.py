@@ -12,8 +12,10 @@ import orjson
 import pytest
 from sqlalchemy import text
 
-from synthwatch import review, search_index, store
-from synthwatch.review import Filters, ReviewError
+from synthwatch.review import queries as review
+from synthwatch.review.queries import Filters, ReviewError
+from synthwatch.store import queue as store
+from synthwatch.store import search_index
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -258,7 +260,7 @@ def test_sampling_modes(engine: Any) -> None:
     assert draws("unreviewed") == ok_all - {good}
     assert draws("flagged") == {good, bad_err}
     assert draws("failing") == set(failing)
-    assert draws("failing", check="empty_reasoning") == {failing[0]}  # bit 1 << 0 in synthwatch.checks
+    assert draws("failing", check="empty_reasoning") == {failing[0]}  # bit 1 << 0 in synthwatch.quality.checks
     with engine.connect() as conn:
         assert ids_of(review.page(conn, run_id, Filters(check="empty_content")).rows) == [failing[1]]
     assert draws("recent", minutes=10) == ok_all - {old}

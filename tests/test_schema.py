@@ -9,8 +9,8 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 from sqlmodel import SQLModel
 
-from synthwatch import models  # noqa: F401
-from synthwatch.db import open_engine, resolve_url
+from synthwatch.store import models  # noqa: F401
+from synthwatch.store.db import open_engine, resolve_url
 
 
 def _diff(url: str) -> list:

@@ -51,8 +51,8 @@ def test_every_state_changing_endpoint_refuses_cross_site_requests(live_app, db_
 
 
 def test_same_origin_control_is_accepted(live_app, engine) -> None:  # type: ignore[no-untyped-def]
-    from synthwatch import store
     from synthwatch.config import RunConfig
+    from synthwatch.store import queue as store
 
     cfg = RunConfig.model_validate({"dataset": {"path": "x.jsonl"}, "endpoints": [{"base_url": "http://127.0.0.1:9/v1"}],
                                     "model": "m"})

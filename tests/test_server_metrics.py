@@ -102,7 +102,7 @@ def test_worker_scrapes_and_the_run_page_shows_the_server(kind, page, live_app, 
             ts = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/timeseries", params={"window": "5m"}).json()
             assert ts["server"] and any((p.get("server_waiting") or 0) > 0 for p in ts["points"])
     finally:
-        from synthwatch import store
+        from synthwatch.store import queue as store
 
         store.apply_control(engine, bg.run_id, "stop_now")
         bg.join(30)
@@ -130,7 +130,7 @@ def test_two_endpoints_each_have_their_own_server_lines(page, live_app, engine, 
             assert f"waiting @{ep}" in page.locator('svg[data-chart="inflight"]').inner_html()
         assert page.locator("#run-server tr[data-endpoint]").count() == 2
     finally:
-        from synthwatch import store
+        from synthwatch.store import queue as store
 
         store.apply_control(engine, bg.run_id, "stop_now")
         bg.join(30)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from conftest import run_async
 
-from synthwatch.workers.simulator import (
+from synthwatch.simulator.server import (
     REASONING_FIELDS,
     SimConfig,
     add_arguments,
@@ -542,7 +542,7 @@ def test_token_ids_words(client: httpx.Client) -> None:
 
 
 def test_token_ids_deepseek_inline(client: httpx.Client) -> None:
-    from synthwatch.workers.simulator import deepseek_tokenizer
+    from synthwatch.simulator.server import deepseek_tokenizer
 
     configure(client, reasoning_field="inline", token_ids="deepseek")
     data = complete(client, return_token_ids=True)
@@ -580,8 +580,8 @@ def test_tool_calls_in_vllms_shape(client: httpx.Client) -> None:
     """A request offering tools gets a call of the first one, as vLLM's tool parser returns it: content null,
     finish_reason "tool_calls", arguments as JSON text; streamed as a head delta (id, type, index, name) and
     argument pieces, which merge back into the same call."""
-    from synthwatch import tool_calls
-    from synthwatch.reasoning import StreamAccumulator
+    from synthwatch.capture import tool_calls
+    from synthwatch.capture.reasoning import StreamAccumulator
 
     configure(client, reasoning_field="reasoning")
     ask = [{"role": "user", "content": "What is the weather in Paris now?"}]
@@ -617,7 +617,7 @@ def test_token_ids_deepseek_look_like_vllm_032(client: httpx.Client) -> None:
     """The facts of a real vLLM 0.32 run with return_token_ids (reference/training-formats.md): the prompt
     ids end with the assistant header, the prefilled <think> and a newline; the completion ends with EOS
     (id 1) only when finish_reason is "stop"."""
-    from synthwatch.workers.simulator import deepseek_tokenizer
+    from synthwatch.simulator.server import deepseek_tokenizer
 
     tok = deepseek_tokenizer()
     configure(client, reasoning_field="reasoning", token_ids="deepseek")

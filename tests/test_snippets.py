@@ -7,7 +7,7 @@ import re
 import httpx
 from test_review import add_record, add_run
 
-from synthwatch.snippets import snippet, terms
+from synthwatch.app.snippets import snippet, terms
 
 
 def test_snippet_marks_every_word_in_its_window() -> None:

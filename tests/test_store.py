@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy import text
 
-from synthwatch import store
 from synthwatch.config import RunConfig
+from synthwatch.store import queue as store
 
 
 @dataclass

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 from test_review import add_record, add_run
 
-from synthwatch import store
+from synthwatch.store import queue as store
 
 THINK_OPEN, THINK_CLOSE, USER, ASSISTANT, BOS, EOS = 128821, 128822, 128803, 128804, 0, 1
 
@@ -33,7 +33,7 @@ THINKING = KEEPING.replace("<think>", "<thinking>").replace("</think>", "</think
 def _tokenizer_available() -> None:
     from conftest import require
 
-    from synthwatch.tokens import DEEPSEEK_V4, TokenizerError, TokenizerSpec, load_tokenizer
+    from synthwatch.tokens.tokenizer import DEEPSEEK_V4, TokenizerError, TokenizerSpec, load_tokenizer
 
     try:
         load_tokenizer(TokenizerSpec(DEEPSEEK_V4))

@@ -1,4 +1,4 @@
-"""synthwatch.tokens: offline tokenizer loading, record -> training tokens, integrity warnings."""
+"""synthwatch.tokens.tokenizer: offline tokenizer loading, record -> training tokens, integrity warnings."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from synthwatch.tokens import (
+from synthwatch.tokens.tokenizer import (
     DEEPSEEK_V4,
     LoadedTokenizer,
     TokenizerError,

@@ -13,10 +13,10 @@ from test_export import read_jsonl
 from test_export_trainers import pretokenized_row_error
 from workerkit import make_config, records, run_to_end
 
-from synthwatch import tool_calls
-from synthwatch.datasets import DatasetSpec, load_dataset
-from synthwatch.export import ExportOptions, export_run
-from synthwatch.export_presets import specforge_reader_error, specforge_row_error
+from synthwatch.capture import tool_calls
+from synthwatch.export.presets import specforge_reader_error, specforge_row_error
+from synthwatch.export.stream import ExportOptions, export_run
+from synthwatch.sources.datasets import DatasetSpec, load_dataset
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
@@ -122,7 +122,7 @@ def test_a_tool_calling_run_end_to_end(engine, tool_run, live_app, tmp_path) -> 
     assert all(pretokenized_row_error(r) is None for r in rows.values())
     ids, mask = rows["ask"]["input_ids"], rows["ask"]["loss_mask"]
     n = mask.index(1)
-    from synthwatch.workers.simulator import deepseek_tokenizer
+    from synthwatch.simulator.server import deepseek_tokenizer
 
     assert '{"city": "Paris"}' in deepseek_tokenizer().decode(ids[n:])
 
@@ -136,7 +136,7 @@ def test_the_viewer_escapes_tool_call_arguments_and_names_bad_ones(engine, live_
     from sqlalchemy import text
     from test_export import make_run
 
-    from synthwatch import store
+    from synthwatch.store import queue as store
 
     run_id = make_run(engine, [{"prompt_json": {"messages": [{"role": "user", "content": "q"}], "tools": [WEATHER]}}, {}])
     hostile = {"message": {"tool_calls": [

@@ -18,9 +18,9 @@ from sqlalchemy import text
 from test_checks_kit import run_checked
 from workerkit import make_config, records, run_row, run_to_end, wait_for
 
-from synthwatch import turns as turns_mod
-from synthwatch.checks import BIT
-from synthwatch.db import open_engine
+from synthwatch.capture import turns as turns_mod
+from synthwatch.quality.checks import BIT
+from synthwatch.store.db import open_engine
 
 DATASET_ANSWER = "DATASET-ANSWER"
 

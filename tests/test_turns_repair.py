@@ -10,9 +10,11 @@ from test_checks_kit import CheckedBackground, stats
 from test_turns import write_conversations
 from workerkit import Background, make_config, records, run_row
 
-from synthwatch import repair, repair_history, versions
-from synthwatch import turns as turns_mod
-from synthwatch.checks import writer_hooks
+from synthwatch.capture import turns as turns_mod
+from synthwatch.quality.checks import writer_hooks
+from synthwatch.repair import actions as repair
+from synthwatch.repair import history as repair_history
+from synthwatch.store import versions
 
 
 def _run(engine: Any, config: Any) -> int:

@@ -20,8 +20,8 @@ import pytest
 from conftest import popen_cli, require
 from sqlalchemy import text
 
-from synthwatch.ingest import LineParser
-from synthwatch.watch import Follower, Ingestor, open_run, watch_config
+from synthwatch.sources.ingest import LineParser
+from synthwatch.sources.watch import Follower, Ingestor, open_run, watch_config
 
 
 def rec(i: int, **kw: Any) -> bytes:
@@ -291,7 +291,7 @@ def test_dashboard_shows_appended_lines_within_2s_and_kill_restart_is_exact(
 
 
 def test_dashboard_pause_resume_and_stop_controls(tmp_path: Path, watching: Any, engine: Any) -> None:
-    from synthwatch import store
+    from synthwatch.store import queue as store
 
     f = tmp_path / "raw.jsonl"
     f.write_bytes(rec(0))
@@ -341,7 +341,7 @@ def test_follow_on_every_backend(tmp_path: Path, any_engine: Any) -> None:
 def test_whole_run_totals_follow_rows_written_at_old_timestamps(tmp_path: Path, watching: Any, engine: Any) -> None:
     """`watch` writes series rows at the file's own timestamps, older than the dashboard's fold horizon:
     the folded whole-run totals must not freeze at the first value (was: 10 shown while the rows held 15)."""
-    from synthwatch import stats
+    from synthwatch.app import stats
 
     old = time.time() - 3 * 3600
     path = tmp_path / "old.jsonl"

@@ -8,10 +8,10 @@ import httpx
 import pytest
 from markupsafe import escape as html_escape
 
-from synthwatch.alarms import DEFAULT_RULES
 from synthwatch.app.filters import run_state, state_note
-from synthwatch.checks import CHECK_INFO, CHECK_NAMES
-from synthwatch.words import check_help, check_label, plural
+from synthwatch.app.words import check_help, check_label, plural
+from synthwatch.quality.alarms import DEFAULT_RULES
+from synthwatch.quality.checks import CHECK_INFO, CHECK_NAMES
 
 
 def test_counts_have_correct_grammar() -> None:

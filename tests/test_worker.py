@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 from workerkit import Background, answer_ok, counts, make_config, records, run_row, run_to_end, wait_for
 
-from synthwatch import store
+from synthwatch.store import queue as store
 
 MODES = [
     # (simulator reasoning_field, expected source)

@@ -14,8 +14,8 @@ from conftest import popen_cli
 from sqlalchemy import text
 from workerkit import wait_for
 
-from synthwatch import store
 from synthwatch.app.routes_workers import worker_state
+from synthwatch.store import queue as store
 
 
 def _add_worker(engine: Any, run_id: int, *, pid: int, status: str, age_s: float, done: int = 0,

@@ -7,8 +7,8 @@ import time
 from sqlalchemy import text
 from workerkit import counts, create, make_config, records, run_row
 
-from synthwatch import store
-from synthwatch.reasoning import extract_response
+from synthwatch.capture.reasoning import extract_response
+from synthwatch.store import queue as store
 from synthwatch.workers.results import Outcome
 from synthwatch.workers.writer import Writer
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from sqlalchemy import text
 
-from synthwatch import store
 from synthwatch.commands.run import prepare_run
 from synthwatch.config import RunConfig, deep_merge
+from synthwatch.store import queue as store
 from synthwatch.workers.engine import RunWorker
 
 

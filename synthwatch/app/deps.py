@@ -14,7 +14,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from .. import search_index
+from ..store import search_index
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from jinja2 import Environment
 
-from ..words import check_help, check_label, plural
+from .words import check_help, check_label, plural
 
 
 def fmt_time(ts: float | None) -> str:

@@ -20,9 +20,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy.engine import Engine
 
-from .. import store
 from ..config import REASONING_MODES, ConfigError, RunConfig, build_config
 from ..settings import Settings, get_settings
+from ..store import queue as store
 
 KEY_ENV_PREFIX = "SYNTHWATCH_KEY_"
 

@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..db import make_engine, migrate, resolve_url
-from ..search_index import BackgroundIndexer
 from ..settings import Settings, get_settings
+from ..store.db import make_engine, migrate, resolve_url
+from ..store.search_index import BackgroundIndexer
 from . import security
 from .deps import STATIC_DIR, make_templates, render
 

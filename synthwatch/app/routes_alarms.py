@@ -17,8 +17,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.engine import Connection, Engine
 
-from .. import store
-from ..alarms import (
+from ..quality.alarms import (
     DEFAULT_RULES,
     AlarmNotFound,
     acknowledge,
@@ -28,7 +27,8 @@ from ..alarms import (
     list_alarms,
     list_overrides,
 )
-from ..checks import CHECK_INFO, CHECK_NAMES, ChecksConfigError, parse_settings, recompute, save_settings
+from ..quality.checks import CHECK_INFO, CHECK_NAMES, ChecksConfigError, parse_settings, recompute, save_settings
+from ..store import queue as store
 from .deps import ReadConn, WriteEngine, render
 
 log = logging.getLogger("synthwatch.app.alarms")
@@ -69,7 +69,7 @@ def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
 
 
 def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
-    from ..checks import check_rates
+    from ..quality.checks import check_rates
 
     run = _run(conn, run_id)
     raw = _config(run).get("checks") or {}

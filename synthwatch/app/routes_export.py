@@ -24,8 +24,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-from .. import store
-from ..export import (
+from ..export.stream import (
     DEFAULT_CHECKS,
     FORMATS,
     PARQUET_FORMATS,
@@ -38,6 +37,7 @@ from ..export import (
     run_export,
     sqlite_path,
 )
+from ..store import queue as store
 from .deps import render
 
 router = APIRouter()

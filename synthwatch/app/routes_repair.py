@@ -20,9 +20,12 @@ from pydantic import BaseModel, Field
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from .. import repair, repair_history, store, versions
-from ..alarms import OverrideError, list_overrides, set_auto_pause
-from ..checks import CHECK_INFO, CHECK_NAMES
+from ..quality.alarms import OverrideError, list_overrides, set_auto_pause
+from ..quality.checks import CHECK_INFO, CHECK_NAMES
+from ..repair import actions as repair
+from ..repair import history as repair_history
+from ..store import queue as store
+from ..store import versions
 from .deps import ReadConn, ReadEngine, WriteEngine, render
 
 log = logging.getLogger("synthwatch.app.repair")

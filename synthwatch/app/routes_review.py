@@ -18,8 +18,11 @@ from fastapi import APIRouter, Body, Form, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from .. import review, snippets, stats, store, tool_calls
-from ..review import Filters, ReviewError
+from ..capture import tool_calls
+from ..review import queries as review
+from ..review.queries import Filters, ReviewError
+from ..store import queue as store
+from . import snippets, stats
 from .deps import HX, ReadConn, ReadEngine, SearchBacklog, WriteEngine, catch_up_search, render
 
 router = APIRouter()
@@ -200,9 +203,9 @@ def _answer_tool_calls(rec: dict[str, Any], ws: bool) -> dict[str, Any] | None:
 
 
 def _last_turn_prompt(run: dict[str, Any], rec: dict[str, Any]) -> str:
-    """The prompt of the record's last turn: with earlier turns (synthwatch.turns), the history its request
+    """The prompt of the record's last turn: with earlier turns (synthwatch.capture.turns), the history its request
     carried, the model's own answers in place of the dataset's."""
-    from .. import turns as turns_mod
+    from ..capture import turns as turns_mod
 
     done = turns_mod.load(rec.get("turns_json"))
     if not done:
@@ -217,7 +220,7 @@ def _last_turn_prompt(run: dict[str, Any], rec: dict[str, Any]) -> str:
 
 def _turn_blocks(rec: dict[str, Any], ws: bool) -> list[dict[str, Any]]:
     """The conversation's finished turns before the last (the last is the record's own answer)."""
-    from .. import turns as turns_mod
+    from ..capture import turns as turns_mod
 
     try:
         det = orjson.loads(rec.get("check_json") or "{}")
@@ -299,7 +302,7 @@ def _session_progress(conn: Any, run: dict[str, Any], params: dict[str, str]) ->
 
 
 def _history(conn: Any, record_id: int) -> list[dict[str, Any]]:
-    from ..repair_history import history
+    from ..repair.history import history
 
     out = []
     for h in history(conn, record_id):
@@ -326,7 +329,7 @@ def record_api(run_id: int, record_id: int, conn: ReadConn) -> Any:
     """One record with its JSON columns decoded and its flag history."""
     _run_or_404(conn, run_id)
     rec = _record_or_404(conn, run_id, record_id)
-    from ..repair_history import history
+    from ..repair.history import history
 
     return {"record": review.record_json(rec), "flags": review.flag_history(conn, record_id),
             "history": history(conn, record_id)}
@@ -558,7 +561,7 @@ def records_count_api(request: Request, run_id: int, backlog: SearchBacklog, con
 
 
 def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
-    from .. import tokens  # transformers is heavy: imported on first use
+    from ..tokens import tokenizer as tokens  # transformers is heavy: imported on first use
 
     cfg = run.get("config") or {}
     tk = cfg.get("tokenizer") or {}

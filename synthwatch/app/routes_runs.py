@@ -13,10 +13,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 
-from .. import stats, store, versions
-from ..charts import run_charts
 from ..config import REASONING_MODES
-from . import launch
+from ..store import queue as store
+from ..store import versions
+from . import launch, stats
+from .charts import run_charts
 from .deps import HX, ReadConn, WriteEngine, render
 from .routes_cost import cost_context
 from .routes_server import server_context

@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from .. import store
+from ..store import queue as store
 from .deps import ReadConn, render
 
 router = APIRouter()

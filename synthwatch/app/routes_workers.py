@@ -17,7 +17,7 @@ from fastapi.responses import Response
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from .. import stats
+from . import stats
 from .deps import ReadConn, render
 
 router = APIRouter()

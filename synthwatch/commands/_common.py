@@ -44,8 +44,8 @@ def dashboard_hint(db: str | None) -> str:
 def open_run(db: str | None, ref: str) -> tuple[Any, dict[str, Any]]:
     """(engine, run row) for a run name or id; a missing database or run is a CliError naming it."""
     from ..cli import CliError
-    from ..db import DatabaseError, open_engine
-    from ..store import NotFound, run_row
+    from ..store.db import DatabaseError, open_engine
+    from ..store.queue import NotFound, run_row
 
     try:
         engine = open_engine(db)

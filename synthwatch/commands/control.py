@@ -25,8 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def handle(args: argparse.Namespace) -> int:
-    from .. import store
-    from ..db import DatabaseError, open_engine
+    from ..store import queue as store
+    from ..store.db import DatabaseError, open_engine
 
     action = ACTIONS[args.action]
     if action in ("cap", "concurrency") and args.value is None:

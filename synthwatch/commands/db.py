@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def handle(args: argparse.Namespace) -> int:
     from alembic import command
 
-    from ..db import alembic_config, migrate, resolve_url, safe_url
+    from ..store.db import alembic_config, migrate, resolve_url, safe_url
 
     url = resolve_url(args.db)
     if args.action == "upgrade":

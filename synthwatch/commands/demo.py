@@ -106,9 +106,9 @@ def handle(args: argparse.Namespace) -> int:
     from ..app import launch
     from ..app.main import create_app
     from ..config import ConfigError, build_config
-    from ..db import DatabaseError, open_engine, resolve_url
     from ..settings import get_settings
-    from ..workers.simulator import SimConfig, running_in_thread
+    from ..simulator.server import SimConfig, running_in_thread
+    from ..store.db import DatabaseError, open_engine, resolve_url
 
     if not DEMO_PROMPTS.exists():
         raise CliError(f"the demo prompts are missing from the installation: {DEMO_PROMPTS}")

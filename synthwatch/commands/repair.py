@@ -1,6 +1,6 @@
 """`synthwatch fix | rederive | rerun | repairs | versions | autopause`: repair a run from a terminal.
 
-Thin: parse flags, call synthwatch.versions / synthwatch.repair / synthwatch.alarms, print. Every verb that
+Thin: parse flags, call synthwatch.store.versions / synthwatch.repair.actions / synthwatch.quality.alarms, print. Every verb that
 changes records previews first (`--dry-run` previews only; on a terminal it asks before applying).
 """
 
@@ -132,7 +132,7 @@ def _fix_changes(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def handle_fix(a: argparse.Namespace) -> int:
-    from ..versions import VersionError, change_settings
+    from ..store.versions import VersionError, change_settings
 
     engine, run = _open(a)
     changes = _fix_changes(a)
@@ -151,7 +151,7 @@ def handle_fix(a: argparse.Namespace) -> int:
 
 
 def _selection(a: argparse.Namespace, engine: Any, run_id: int) -> Any:
-    from ..repair import RepairError, select
+    from ..repair.actions import RepairError, select
 
     ids = None
     if a.ids:
@@ -168,7 +168,7 @@ def _selection(a: argparse.Namespace, engine: Any, run_id: int) -> Any:
 
 
 def handle_repair(a: argparse.Namespace) -> int:
-    from ..repair import RepairError, preview_rederive, preview_rerun, rederive_records, rerun_records
+    from ..repair.actions import RepairError, preview_rederive, preview_rerun, rederive_records, rerun_records
 
     engine, run = _open(a)
     run_id = int(run["id"])
@@ -223,8 +223,8 @@ def _print_preview(verb: str, run: dict[str, Any], p: dict[str, Any], out: Any) 
 
 
 def handle_repairs(a: argparse.Namespace) -> int:
-    from ..repair import RepairError
-    from ..repair_history import list_repairs, undo
+    from ..repair.actions import RepairError
+    from ..repair.history import list_repairs, undo
 
     engine, run = _open(a)
     out = sys.stdout
@@ -254,7 +254,7 @@ def handle_repairs(a: argparse.Namespace) -> int:
 
 
 def handle_versions(a: argparse.Namespace) -> int:
-    from ..versions import list_versions
+    from ..store.versions import list_versions
 
     engine, run = _open(a)
     with engine.connect() as conn:
@@ -273,7 +273,7 @@ def handle_versions(a: argparse.Namespace) -> int:
 
 
 def handle_autopause(a: argparse.Namespace) -> int:
-    from ..alarms import OverrideError, set_auto_pause
+    from ..quality.alarms import OverrideError, set_auto_pause
 
     engine, run = _open(a)
     try:

@@ -192,8 +192,8 @@ def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int
     """Create the run and load its prompts, or find it to resume. Returns (run_id, resumed)."""
     from sqlalchemy import text
 
-    from ..datasets import DatasetError, DatasetSpec, load_dataset
-    from ..store import create_run, find_run_id, insert_prompts, write_begin
+    from ..sources.datasets import DatasetError, DatasetSpec, load_dataset
+    from ..store.queue import create_run, find_run_id, insert_prompts, write_begin
 
     with engine.connect() as conn:
         existing = find_run_id(conn, config.name)
@@ -209,7 +209,7 @@ def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int
         conversations_field=d.conversations_field, prompt_field=d.prompt_field, id_field=d.id_field,
         system_prompt=d.system_prompt, shuffle=d.shuffle, seed=d.seed, limit=d.limit, on_bad_line=d.on_bad_line,
     )
-    from ..checks import ChecksConfigError, parse_settings, with_canaries
+    from ..quality.checks import ChecksConfigError, parse_settings, with_canaries
 
     try:
         check_settings = parse_settings(config.checks)
@@ -300,14 +300,14 @@ def _fmt_duration(s: float) -> str:
 
 def _resume_settings(engine: Any, a: argparse.Namespace, run: dict[str, Any], config: Any) -> None:
     """A resume never changes settings silently: differences are refused, or become a new config version."""
-    from ..versions import create_version, refusal, resume_check
+    from ..store.versions import create_version, refusal, resume_check
 
     stored = json.loads(run["config_json"])
     changes = resume_check(stored, config)
     if changes and not a.new_config_version:
         raise CliError(refusal(run["name"], changes))
     if changes:
-        from ..store import write_begin
+        from ..store.queue import write_begin
 
         with engine.connect() as conn, write_begin(conn):
             snap = config.snapshot()
@@ -326,8 +326,8 @@ def _resume_settings(engine: Any, a: argparse.Namespace, run: dict[str, Any], co
 
 
 def handle(a: argparse.Namespace) -> int:
-    from ..db import DatabaseError, open_engine, safe_url
-    from ..store import NotFound, run_row
+    from ..store.db import DatabaseError, open_engine, safe_url
+    from ..store.queue import NotFound, run_row
     from ..workers.endpoints import MissingApiKey
     from ..workers.engine import EXIT_CODES, RunWorker
 
@@ -363,7 +363,7 @@ def handle(a: argparse.Namespace) -> int:
     print(f"{verb} run {config.name!r} (id {run_id}) in {safe_url(str(engine.url))}", file=out)
     print(f"dashboard: {dashboard_hint(a.db)}  then open http://127.0.0.1:8000/runs/{run_id}", file=out)
     progress = Progress(config.name, json_lines=a.log_json, quiet=a.quiet)
-    from ..checks import ChecksConfigError, writer_hooks
+    from ..quality.checks import ChecksConfigError, writer_hooks
 
     try:
         hooks = writer_hooks(engine, run_id, config)

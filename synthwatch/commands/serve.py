@@ -43,7 +43,7 @@ def handle(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..app.main import create_app
-    from ..db import DatabaseError
+    from ..store.db import DatabaseError
 
     settings = build_settings(args)
     try:

@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _parser(a: argparse.Namespace) -> Any:
-    from ..ingest import LineParser, MapError, parse_map
+    from ..sources.ingest import LineParser, MapError, parse_map
 
     try:
         return LineParser(shape=a.shape, mapping=parse_map(a.map), reasoning_mode=a.reasoning_mode)
@@ -81,7 +81,7 @@ def _default_name(path: str) -> str:
 
 
 def _engine(a: argparse.Namespace) -> Any:
-    from ..db import DatabaseError, open_engine
+    from ..store.db import DatabaseError, open_engine
 
     try:
         return open_engine(a.db)
@@ -91,8 +91,8 @@ def _engine(a: argparse.Namespace) -> Any:
 
 def peek(path: Path, a: argparse.Namespace) -> tuple[str, str | None, list[tuple[int, str]], int]:
     """Classify the first lines of a file: (shape report, model, unmatched (line, reason), lines recognised)."""
-    from ..ingest import LineError
-    from ..watch import open_sequential
+    from ..sources.ingest import LineError
+    from ..sources.watch import open_sequential
 
     parser = _parser(a)
     model = None
@@ -151,7 +151,7 @@ class Reporter:
 
 def _hooks(engine: Any, run_id: int, config: Any, quiet: bool) -> list[Any]:
     from ..config import ConfigError
-    from ..watch import check_hooks
+    from ..sources.watch import check_hooks
 
     try:
         hooks = check_hooks(engine, run_id, config)
@@ -169,7 +169,7 @@ def _hooks(engine: Any, run_id: int, config: Any, quiet: bool) -> list[Any]:
 def _fail(engine: Any, run_id: int, message: str) -> None:
     from sqlalchemy.exc import DBAPIError
 
-    from ..watch import finish_run
+    from ..sources.watch import finish_run
 
     try:
         finish_run(engine, run_id, "failed", message)
@@ -180,8 +180,8 @@ def _fail(engine: Any, run_id: int, message: str) -> None:
 def handle_watch(a: argparse.Namespace) -> int:
     from sqlalchemy.exc import DBAPIError
 
-    from ..db import safe_url
-    from ..watch import Follower, Ingestor, WatchError, finish_run, open_run, watch_config
+    from ..sources.watch import Follower, Ingestor, WatchError, finish_run, open_run, watch_config
+    from ..store.db import safe_url
 
     path = str(Path(a.file).expanduser().absolute())
     if Path(path).is_dir():
@@ -286,8 +286,8 @@ def expand(patterns: list[str]) -> tuple[list[Path], list[str]]:
 def handle_import(a: argparse.Namespace) -> int:
     from sqlalchemy.exc import DBAPIError
 
-    from ..db import safe_url
-    from ..watch import Ingestor, WatchError, finish_run, import_file, open_run, watch_config
+    from ..sources.watch import Ingestor, WatchError, finish_run, import_file, open_run, watch_config
+    from ..store.db import safe_url
 
     files, missing = expand(a.files)
     if not files:

@@ -6,7 +6,7 @@ from alembic import context
 from sqlalchemy import pool
 from sqlmodel import SQLModel, create_engine
 
-from synthwatch import models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from synthwatch.store import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 
 config = context.config
 target_metadata = SQLModel.metadata

@@ -1,1 +1,1 @@
-"""Worker side: HTTP client, SSE parsing, endpoint pool, engine, writer thread, simulator."""
+"""Worker side: HTTP client, SSE parsing, endpoint pool, engine, writer thread."""

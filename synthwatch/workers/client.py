@@ -23,8 +23,8 @@ import aiohttp
 import orjson
 from aiohttp import http_exceptions
 
+from ..capture.reasoning import ResponseShapeError, StreamAccumulator, extract_response
 from ..config import LimitsConfig
-from ..reasoning import ResponseShapeError, StreamAccumulator, extract_response
 from ..redact import redact
 from .endpoints import Endpoint
 from .results import AttemptResult

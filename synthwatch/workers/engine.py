@@ -24,13 +24,13 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from .. import store
-from .. import turns as turns_mod
-from ..alarms import completion_message
+from ..capture import turns as turns_mod
 from ..config import RunConfig
+from ..quality.alarms import completion_message
 from ..redact import redact
 from ..settings import get_settings
-from ..versions import versioned_changes
+from ..store import queue as store
+from ..store.versions import versioned_changes
 from . import faults
 from .autotune import Interval, Tuner, median
 from .client import Requester
@@ -146,7 +146,7 @@ class RunWorker:
                 store.recount(conn, self.run_id)
             self.worker_id = store.register_worker(conn, self.run_id)
             if not self.join:
-                # the settings themselves are the run's current config version (synthwatch.versions): a resume
+                # the settings themselves are the run's current config version (synthwatch.store.versions): a resume
                 # never rewrites them; cap and concurrency are controls
                 conn.execute(
                     text("UPDATE run SET desired = 'run', cap = :cap, concurrency = :c WHERE id = :r"),
@@ -620,7 +620,7 @@ class RunWorker:
 
     async def _process(self, claimed: store.Claimed) -> None:
         """One record: its request (with retries), or with ``turns = "all"`` each of its turns in order, every
-        finished turn written before the next turn's request is sent (synthwatch.turns)."""
+        finished turn written before the next turn's request is sent (synthwatch.capture.turns)."""
         assert self.writer is not None
         writer = self.writer
         attempts: list[dict[str, Any]] = []  # the current turn's

@@ -55,7 +55,7 @@ class Outcome:
     messages: list[dict[str, Any]] | dict[str, Any]  # a prompt with tools is {"messages", "tools"}
     extracted: Any = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
-    prior_attempts: int = 0  # attempts of the conversation's earlier turns (synthwatch.turns)
+    prior_attempts: int = 0  # attempts of the conversation's earlier turns (synthwatch.capture.turns)
     error_kind: str | None = None
     error: str | None = None
     endpoint: str | None = None

@@ -10,9 +10,9 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from .. import store
-from ..sketch import TPS_MIN, Sketch
+from ..store import queue as store
 from .results import TIMEOUT_KINDS, AttemptFailure, Outcome
+from .sketch import TPS_MIN, Sketch
 
 SERIES_WIDTH_S = 5
 _SERIES_COUNTERS = (
@@ -78,7 +78,7 @@ _EXTRACTED_COLS = (
 
 
 def record_columns(ex: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Record columns from a parsed response (synthwatch.reasoning.Extracted), None -> all empty.
+    """Record columns from a parsed response (synthwatch.capture.reasoning.Extracted), None -> all empty.
 
     ``extra`` is merged into the stored raw fields (e.g. where an ingested line came from)."""
     if ex is None:
@@ -165,7 +165,7 @@ class SeriesAccumulator:
             if o.status == "pending":
                 c["cancelled"] += 1
                 continue
-            # an earlier turn of a conversation (synthwatch.turns) adds its tokens and timing; the record's
+            # an earlier turn of a conversation (synthwatch.capture.turns) adds its tokens and timing; the record's
             # counters (finished, ok, per-record shares) count its last turn only
             turn = o.status == "turn"
             if not turn:

@@ -25,7 +25,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from .. import search_index, store
+from ..store import queue as store
+from ..store import search_index
 from .results import AttemptFailure, Outcome
 from .series import SeriesAccumulator, _Bucket, record_columns
 
@@ -125,7 +126,7 @@ class Writer:
         self._add_result(("s", outcome))
 
     def write_turn(self, record_id: int, turns: list[dict[str, Any]], attempts: int) -> Future[bool]:
-        """Store a conversation's finished turns while the record stays claimed (synthwatch.turns); the future
+        """Store a conversation's finished turns while the record stays claimed (synthwatch.capture.turns); the future
         is True once committed, False when the claim is no longer this worker's (the turn is not stored)."""
         turns_json = orjson.dumps(turns, option=orjson.OPT_NON_STR_KEYS).decode()
 

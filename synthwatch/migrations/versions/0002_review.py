@@ -18,7 +18,7 @@ index):
 The FTS5 table indexes only records that have a reasoning or a content (finished ones): indexing the
 1M prompts of a fresh run at load time would cost ~90 us each. Triggers keep it in sync with the
 worker's final UPDATE (0004_fts_queue moves the indexing out of the worker). Never run FTS5's 'rebuild' on
-it (that would index pending rows too): use synthwatch.search_index.rebuild().
+it (that would index pending rows too): use synthwatch.store.search_index.rebuild().
 """
 
 from collections.abc import Sequence

@@ -7,7 +7,7 @@ Create Date: 2026-11-30 10:00:00
 SQLite only. With 0002_review's triggers, every finished record was tokenized into record_fts inside the
 worker's write transaction: 0.3-3 ms per record (more for long reasoning), the largest single cost of a
 worker's writes. Now whoever writes a record's text also queues its id (record_fts_queue; the worker's
-writer in the same transaction), and the index is built outside the worker (synthwatch.search_index: in
+writer in the same transaction), and the index is built outside the worker (synthwatch.store.search_index: in
 the background by `serve`, and before a search).
 
 No trigger fires on the record UPDATEs and INSERTs any more, not even one that does nothing: the presence

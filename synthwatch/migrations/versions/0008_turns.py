@@ -1,4 +1,4 @@
-"""multi-turn regeneration: a record's turns (synthwatch.turns)
+"""multi-turn regeneration: a record's turns (synthwatch.capture.turns)
 
 Revision ID: 0008_turns
 Revises: 0007_server_metrics

@@ -1,0 +1,1 @@
+"""Export formats, trainer presets, the manifest and where the files go."""

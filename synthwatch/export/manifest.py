@@ -1,0 +1,89 @@
+"""The manifest of an export (``<out>.manifest.json``): what went in, what was left out and why, and how."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from .stream import PRESET_FORMATS, R_EMPTY, R_TRUNCATED, TOKEN_FORMATS, ExportPlan, version
+
+
+def build_manifest(plan: ExportPlan, scanned: int, exported: int, excluded: Counter[str], sources: Counter[str],
+                   digest: str, size: int, started: float) -> dict[str, Any]:
+    """The manifest written beside an export: counts, selection, file, format, tokens, preset, run config."""
+    opts = plan.options
+    not_ok = {s: n for s, n in sorted(plan.status_counts.items()) if s != "ok"}
+    checks_applied = []
+    for name in plan.checks:
+        if name == R_EMPTY:
+            rule = ("reasoning is empty or blank (the run expects reasoning)" if plan.expects_reasoning
+                    else "not applied: the run does not expect reasoning")
+        elif name == R_TRUNCATED:
+            rule = "finish_reason == 'length'"
+        else:
+            rule = f"check_flags has bit {plan.check_bits[name]} (synthwatch.quality.checks)"
+        checks_applied.append({"name": name, "rule": rule})
+    tok: dict[str, Any] | None = None
+    if opts.format in TOKEN_FORMATS:
+        as_generated = opts.format == "speculators" or opts.template_drops_past_reasoning
+        tok = {
+            "sources": dict(sources),
+            "server_token_ids": plan.server_ids,
+            "loss_mask": "0 over the prompt, 1 over the assistant turn",
+            "split": "token level: the server's prompt/completion ids, or the generation prompt's ids when they "
+                     "are a prefix of the full render's ids (else the record is left out: prompt_not_prefix)",
+            "retokenized_answer": (
+                "appended as generated: generation prompt + [<think>]reasoning</think>content + EOS when it stopped"
+                if as_generated else "rendered by the chat template; a record whose reasoning the template drops "
+                                     "is left out (template_drops_reasoning)"),
+            "tokenizer": plan.tokenizer_info,
+            "chat_template": plan.tokenizer.template_source if plan.tokenizer else None,
+        }
+    elif opts.format == "specforge":
+        tok = {"reasoning_check": (
+            f"rows rendered with {plan.tokenizer.template_source} ({plan.tokenizer.spec.name_or_path}); rows whose "
+            "reasoning it drops are left out" if plan.tokenizer else "no tokenizer: not checked"),
+            "tokenizer": plan.tokenizer_info}
+    preset = None
+    if opts.format in PRESET_FORMATS:
+        from .presets import PRESETS
+
+        preset = PRESETS[opts.format].manifest()
+    return {
+        "synthwatch_version": version(),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "duration_s": round(time.time() - started, 3),
+        "file": {"name": plan.out.name, "path": str(plan.out), "bytes": size, "sha256": digest,
+                 "container": "parquet" if plan.parquet else "jsonl"},
+        "format": opts.format,
+        "format_options": {
+            "think_inline": opts.think_inline if opts.format == "sharegpt" else None,
+            "from_value": opts.from_value if opts.format == "sharegpt" else None,
+            "think_open": plan.think_open, "think_close": plan.think_close,
+            "retokenize": opts.retokenize if opts.format in TOKEN_FORMATS else None,
+            "template_drops_past_reasoning": opts.template_drops_past_reasoning,
+        },
+        "run": {"id": plan.run["id"], "name": plan.run["name"], "status": plan.run["status"],
+                "database": plan.db_url},
+        "selection": {
+            "only_ok": True,
+            "only_good": opts.only_good,
+            "include_flagged": opts.include_flagged,
+            "default_exclusions": opts.default_exclusions,
+            "checks_applied": checks_applied,
+            "precedence": "each excluded record is counted once, under the first reason that applies: "
+                          "review, then the checks in the order listed",
+        },
+        "counts": {
+            "records_in_run": sum(plan.status_counts.values()),
+            "not_ok": not_ok,
+            "ok_scanned": scanned,
+            "exported": exported,
+            "excluded": dict(sorted(excluded.items())),
+            "excluded_total": sum(excluded.values()),
+        },
+        "tokens": tok,
+        "preset": preset,
+        "run_config": plan.config,
+    }

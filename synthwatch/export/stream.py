@@ -1,0 +1,587 @@
+"""Streaming export of a run's records in the formats training pipelines read.
+
+``prepare_export`` checks everything that can be checked up front (the run exists, the format and
+options make sense, the output can be written, a ``tokens`` export has token ids or a usable tokenizer)
+and raises :class:`ExportError` before anything is written. ``run_export`` then reads the run's ``ok``
+records by keyset pages (bounded memory at any size), drops the ones the selection excludes (counting
+why), turns each kept record into one output row with the format's row function, and writes
+``<out>.partial``; only a complete file is fsynced and renamed to ``<out>``, so an interrupted export
+never leaves a half file under the final name. A manifest ``<out>.manifest.json`` records the counts,
+every exclusion reason, the run config (secrets stripped), the tokenizer and template, the checks
+applied and the file's sha256.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from ..capture.turns import history_reasoning_of
+from ..store import queue as store
+from .sinks import PARTIAL_SUFFIX, JsonlSink, ParquetSink, write_atomic
+from .turns import EXPORT_TURNS, manifest_part, turn_rows
+
+if TYPE_CHECKING:
+    from ..tokens.tokenizer import LoadedTokenizer
+
+FORMATS = ("messages", "sharegpt", "tokens", "raw", "specforge", "speculators")
+PRESET_FORMATS = ("specforge", "speculators")
+"""Formats that are trainer presets (synthwatch.export.presets): ``--for NAME``."""
+TOKEN_FORMATS = ("tokens", "speculators")
+PARQUET_FORMATS = ("tokens",)
+DEFAULT_CHECKS = ("empty_reasoning", "truncated")
+"""Checks applied unless ``default_exclusions`` is off; computed from the record's own fields."""
+PAGE_SIZE = 5000
+MANIFEST_SUFFIX = ".manifest.json"
+
+# Exclusion reasons, in the order they are tested: a record is counted once, under the first that applies.
+R_CANARY = "canary"  # known test prompts injected by the checks (negative idx); never training data
+R_FLAGGED = "flagged_bad"
+R_NOT_GOOD = "not_reviewed_good"
+R_EMPTY = "empty_reasoning"
+R_TRUNCATED = "truncated"
+R_NO_IDS = "no_token_ids"
+R_TOKENIZE = "tokenize_failed"
+R_VERSION = "other_config_version"
+
+_SECRET_KEY = re.compile(
+    r"(?i)(^|[_-])(api[_-]?keys?|apikeys?|secrets?|password|passwd|pwd|credentials?|authorization|bearer|"
+    r"private[_-]?key|token|cookies?)$"
+)
+# Keys whose value may embed a secret even though the key does not say so (Slack/Discord webhook URLs).
+_SECRET_VALUE_KEYS = frozenset({"webhook_url", "headers", "default_headers"})
+
+_MESSAGE_COLS = ("id, idx, source_id, prompt_json, reasoning, content, finish_reason, review, check_flags,"
+                 " gen_version, derive_version, revision, turns_json")
+
+
+class ExportError(Exception):
+    """A bad export request; the message says what is wrong. Raised before anything is written."""
+
+
+@dataclass
+class ExportOptions:
+    format: str
+    out: str | Path
+    parquet: bool | None = None
+    """None: Parquet when the output name ends with .parquet."""
+    think_inline: bool = False
+    """sharegpt: fold the reasoning into the content between the run's think strings."""
+    from_value: bool = False
+    """sharegpt: ShareGPT keys from/value with human/gpt (EAGLE's reader) instead of role/content."""
+    only_good: bool = False
+    """Export only records reviewed good."""
+    include_flagged: bool = False
+    """Keep records flagged bad (by default they are excluded)."""
+    default_exclusions: bool = True
+    """Exclude empty reasoning (when the run expects reasoning) and truncated records."""
+    exclude_checks: tuple[str, ...] = ()
+    """More checks whose failing records are excluded (names from synthwatch.quality.checks)."""
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    trust_remote_code: bool | None = None
+    retokenize: bool = False
+    """tokens: re-tokenize even when the server's token ids are stored."""
+    template_drops_past_reasoning: bool = False
+    """Re-tokenizing: the template drops the reasoning of past turns by design, so the trained answer is
+    not rendered through it but appended as generated (generation prompt + [<think>]reasoning</think>content
+    + EOS). Without it, a record whose reasoning the template drops is left out."""
+    page_size: int = PAGE_SIZE
+    config_version: int | None = None
+    """Only records whose current output was read under this config version (record.derive_version)."""
+    generated_under: int | None = None
+    """Only records generated under this config version (record.gen_version)."""
+    turns: str = "last"
+    """Conversations regenerated turn by turn: a row for the last turn only, or one for each (export_turns)."""
+
+
+@dataclass
+class ExportPlan:
+    """A validated export: everything run_export needs; nothing has been written yet."""
+
+    run: dict[str, Any]
+    config: dict[str, Any]
+    options: ExportOptions
+    out: Path
+    parquet: bool
+    checks: list[str]
+    check_bits: dict[str, int]
+    expects_reasoning: bool
+    think_open: str
+    think_close: str
+    server_ids: bool
+    tokenizer: LoadedTokenizer | None
+    tokenizer_info: dict[str, Any] | None
+    status_counts: dict[str, int]
+    total: int
+    """ok records to scan (the progress denominator)."""
+    db_url: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Skip(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+ProgressFn = Callable[[int, int], None]
+"""progress(scanned, total): called after each page (and once at the start and the end)."""
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+def version() -> str:
+    try:
+        from importlib.metadata import version as _v
+
+        return _v("synthwatch")
+    except Exception:  # not installed (a checkout on sys.path)
+        return "0+unknown"
+
+
+def strip_secrets(value: Any) -> Any:
+    """The config without anything that looks like a secret (defence in depth: the snapshot holds none)."""
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            key = str(k)
+            if key.lower().endswith("_env"):  # the NAME of an environment variable, not its value
+                out[key] = v
+            elif _SECRET_KEY.search(key) or (key.lower() in _SECRET_VALUE_KEYS and v):
+                out[key] = "<redacted>"
+            else:
+                out[key] = strip_secrets(v)
+        return out
+    if isinstance(value, list):
+        return [strip_secrets(v) for v in value]
+    return value
+
+
+def check_bit_map(*, ok_records_only: bool = False) -> dict[str, int]:
+    """name -> bit of synthwatch.quality.checks (empty while that module does not exist).
+
+    ok_records_only drops the checks that only ever flag records that are not ok (timeout, error).
+    """
+    try:
+        from ..quality import checks
+    except ImportError:
+        return {}
+    for attr in ("BIT", "CHECK_BITS", "BITS", "BIT_BY_NAME"):
+        found = getattr(checks, attr, None)
+        if isinstance(found, Mapping):
+            skip = set(getattr(checks, "ALL_STATUS_CHECKS", ())) if ok_records_only else set()
+            return {str(k): int(v) for k, v in found.items() if k not in skip}
+    items = getattr(checks, "CHECKS", None)
+    out: dict[str, int] = {}
+    if isinstance(items, Mapping):
+        items = list(items.values())
+    for item in items or ():
+        name, bit = getattr(item, "name", None), getattr(item, "bit", None)
+        if isinstance(name, str) and isinstance(bit, int):
+            out[name] = bit
+    return out
+
+
+def normalize_messages(messages: Any) -> list[dict[str, Any]]:
+    """OpenAI role/content messages (ShareGPT from/value turns converted)."""
+    if isinstance(messages, dict):
+        messages = messages.get("messages") or messages.get("conversations") or []
+    roles = {"human": "user", "gpt": "assistant"}
+    out = []
+    for m in messages or []:
+        if not isinstance(m, dict):
+            continue
+        if "role" not in m and "from" in m:
+            m = {"role": roles.get(str(m["from"]), str(m["from"])), "content": m.get("value", "")}
+        out.append(m)
+    return out
+
+
+def record_id(rec: Mapping[str, Any], run_name: str) -> str:
+    sid = rec.get("source_id")
+    base = str(sid) if sid not in (None, "") else f"{run_name}-{rec['idx']}"
+    return base + rec.get("_row_suffix", "")  # one row per turn of a conversation (synthwatch.export.turns)
+
+
+def sqlite_path(url: str) -> Path | None:
+    if url.startswith("sqlite:///"):
+        p = url.split("sqlite:///", 1)[1].split("?", 1)[0]
+        return Path(p) if p and p != ":memory:" else None
+    return None
+
+
+# ------------------------------------------------------------------------------------------- prepare
+
+
+def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -> ExportPlan:
+    """Validate the request (raises ExportError with the reason); writes nothing."""
+    fmt = options.format
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if (options.think_inline or options.from_value) and fmt != "sharegpt":
+        flag = "--think-inline" if options.think_inline else "--from-value"
+        raise ExportError(f"{flag} applies to the sharegpt format only")
+    if options.turns not in EXPORT_TURNS:
+        raise ExportError(f"turns must be one of {', '.join(EXPORT_TURNS)}, got {options.turns!r}")
+    if options.only_good and options.include_flagged:
+        raise ExportError("--only-good and --include-flagged contradict each other; give one")
+    if not str(options.out).strip():
+        raise ExportError("no output file given (--out FILE)")
+    out = Path(options.out).expanduser().resolve()
+    parquet = options.parquet if options.parquet is not None else out.suffix.lower() == ".parquet"
+    if parquet and fmt not in PARQUET_FORMATS:
+        raise ExportError(
+            f"Parquet output is available for the {', '.join(PARQUET_FORMATS)} format; "
+            f"write {fmt} as JSONL (an output name not ending in .parquet)"
+        )
+    if out.is_dir():
+        raise ExportError(f"output {out} is a directory; give a file name")
+    if not out.parent.is_dir():
+        raise ExportError(f"output directory {out.parent} does not exist")
+    if not os.access(out.parent, os.W_OK):
+        raise ExportError(f"output directory {out.parent} is not writable")
+    db_url = engine.url.render_as_string(hide_password=True)
+    db_file = sqlite_path(str(engine.url))
+    if db_file is not None:
+        db_file = db_file.resolve()
+        if out in (db_file, Path(f"{db_file}-wal"), Path(f"{db_file}-shm"), Path(f"{db_file}-journal")):
+            raise ExportError(f"output {out} is the database itself; choose another file name")
+
+    with engine.connect() as conn:
+        try:
+            run = store.run_row(conn, run_ref)
+        except store.NotFound as exc:
+            raise ExportError(str(exc)) from None
+        status_counts = {
+            str(s): int(n)
+            for s, n in conn.execute(
+                text("SELECT status, COUNT(*) FROM record WHERE run_id = :r GROUP BY status"), {"r": run["id"]}
+            )
+        }
+    try:
+        config = orjson.loads(run.get("config_json") or "{}")
+    except orjson.JSONDecodeError:
+        config = {}
+    if not isinstance(config, dict):
+        config = {}
+    reasoning_cfg: dict[str, Any] = config["reasoning"] if isinstance(config.get("reasoning"), dict) else {}
+    expects = bool(run["expects_reasoning"] if run.get("expects_reasoning") is not None
+                   else reasoning_cfg.get("expect", True))
+    think_open = str(reasoning_cfg.get("think_open") or "<think>")
+    think_close = str(reasoning_cfg.get("think_close") or "</think>")
+
+    bits = check_bit_map()
+    checks: list[str] = list(DEFAULT_CHECKS) if options.default_exclusions else []
+    for name in options.exclude_checks:
+        name = name.strip()
+        if not name:
+            continue
+        if name not in DEFAULT_CHECKS and name not in bits:
+            known = sorted(set(DEFAULT_CHECKS) | set(bits))
+            raise ExportError(f"unknown check {name!r}; known checks: {', '.join(known)}")
+        if name not in checks:
+            checks.append(name)
+
+    from .tokens import tokens_tokenizer
+
+    server_ids = bool(config.get("request_token_ids")) and not options.retokenize
+    lt = None
+    tok_info = None
+    if fmt in TOKEN_FORMATS:
+        lt, tok_info = tokens_tokenizer(config, options, think_open, think_close, expects, server_ids)
+    elif fmt == "specforge":
+        # Optional: with a tokenizer, rows whose reasoning the chat template would drop are left out.
+        lt, tok_info = tokens_tokenizer(config, options, think_open, think_close, expects, True)
+        if lt is not None and lt.template_source is None:
+            lt = None
+    elif options.tokenizer or options.chat_template:
+        raise ExportError("--tokenizer/--chat-template apply to the tokens, speculators and specforge formats only")
+    if options.template_drops_past_reasoning and fmt != "tokens":
+        raise ExportError("--template-drops-past-reasoning applies to the tokens format only (speculators "
+                          "always appends the answer as generated)")
+
+    return ExportPlan(
+        run=run, config=strip_secrets(config), options=options, out=out, parquet=parquet, checks=checks,
+        check_bits={n: bits[n] for n in checks if n not in DEFAULT_CHECKS}, expects_reasoning=expects,
+        think_open=think_open, think_close=think_close, server_ids=server_ids, tokenizer=lt,
+        tokenizer_info=tok_info, status_counts=status_counts, total=status_counts.get("ok", 0), db_url=db_url,
+    )
+
+
+# ---------------------------------------------------------------------------------------- selection
+
+
+def exclusion_reason(rec: Mapping[str, Any], plan: ExportPlan) -> str | None:
+    """Why this ok record is left out, or None to export it."""
+    if int(rec.get("idx") or 0) < 0:
+        return R_CANARY
+    opts = plan.options
+    if opts.config_version is not None and rec.get("derive_version") != opts.config_version:
+        return R_VERSION
+    if opts.generated_under is not None and rec.get("gen_version") != opts.generated_under:
+        return R_VERSION
+    review = rec.get("review")
+    if opts.only_good:
+        if review != "good":
+            return R_FLAGGED if review == "bad" else R_NOT_GOOD
+    elif review == "bad" and not opts.include_flagged:
+        return R_FLAGGED
+    for name in plan.checks:
+        if name == R_EMPTY:
+            if plan.expects_reasoning and not (rec.get("reasoning") or "").strip():
+                return R_EMPTY
+        elif name == R_TRUNCATED:
+            if rec.get("finish_reason") == "length":
+                return R_TRUNCATED
+        else:
+            bit = plan.check_bits.get(name)
+            if bit and int(rec.get("check_flags") or 0) & bit:
+                return f"check:{name}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------- rows
+
+
+def row_messages(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
+    """OpenAI-style messages; the answer carries reasoning_content (the key HF chat templates read)."""
+    answer = {"role": "assistant", "reasoning_content": rec.get("reasoning") or "", "content": rec.get("content") or ""}
+    prompt = rec["prompt_json"]
+    if prompt.startswith("[{") and prompt.endswith("}]") and '"from"' not in prompt:
+        # Already OpenAI messages (no ShareGPT key anywhere): splice the stored JSON instead of parsing it;
+        # the output is byte-for-byte what parsing and re-serialising would give.
+        spliced = prompt[:-1].encode() + b"," + orjson.dumps(answer) + b"]"
+        return {"id": record_id(rec, plan.run["name"]), "messages": orjson.Fragment(spliced)}
+    return {
+        "id": record_id(rec, plan.run["name"]),
+        "messages": [*normalize_messages(orjson.loads(prompt)), answer],
+    }
+
+
+def row_sharegpt(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
+    """SpecForge/EAGLE-style conversations; reasoning as reasoning_content or inline between think strings."""
+    turns: list[dict[str, Any]] = []
+    for m in normalize_messages(orjson.loads(rec["prompt_json"])):
+        turns.append({"role": m.get("role"), "content": text_content(m.get("content"))})
+    reasoning = rec.get("reasoning") or ""
+    content = rec.get("content") or ""
+    if plan.options.think_inline:
+        answer = {"role": "assistant", "content": f"{plan.think_open}{reasoning}{plan.think_close}{content}"}
+    else:
+        answer = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    turns.append(answer)
+    if plan.options.from_value:
+        turns = [{"from": _FROM.get(t["role"], t["role"]), "value": t["content"],
+                  **({"reasoning_content": t["reasoning_content"]} if "reasoning_content" in t else {})}
+                 for t in turns]
+    return {"id": record_id(rec, plan.run["name"]), "conversations": turns}
+
+
+_FROM = {"user": "human", "assistant": "gpt", "system": "system"}
+
+
+def text_content(content: Any) -> str:
+    """ShareGPT readers want a string: OpenAI content parts are joined (text parts only)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return str(content)
+
+
+def row_raw(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
+    """Every stored column, values exactly as stored (JSON columns stay JSON text)."""
+    return dict(rec)
+
+
+ROW_FUNCTIONS: dict[str, Callable[[Mapping[str, Any], ExportPlan], dict[str, Any]]] = {
+    "messages": row_messages, "sharegpt": row_sharegpt, "raw": row_raw,
+}
+
+
+def row_function(fmt: str) -> Callable[[Mapping[str, Any], ExportPlan], dict[str, Any]]:
+    if fmt in PRESET_FORMATS:
+        from .presets import ROWS
+
+        return ROWS[fmt]
+    if fmt == "tokens":
+        from .tokens import row_tokens
+
+        return row_tokens
+    return ROW_FUNCTIONS[fmt]
+
+
+def _columns(fmt: str) -> str:
+    if fmt == "raw":
+        return "*"
+    if fmt == "tokens":
+        return _MESSAGE_COLS + ", token_ids_json, extra_json"
+    if fmt == "speculators":
+        return _MESSAGE_COLS + ", token_ids_json, usage_json, extra_json"
+    if fmt == "specforge":
+        return _MESSAGE_COLS + ", extra_json"
+    return _MESSAGE_COLS
+
+
+def _row_source(fmt: str, row: Mapping[str, Any]) -> str | None:
+    """Where a token row's ids came from ("server" | "retokenized"), for the manifest."""
+    if fmt == "tokens":
+        return str(row["source"])
+    if fmt == "speculators":
+        return str(row["metadata"]["token_ids"])
+    return None
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+def iter_ok_pages(
+    engine: Engine, run_id: int, columns: str, page_size: int = PAGE_SIZE
+) -> Iterator[list[dict[str, Any]]]:
+    """The run's ok records in id order, one page at a time (keyset pagination: bounded memory).
+
+    Each page is its own short read transaction, so a long export never pins the SQLite WAL.
+    """
+    last = 0
+    sql = f"SELECT {columns} FROM record WHERE run_id = :r AND status = 'ok' AND id > :last ORDER BY id LIMIT :n"
+    stmt = text(sql)
+    raw_sql = sql.replace(":r", "?").replace(":last", "?").replace(":n", "?")
+    while True:
+        with engine.connect() as conn:
+            if conn.dialect.name == "sqlite":
+                # The DB-API cursor directly: SQLAlchemy's row processing costs as much as the query here.
+                cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+                try:
+                    cur.execute(raw_sql, (run_id, last, page_size))
+                    keys = [d[0] for d in cur.description]
+                    rows = [dict(zip(keys, r, strict=True)) for r in cur.fetchall()]
+                finally:
+                    cur.close()
+            else:
+                result = conn.execute(stmt, {"r": run_id, "last": last, "n": page_size})
+                keys = list(result.keys())
+                rows = [dict(zip(keys, r, strict=True)) for r in result.fetchall()]
+        if not rows:
+            return
+        yield rows
+        last = rows[-1]["id"]
+        if len(rows) < page_size:
+            return
+
+
+# ------------------------------------------------------------------------------------------ writing
+
+
+def manifest_path(out: Path) -> Path:
+    return out.with_name(out.name + MANIFEST_SUFFIX)
+
+
+def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Write the export and its manifest; returns the manifest. Leaves no partial file behind on failure."""
+    started = time.time()
+    fmt = plan.options.format
+    make_row = row_function(fmt)
+    out = plan.out
+    partial = out.with_name(out.name + PARTIAL_SUFFIX)
+    excluded: Counter[str] = Counter()
+    scanned = exported = 0
+    sources: Counter[str] = Counter()
+    repaired = {"rederived": 0, "rerun": 0, "generated": Counter(), "derived": Counter()}
+    sink: JsonlSink | ParquetSink = ParquetSink(partial) if plan.parquet else JsonlSink(partial)
+    history_reasoning = history_reasoning_of(plan.config)
+    which = plan.options.turns if fmt != "raw" else "raw"
+    conversations = 0
+    try:
+        if progress:
+            progress(0, plan.total)
+        for page in iter_ok_pages(engine, int(plan.run["id"]), _columns(fmt), plan.options.page_size):
+            rows = []
+            for stored in page:
+                conversations += bool(stored.get("turns_json"))
+                for rec in turn_rows(stored, which, history_reasoning):
+                    reason = exclusion_reason(rec, plan)
+                    if reason is None:
+                        try:
+                            row = make_row(rec, plan)
+                        except Skip as skip:
+                            reason = skip.reason
+                        else:
+                            rows.append(row)
+                            _count_repair(repaired, rec)
+                            source = _row_source(fmt, row)
+                            if source is not None:
+                                sources[source] += 1
+                    if reason is not None:
+                        excluded[reason] += 1
+            sink.write(rows)
+            scanned += len(page)
+            exported += len(rows)
+            if progress:
+                progress(scanned, max(plan.total, scanned))
+        digest = sink.close()
+        from .manifest import build_manifest
+
+        manifest = build_manifest(plan, scanned, exported, excluded, sources, digest, partial.stat().st_size, started)
+        manifest["repairs"] = _repairs_summary(engine, plan, repaired)
+        manifest["turns"] = manifest_part(which, history_reasoning, str(plan.config.get("turns") or "last"),
+                                          conversations)
+        os.replace(partial, out)
+        write_atomic(manifest_path(out), orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    except BaseException:
+        sink.abort()
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
+    return manifest
+
+
+def _count_repair(acc: dict[str, Any], rec: Mapping[str, Any]) -> None:
+    gen, der = rec.get("gen_version"), rec.get("derive_version")
+    acc["generated"][str(gen)] += 1
+    acc["derived"][str(der)] += 1
+    if gen is not None and der is not None and der != gen:
+        acc["rederived"] += 1
+
+
+def _repairs_summary(engine: Engine, plan: ExportPlan, acc: dict[str, Any]) -> dict[str, Any]:
+    """How the exported records came to be: re-derived, re-run, and under which config versions."""
+    from sqlalchemy import text as sql
+
+    with engine.connect() as conn:
+        rerun = int(conn.execute(sql(
+            "SELECT COUNT(DISTINCT h.record_id) FROM record_history h JOIN record r ON r.id = h.record_id"
+            " WHERE h.run_id = :r AND h.action = 'rerun' AND r.status = 'ok'"), {"r": plan.run["id"]}).scalar() or 0)
+        current = conn.execute(sql("SELECT config_version FROM run WHERE id = :r"), {"r": plan.run["id"]}).scalar()
+        conn.rollback()
+    return {
+        "rederived": acc["rederived"],
+        "rerun": rerun,
+        "config_versions": {"generated": dict(sorted(acc["generated"].items())),
+                            "derived": dict(sorted(acc["derived"].items()))},
+        "current_config_version": current,
+        "config_version_filter": plan.options.config_version,
+        "generated_under_filter": plan.options.generated_under,
+        "note": "rederived: exported records whose answer was read again under a later config version than it was"
+                " generated under; rerun: records in the run generated again by a re-run (earlier outputs are in"
+                " record_history)",
+    }
+
+
+def export_run(engine: Engine, run_ref: int | str, options: ExportOptions,
+               progress: ProgressFn | None = None) -> dict[str, Any]:
+    return run_export(engine, prepare_export(engine, run_ref, options), progress)

@@ -1,0 +1,1 @@
+"""Per-record data-quality checks, run-level rates, alarms and their notifications."""

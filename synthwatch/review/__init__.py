@@ -1,0 +1,1 @@
+"""Reading records: random samples, filters, full-text search, flags."""

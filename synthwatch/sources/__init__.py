@@ -1,0 +1,1 @@
+"""Where records come from: datasets loaded into a run, another generator's output followed or imported."""

@@ -1,0 +1,423 @@
+"""The schema, as SQLModel tables.
+
+Alembic migrations in ``synthwatch/migrations`` are the only schema source at run time; a test
+checks that these models and the migrations agree. Timestamps are Unix seconds (float): cheap
+to compare, bucket and serialise on both SQLite and PostgreSQL. JSON payloads are stored as
+text produced by orjson so the worker's hot path never builds ORM objects.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, Index, Text, UniqueConstraint, text
+from sqlmodel import Field, SQLModel
+
+RUN_STATUSES = ("created", "running", "paused", "stopping", "stopped", "completed", "failed")
+DESIRED_STATES = ("run", "pause", "stop", "stop_now")
+RECORD_STATUSES = ("pending", "in_flight", "ok", "error", "timeout", "cancelled")
+
+
+def _text(nullable: bool = True) -> Column:  # type: ignore[type-arg]
+    return Column(Text, nullable=nullable)
+
+
+class RecordOutput(SQLModel):
+    """What a record's answer is: the columns a record and each of its history rows share (nullable in both)."""
+
+    reasoning: str | None = Field(default=None, sa_type=Text)
+    content: str | None = Field(default=None, sa_type=Text)
+    reasoning_source: str | None = None
+    reasoning_len: int | None = None
+    content_len: int | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    usage_json: str | None = Field(default=None, sa_type=Text)
+    token_ids_json: str | None = Field(default=None, sa_type=Text)
+    latency_s: float | None = None
+    ttft_s: float | None = None
+    n_chunks: int | None = None
+    attempts_json: str | None = Field(default=None, sa_type=Text)
+    error_kind: str | None = None
+    error: str | None = Field(default=None, sa_type=Text)
+    endpoint: str | None = None
+    model: str | None = None
+    system_fingerprint: str | None = None
+    response_id: str | None = None
+    extra_json: str | None = Field(default=None, sa_type=Text)
+    finished_at: float | None = None
+    check_json: str | None = Field(default=None, sa_type=Text)
+    gen_version: int | None = None  # config version the output was generated under
+    derive_version: int | None = None  # config version the output was last derived (read) under
+    turns_json: str | None = Field(default=None, sa_type=Text)  # turns = all: the finished turns before the last
+
+
+class Run(SQLModel, table=True):
+    __tablename__ = "run"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True)
+    kind: str = Field(default="generate")  # generate | watch
+    status: str = Field(default="created")
+    desired: str = Field(default="run")  # what the user asked for; workers converge to it
+    status_message: str | None = Field(default=None, sa_column=_text())
+    cap: int | None = None
+    concurrency: int = 1
+    config_json: str = Field(default="{}", sa_column=_text(False))
+    expects_reasoning: bool = True
+    created_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    updated_at: float = 0.0
+    total: int = 0
+    n_pending: int = 0
+    n_in_flight: int = 0
+    n_ok: int = 0
+    n_error: int = 0
+    n_timeout: int = 0
+    n_cancelled: int = 0
+    config_version: int = Field(default=1, sa_column_kwargs={"server_default": "1"})  # current config_version
+    n_rerun: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # re-runs queued, not finished
+    repair_seq: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # bumped by every repair
+    n_turns: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # turns of all records (0: old run)
+    n_turns_done: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # turns finished and stored
+
+
+class Record(RecordOutput, table=True):
+    __tablename__ = "record"
+    __table_args__ = (
+        UniqueConstraint("run_id", "idx", name="uq_record_run_idx"),
+        Index("ix_record_claim", "run_id", "status", "id"),
+        Index("ix_record_sample", "run_id", "status", "rnd"),
+        Index("ix_record_finished", "run_id", "finished_at"),
+        # review (migration 0002_review): sampling modes and the records table are answered from indexes
+        Index("ix_record_review", "run_id", "status", "review", "rnd"),
+        Index("ix_record_failing", "run_id", "status", "rnd", "check_flags",
+              sqlite_where=text("check_flags != 0"), postgresql_where=text("check_flags != 0")),
+        Index("ix_record_filter", "run_id", "id", "status", "finish_reason", "review", "review_reason",
+              "reasoning_source", "endpoint", "check_flags", "reasoning_len", "content_len", "completion_tokens",
+              "latency_s"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    idx: int  # position in the source dataset (stable across resumes)
+    source_id: str | None = None
+    source_line: int | None = None
+    rnd: float = 0.0  # uniform random key, indexed, for fast random sampling
+    prompt_json: str = Field(sa_column=_text(False))
+    status: str = Field(default="pending")
+    content_null: bool = False
+    attempts: int = 0
+    worker_id: int | None = None
+    lease_until: float | None = None
+    claimed_at: float | None = None
+    check_flags: int = 0  # bitmask of failed checks (synthwatch.quality.checks)
+    review: str | None = None  # good | bad (latest, denormalised from the flag table)
+    review_reason: str | None = None
+    reviewed_at: float | None = None
+    revision: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # earlier outputs in history
+    rerun: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # 1 while queued again
+    # multi-turn regeneration (synthwatch.capture.turns, migration 0008_turns): the turns the model writes for this
+    # conversation, how many are finished and stored, and the finished ones before the last (JSON list)
+    n_turns: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
+    turns_done: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+
+
+class Series(SQLModel, table=True):
+    """Per-interval counters, one row per (run, worker, endpoint, bucket): charts never scan records."""
+
+    __tablename__ = "series"
+    __table_args__ = (
+        UniqueConstraint("run_id", "worker_id", "endpoint", "t", name="uq_series_key"),
+        Index("ix_series_run_t", "run_id", "t"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    worker_id: int = 0
+    endpoint: str = ""
+    t: int  # bucket start, Unix seconds
+    width_s: int = 5
+    finished: int = 0  # records that reached a final state in this bucket
+    ok: int = 0
+    errors: int = 0  # records that ended in error
+    timeouts: int = 0  # records that ended in timeout
+    attempts_failed: int = 0  # failed attempts, retried or not
+    attempt_timeouts: int = 0
+    retries: int = 0
+    dropped: int = 0
+    http_429: int = 0
+    http_4xx: int = 0
+    http_5xx: int = 0
+    other_errors: int = 0
+    cancelled: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    content_tokens: int = 0
+    chunks: int = 0
+    empty_reasoning: int = 0
+    finish_length: int = 0
+    inflight: int = 0
+    concurrency: int = 0
+    latency_sum: float = 0.0
+    lat_hist: str = Field(default="", sa_column=_text(False))
+    ttft_hist: str = Field(default="", sa_column=_text(False))
+    tps_hist: str = Field(default="", sa_column=_text(False))
+    sources_json: str = Field(default="{}", sa_column=_text(False))
+
+
+class ControlEvent(SQLModel, table=True):
+    """Audit log: every control action with its time and who asked."""
+
+    __tablename__ = "control_event"
+    __table_args__ = (Index("ix_control_event_run", "run_id", "t"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    t: float
+    action: str
+    value: str | None = None
+    actor: str = "cli"
+    detail: str | None = Field(default=None, sa_column=_text())
+
+
+class ErrorEvent(SQLModel, table=True):
+    """Each failed attempt, for the latest-errors list."""
+
+    __tablename__ = "error_event"
+    __table_args__ = (Index("ix_error_event_run", "run_id", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    t: float
+    record_id: int | None = None
+    endpoint: str | None = None
+    kind: str
+    status_code: int | None = None
+    final: bool = False
+    message: str = Field(default="", sa_column=_text(False))
+
+
+class Worker(SQLModel, table=True):
+    __tablename__ = "worker"
+    __table_args__ = (Index("ix_worker_run", "run_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    host: str
+    pid: int
+    started_at: float
+    heartbeat_at: float
+    status: str = "running"  # running | exited
+    claimed: int = 0
+    done: int = 0
+    stats_json: str = Field(default="{}", sa_column=_text(False))
+
+
+class CheckStat(SQLModel, table=True):
+    """Run-level rates per check: whole run and the rolling window, kept live by the writer."""
+
+    __tablename__ = "check_stat"
+    __table_args__ = (UniqueConstraint("run_id", "check_name", name="uq_check_stat"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    check_name: str
+    n_fail: int = 0
+    n_total: int = 0
+    win_fail: int = 0
+    win_total: int = 0
+    example_record_id: int | None = None
+    updated_at: float = 0.0
+
+
+class Alarm(SQLModel, table=True):
+    __tablename__ = "alarm"
+    __table_args__ = (Index("ix_alarm_run", "run_id", "active"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    rule: str
+    severity: str = "error"  # error | warning
+    title: str
+    message: str = Field(sa_column=_text(False))
+    fix: str | None = Field(default=None, sa_column=_text())
+    count: int = 0
+    example_record_id: int | None = None
+    raised_at: float
+    updated_at: float
+    acked_at: float | None = None
+    acked_by: str | None = None
+    active: bool = True
+    auto_paused: bool = False
+    reraised_from: int | None = None  # the acknowledged alarm whose condition came back
+
+
+class Flag(SQLModel, table=True):
+    """Review verdicts with history (undo marks a row undone instead of deleting it)."""
+
+    __tablename__ = "flag"
+    __table_args__ = (Index("ix_flag_record", "record_id"), Index("ix_flag_run", "run_id", "created_at"))
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    record_id: int = Field(foreign_key="record.id")
+    verdict: str  # good | bad
+    reason: str | None = None
+    note: str | None = Field(default=None, sa_column=_text())
+    created_at: float
+    undone_at: float | None = None
+    bulk_id: str | None = None
+
+
+class IngestSource(SQLModel, table=True):
+    """A file followed by `synthwatch watch` (or imported): where to resume reading."""
+
+    __tablename__ = "ingest_source"
+    __table_args__ = (UniqueConstraint("run_id", "path", name="uq_ingest_source"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    path: str
+    dev: int | None = None
+    inode: int | None = None
+    offset: int = 0
+    line_no: int = 0
+    size: int = 0
+    shape: str | None = None
+    n_ingested: int = 0
+    n_bad: int = 0
+    updated_at: float = 0.0
+
+
+class IngestError(SQLModel, table=True):
+    __tablename__ = "ingest_error"
+    __table_args__ = (Index("ix_ingest_error_run", "run_id", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    path: str
+    line: int
+    reason: str = Field(sa_column=_text(False))
+    sample: str | None = Field(default=None, sa_column=_text())
+    t: float
+
+
+class ExportJob(SQLModel, table=True):
+    __tablename__ = "export_job"
+    __table_args__ = (Index("ix_export_job_run", "run_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    format: str
+    out_path: str
+    status: str = "running"  # running | done | failed
+    done: int = 0
+    total: int = 0
+    started_at: float
+    finished_at: float | None = None
+    manifest_json: str | None = Field(default=None, sa_column=_text())
+    error: str | None = Field(default=None, sa_column=_text())
+
+
+class ConfigVersion(SQLModel, table=True):
+    """Every version of a run's settings; run.config_json is the current one's snapshot."""
+
+    __tablename__ = "config_version"
+    __table_args__ = (UniqueConstraint("run_id", "version", name="uq_config_version"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    version: int
+    created_at: float
+    actor: str
+    reason: str | None = Field(default=None, sa_column=_text())
+    config_json: str = Field(sa_column=_text(False))
+    changes_json: str = Field(sa_column=_text(False))  # [{"path", "old", "new"}] against the version before
+
+
+class Repair(SQLModel, table=True):
+    """One re-derive, re-run or undo over a selection of a run's records."""
+
+    __tablename__ = "repair"
+    __table_args__ = (Index("ix_repair_run", "run_id", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    kind: str  # rederive | rerun | undo
+    t: float
+    actor: str
+    selection: str = Field(sa_column=_text(False))  # what was selected, in words and as JSON
+    config_version: int
+    n_selected: int
+    n_changed: int
+    n_skipped: int
+    status: str  # running | done | failed
+    summary_json: str | None = Field(default=None, sa_column=_text())
+    undone_at: float | None = None
+    undo_of: int | None = None
+
+
+class RecordHistory(RecordOutput, table=True):
+    """An earlier output of a record, copied whole before a repair replaced it (append-only)."""
+
+    __tablename__ = "record_history"
+    __table_args__ = (Index("ix_record_history_record", "record_id", "revision"),
+                      Index("ix_record_history_repair", "repair_id"))
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int
+    record_id: int = Field(foreign_key="record.id")
+    revision: int
+    t: float
+    action: str  # rederive | rerun | undo: what replaced this output
+    repair_id: int | None = None
+    status: str | None = None
+    content_null: bool | None = None
+    attempts: int | None = None
+    check_flags: int | None = None
+    turns_done: int | None = None  # record.turns_done of this output (the turns themselves: turns_json)
+
+
+class PauseOverride(SQLModel, table=True):
+    """Auto-pause turned off for one check of a run (with a reason) until ended_at."""
+
+    __tablename__ = "pause_override"
+    __table_args__ = (Index("ix_pause_override_run", "run_id", "check_name"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    check_name: str
+    reason: str = Field(sa_column=_text(False))
+    actor: str
+    created_at: float
+    ended_at: float | None = None
+    ended_by: str | None = None
+
+
+class ServerMetric(SQLModel, table=True):
+    """What an endpoint's own /metrics said at one scrape (synthwatch.workers.server_metrics)."""
+
+    __tablename__ = "server_metric"
+    __table_args__ = (Index("ix_server_metric_run", "run_id", "endpoint", "t"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    worker_id: int
+    endpoint: str
+    t: float
+    kind: str | None = None  # vllm | sglang | unknown
+    version: str | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None  # 0..1
+    preemptions_s: float | None = None
+    gen_tokens_s: float | None = None
+    prompt_tokens_s: float | None = None
+    queue_p50_s: float | None = None
+    queue_p95_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    error: str | None = Field(default=None, sa_column=_text())

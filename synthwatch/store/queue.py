@@ -1,0 +1,397 @@
+"""Raw SQL shared by the worker, the CLI and the web app: runs, the prompt queue, controls.
+
+All statements bind their values. The queue lives in the ``record`` table: prompts are loaded
+as ``pending``; a claim flips a batch to ``in_flight`` under a lease inside one write
+transaction that also checks the cap, so the cap holds exactly even with several workers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+
+from ..config import RunConfig
+
+CONTROL_ACTIONS = ("pause", "resume", "stop", "stop_now", "cap", "concurrency")
+LIVE_STATUSES = ("created", "running", "paused", "stopping")
+
+
+class NotFound(Exception):
+    pass
+
+
+class ControlError(ValueError):
+    pass
+
+
+def now() -> float:
+    return time.time()
+
+
+def is_pg(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+def write_begin(conn: Connection) -> Any:
+    """Begin a write transaction; on SQLite take the write lock up front (no upgrade deadlocks)."""
+    if conn.dialect.name == "sqlite":
+        return conn.execution_options(sqlite_begin="BEGIN IMMEDIATE").begin()
+    return conn.begin()
+
+
+def lock_run(conn: Connection, run_id: int) -> None:
+    """Take the run's row lock first in a write transaction (PostgreSQL).
+
+    Every worker's transaction touches record rows and the run row (its counters). Taking the run
+    row first gives all of them one lock order, so two workers can never deadlock; SQLite's BEGIN
+    IMMEDIATE already serialises writers."""
+    if is_pg(conn):
+        conn.execute(text("SELECT id FROM run WHERE id = :r FOR UPDATE"), {"r": run_id})
+
+
+@dataclass(slots=True)
+class Claimed:
+    id: int
+    idx: int
+    messages: list[dict[str, Any]]
+    attempts: int
+    attempts_json: str | None
+    rerun: bool = False  # queued again by a re-run (synthwatch.repair.actions)
+    n_turns: int = 1  # turns the model writes (synthwatch.capture.turns)
+    turns_json: str | None = None  # the finished turns so far: a resumed conversation goes on from the next
+
+
+# ---------------------------------------------------------------- runs
+
+
+def run_row(conn: Connection, run_ref: int | str) -> dict[str, Any]:
+    if isinstance(run_ref, int) or (isinstance(run_ref, str) and run_ref.isdigit()):
+        row = conn.execute(text("SELECT * FROM run WHERE id = :r"), {"r": int(run_ref)}).mappings().first()
+        if row is None and isinstance(run_ref, str):
+            row = conn.execute(text("SELECT * FROM run WHERE name = :r"), {"r": run_ref}).mappings().first()
+    else:
+        row = conn.execute(text("SELECT * FROM run WHERE name = :r"), {"r": run_ref}).mappings().first()
+    if row is None:
+        raise NotFound(f"no run {run_ref!r} in this database")
+    return dict(row)
+
+
+def find_run_id(conn: Connection, name: str) -> int | None:
+    return conn.execute(text("SELECT id FROM run WHERE name = :n"), {"n": name}).scalar()
+
+
+def create_run(conn: Connection, name: str, config: RunConfig | None, *, kind: str = "generate",
+               snapshot: dict[str, Any] | None = None) -> int:
+    t = now()
+    snap = snapshot if snapshot is not None else (config.snapshot() if config else {})
+    params = {
+        "name": name,
+        "kind": kind,
+        "cap": config.cap if config else None,
+        "concurrency": config.concurrency if config else 0,
+        "config_json": orjson.dumps(snap).decode(),
+        "expects": bool(config.reasoning.expect) if config else True,
+        "t": t,
+    }
+    run_id = int(
+        conn.execute(
+            text(
+                "INSERT INTO run (name, kind, status, desired, cap, concurrency, config_json, expects_reasoning,"
+                " created_at, updated_at, total, n_pending, n_in_flight, n_ok, n_error, n_timeout, n_cancelled,"
+                " config_version, n_rerun, repair_seq)"
+                " VALUES (:name, :kind, 'created', 'run', :cap, :concurrency, :config_json, :expects, :t, :t,"
+                " 0, 0, 0, 0, 0, 0, 0, 1, 0, 0) RETURNING id"
+            ),
+            params,
+        ).scalar_one()
+    )
+    # version 1 of the run's settings (synthwatch.store.versions keeps every later one)
+    conn.execute(
+        text("INSERT INTO config_version (run_id, version, created_at, actor, reason, config_json, changes_json)"
+             " VALUES (:r, 1, :t, :a, NULL, :c, '[]')"),
+        {"r": run_id, "t": t, "a": kind, "c": params["config_json"]},
+    )
+    return run_id
+
+
+# below every real key (those are in [0, 1)): sampling queries ask for rnd >= x with x in [0, 1)
+PENDING_RND = -1.0
+
+
+def insert_prompts(conn: Connection, run_id: int, prompts: Iterable[Any], *, batch: int = 5000,
+                   turns: str = "last") -> int:
+    """Load prompts (objects with index, line, source_id, messages) as pending records.
+
+    Their sampling key ``rnd`` is PENDING_RND; the writer draws the random one when the record finishes. Every
+    index holding (status, rnd) then moves a claimed or finished record's entry within a run of consecutive
+    ids instead of to a random page: with random keys, each claim and each final update dirtied several
+    random index pages, which doubled the worker's write cost (measured).
+
+    ``turns`` is the run's setting: with "all" each record counts the assistant turns the model will write
+    (synthwatch.capture.turns), and the run's n_turns their sum."""
+    from ..capture import turns as turns_mod
+
+    stmt = text(
+        "INSERT INTO record (run_id, idx, source_id, source_line, rnd, prompt_json, status, content_null,"
+        f" attempts, check_flags, n_turns, turns_done) VALUES (:run_id, :idx, :source_id, :line, {PENDING_RND},"
+        " :prompt, 'pending', false, 0, 0, :n_turns, 0)"
+    )
+    n = n_turns = 0
+    buf: list[dict[str, Any]] = []
+    for p in prompts:
+        k = turns_mod.count(p.messages, turns) if turns != "last" and p.index >= 0 else 1
+        n_turns += k
+        buf.append({
+            "run_id": run_id, "idx": p.index, "source_id": p.source_id, "line": p.line,
+            "prompt": orjson.dumps(p.messages).decode(), "n_turns": k,
+        })
+        if len(buf) >= batch:
+            conn.execute(stmt, buf)
+            n += len(buf)
+            buf = []
+    if buf:
+        conn.execute(stmt, buf)
+        n += len(buf)
+    conn.execute(
+        text("UPDATE run SET total = total + :n, n_pending = n_pending + :n, n_turns = n_turns + :k,"
+             " updated_at = :t WHERE id = :r"),
+        {"n": n, "k": n_turns, "t": now(), "r": run_id},
+    )
+    return n
+
+
+def set_status(conn: Connection, run_id: int, status: str, message: str | None = None) -> None:
+    t = now()
+    extra = ""
+    if status == "running":
+        extra = ", started_at = COALESCE(started_at, :t), finished_at = NULL"
+    elif status in ("completed", "stopped", "failed"):
+        extra = ", finished_at = :t"
+    conn.execute(
+        text(f"UPDATE run SET status = :s, status_message = :m, updated_at = :t{extra} WHERE id = :r"),
+        {"s": status, "m": message, "t": t, "r": run_id},
+    )
+
+
+def add_event(conn: Connection, run_id: int, action: str, value: Any = None, actor: str = "cli",
+              detail: str | None = None) -> None:
+    conn.execute(
+        text("INSERT INTO control_event (run_id, t, action, value, actor, detail)"
+             " VALUES (:r, :t, :a, :v, :actor, :d)"),
+        {"r": run_id, "t": now(), "a": action, "v": None if value is None else str(value), "actor": actor,
+         "d": detail},
+    )
+
+
+def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, actor: str = "ui",
+                  detail: str | None = None) -> dict[str, Any]:
+    """Record a control request; workers read it within their control interval (~0.25 s)."""
+    if action not in CONTROL_ACTIONS:
+        raise ControlError(f"unknown control action {action!r}; expected one of {', '.join(CONTROL_ACTIONS)}")
+    sets: dict[str, Any] = {}
+    if action == "pause":
+        sets["desired"] = "pause"
+    elif action == "resume":
+        sets["desired"] = "run"
+    elif action == "stop":
+        sets["desired"] = "stop"
+    elif action == "stop_now":
+        sets["desired"] = "stop_now"
+    elif action == "cap":
+        if value in (None, "", "none", "None"):
+            sets["cap"] = None
+        else:
+            try:
+                cap = int(value)
+            except (TypeError, ValueError):
+                raise ControlError(f"cap must be a positive whole number, got {value!r}") from None
+            if cap < 1 or cap > 1_000_000_000:
+                raise ControlError(f"cap must be between 1 and 1,000,000,000, got {cap}")
+            sets["cap"] = cap
+    elif action == "concurrency":
+        try:
+            c = int(value)
+        except (TypeError, ValueError):
+            raise ControlError(f"concurrency must be a whole number, got {value!r}") from None
+        if c < 1 or c > 100_000:
+            raise ControlError(f"concurrency must be between 1 and 100,000, got {c}")
+        sets["concurrency"] = c
+    with engine.connect() as conn, write_begin(conn):
+        row = conn.execute(text("SELECT status, kind FROM run WHERE id = :r"), {"r": run_id}).first()
+        if row is None:
+            raise NotFound(f"no run {run_id}")
+        assign = ", ".join(f"{k} = :{k}" for k in sets)
+        conn.execute(text(f"UPDATE run SET {assign}, updated_at = :t WHERE id = :r"),
+                     {**sets, "t": now(), "r": run_id})
+        add_event(conn, run_id, action, value, actor, detail)
+    return sets
+
+
+# ---------------------------------------------------------------- workers
+
+
+def register_worker(conn: Connection, run_id: int) -> int:
+    t = now()
+    return int(
+        conn.execute(
+            text("INSERT INTO worker (run_id, host, pid, started_at, heartbeat_at, status, claimed, done,"
+                 " stats_json) VALUES (:r, :h, :p, :t, :t, 'running', 0, 0, '{}') RETURNING id"),
+            {"r": run_id, "h": socket.gethostname(), "p": os.getpid(), "t": t},
+        ).scalar_one()
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def release_dead_claims(conn: Connection, run_id: int, stale_after_s: float) -> int:
+    """Return to pending the claims of workers that are gone.
+
+    A worker on this host whose pid no longer exists is gone at once (a kill -9 restart resumes
+    immediately); others are gone when their lease has expired.
+    """
+    t = now()
+    host = socket.gethostname()
+    dead: list[int] = []
+    for wid, whost, pid, hb in conn.execute(
+        text("SELECT id, host, pid, heartbeat_at FROM worker WHERE run_id = :r AND status = 'running'"),
+        {"r": run_id},
+    ):
+        if (whost == host and pid != os.getpid() and not _pid_alive(pid)) or hb < t - stale_after_s:
+            dead.append(wid)
+    for wid in dead:
+        conn.execute(text("UPDATE worker SET status = 'dead' WHERE id = :w"), {"w": wid})
+    moved = 0
+    if dead:
+        ids = ",".join(str(int(w)) for w in dead)
+        moved += conn.execute(
+            text(f"UPDATE record SET status = 'pending', worker_id = NULL, lease_until = NULL"
+                 f" WHERE run_id = :r AND status = 'in_flight' AND worker_id IN ({ids})"),
+            {"r": run_id},
+        ).rowcount or 0
+    moved += conn.execute(
+        text("UPDATE record SET status = 'pending', worker_id = NULL, lease_until = NULL"
+             " WHERE run_id = :r AND status = 'in_flight' AND (lease_until < :t OR worker_id IS NULL"
+             " OR worker_id IN (SELECT id FROM worker WHERE run_id = :r AND status != 'running'))"),
+        {"r": run_id, "t": t},
+    ).rowcount or 0
+    _count_back_to_pending(conn, run_id, moved)
+    return moved
+
+
+def _count_back_to_pending(conn: Connection, run_id: int, moved: int) -> None:
+    if moved:
+        conn.execute(
+            text("UPDATE run SET n_in_flight = n_in_flight - :n, n_pending = n_pending + :n WHERE id = :r"),
+            {"n": moved, "r": run_id},
+        )
+
+
+def int_lists(values: list[int], size: int = 500) -> Iterator[str]:
+    """``values`` as comma-separated literals for ``IN (...)``, ``size`` at a time: ints only, so inlining
+    them is safe, and one statement per few hundred rows instead of a bound parameter each."""
+    for i in range(0, len(values), size):
+        yield ",".join(str(int(x)) for x in values[i:i + size])
+
+
+def release_claims(conn: Connection, run_id: int, worker_id: int, ids: list[int]) -> int:
+    """Return this worker's claimed, never started records to pending (a pause, a stop, a changed cap).
+
+    Only rows the worker still holds move: a claim taken over after an expired lease is left alone."""
+    moved = 0
+    for chunk in int_lists(ids):
+        moved += conn.execute(
+            text(f"UPDATE record SET status = 'pending', worker_id = NULL, lease_until = NULL, claimed_at = NULL"
+                 f" WHERE id IN ({chunk}) AND worker_id = :w AND status = 'in_flight'"),
+            {"w": worker_id},
+        ).rowcount or 0
+    _count_back_to_pending(conn, run_id, moved)
+    return moved
+
+
+def recount(conn: Connection, run_id: int) -> None:
+    """Recompute the run's counters from the records (after a crash, counters are re-derived)."""
+    counts = {s: 0 for s in ("pending", "in_flight", "ok", "error", "timeout", "cancelled")}
+    for status, n in conn.execute(
+        text("SELECT status, COUNT(*) FROM record WHERE run_id = :r GROUP BY status"), {"r": run_id}
+    ):
+        counts[status] = n
+    n_turns, n_done = conn.execute(
+        text("SELECT COALESCE(SUM(n_turns), 0), COALESCE(SUM(turns_done), 0) FROM record WHERE run_id = :r"),
+        {"r": run_id}).one()
+    conn.execute(
+        text("UPDATE run SET n_pending = :pending, n_in_flight = :in_flight, n_ok = :ok, n_error = :error,"
+             " n_timeout = :timeout, n_cancelled = :cancelled, total = :total, n_turns = :nt, n_turns_done = :nd"
+             " WHERE id = :r"),
+        {**counts, "total": sum(counts.values()), "nt": int(n_turns), "nd": int(n_done), "r": run_id},
+    )
+
+
+def claim_sql(skip: str = "") -> str:
+    """The claim statement (named parameters w, lease, t, r, n); the benchmark's SQLite floor runs it too."""
+    return ("UPDATE record SET status = 'in_flight', worker_id = :w, lease_until = :lease, claimed_at = :t"
+            " WHERE id IN (SELECT id FROM record WHERE run_id = :r AND status = 'pending' ORDER BY id"
+            f" LIMIT :n{skip}) RETURNING id, idx, prompt_json, attempts, attempts_json, rerun, n_turns, turns_json")
+
+
+def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float) -> tuple[list[Claimed], str]:
+    """Claim up to n pending records; never more than the cap allows. Returns (claimed, why_short).
+
+    why_short: "" (got n), "empty" (fewer pending than asked), "cap" (cap reached counting
+    in-flight), "cap_done"/"done" (nothing left anywhere: the run is complete), or the run's
+    desired state when it is not "run".
+
+    Must run inside a write transaction (write_begin)."""
+    lock = " FOR UPDATE" if is_pg(conn) else ""
+    row = conn.execute(
+        text(f"SELECT cap, desired, n_ok, n_in_flight, n_pending FROM run WHERE id = :r{lock}"), {"r": run_id}
+    ).first()
+    if row is None:
+        return [], "run deleted"
+    cap, desired, n_ok, n_in_flight, n_pending = row
+    if desired != "run":
+        return [], desired
+    limited = ""
+    if cap is not None and cap - n_ok - n_in_flight < n:
+        n = cap - n_ok - n_in_flight
+        limited = "cap"
+        if n <= 0:
+            return [], "cap_done" if n_ok >= cap and n_in_flight == 0 else "cap"
+    if n_pending <= 0:
+        return [], "done" if n_in_flight == 0 else "empty"
+    if n <= 0:
+        return [], "empty"
+    t = now()
+    rows = conn.execute(
+        text(claim_sql(" FOR UPDATE SKIP LOCKED" if is_pg(conn) else "")),
+        {"w": worker_id, "lease": t + lease_s, "t": t, "r": run_id, "n": n},
+    ).all()
+    if rows:
+        conn.execute(
+            text("UPDATE run SET n_in_flight = n_in_flight + :k, n_pending = n_pending - :k WHERE id = :r"),
+            {"k": len(rows), "r": run_id},
+        )
+    claimed = [Claimed(r[0], r[1], orjson.loads(r[2]), r[3] or 0, r[4], bool(r[5]), r[6] or 1, r[7]) for r in rows]
+    claimed.sort(key=lambda c: c.id)
+    return claimed, limited if len(claimed) == n else "empty"
+
+
+def live_runs(conn: Connection) -> list[dict[str, Any]]:
+    return [dict(r) for r in conn.execute(
+        text("SELECT * FROM run WHERE status IN ('created','running','paused','stopping') ORDER BY id")
+    ).mappings()]

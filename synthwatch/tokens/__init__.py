@@ -1,0 +1,1 @@
+"""Tokenizers and a record's training tokens."""
