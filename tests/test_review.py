@@ -515,3 +515,17 @@ def test_migration_indexes_exist(db_path: Path, engine: Any) -> None:
     with engine.connect() as conn:
         names = {r[0] for r in conn.execute(text("SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')"))}
     assert {"ix_record_review", "ix_record_failing", "ix_record_filter", "record_fts_bd", "record_fts_ad"} <= names
+
+
+def test_every_check_is_a_review_filter_and_an_export_exclusion() -> None:
+    """The check filter and the export's exclusions read the checks' bit map directly: every check the writer
+    runs can be filtered on and excluded, and a check that is not one is refused."""
+    from synthwatch.export.stream import check_bit_map
+    from synthwatch.quality.checks import ALL_STATUS_CHECKS, BIT, CHECK_NAMES
+
+    for name in CHECK_NAMES:
+        assert Filters.from_params({"check": name}).check == name
+    with pytest.raises(ReviewError, match="unknown check"):
+        Filters.from_params({"check": "no_such_check"})
+    assert check_bit_map() == BIT and len(BIT) == len(CHECK_NAMES)
+    assert set(check_bit_map(ok_records_only=True)) == set(CHECK_NAMES) - ALL_STATUS_CHECKS

@@ -28,6 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from ..capture.turns import history_reasoning_of
+from ..quality.checks import ALL_STATUS_CHECKS, BIT
 from ..store import queue as store
 from .sinks import PARTIAL_SUFFIX, JsonlSink, ParquetSink, write_atomic
 from .turns import EXPORT_TURNS, manifest_part, turn_rows
@@ -171,28 +172,11 @@ def strip_secrets(value: Any) -> Any:
 
 
 def check_bit_map(*, ok_records_only: bool = False) -> dict[str, int]:
-    """name -> bit of synthwatch.quality.checks (empty while that module does not exist).
+    """name -> bit of the per-record checks.
 
     ok_records_only drops the checks that only ever flag records that are not ok (timeout, error).
     """
-    try:
-        from ..quality import checks
-    except ImportError:
-        return {}
-    for attr in ("BIT", "CHECK_BITS", "BITS", "BIT_BY_NAME"):
-        found = getattr(checks, attr, None)
-        if isinstance(found, Mapping):
-            skip = set(getattr(checks, "ALL_STATUS_CHECKS", ())) if ok_records_only else set()
-            return {str(k): int(v) for k, v in found.items() if k not in skip}
-    items = getattr(checks, "CHECKS", None)
-    out: dict[str, int] = {}
-    if isinstance(items, Mapping):
-        items = list(items.values())
-    for item in items or ():
-        name, bit = getattr(item, "name", None), getattr(item, "bit", None)
-        if isinstance(name, str) and isinstance(bit, int):
-            out[name] = bit
-    return out
+    return {n: b for n, b in BIT.items() if not (ok_records_only and n in ALL_STATUS_CHECKS)}
 
 
 def normalize_messages(messages: Any) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ escape one by one.
 
 from __future__ import annotations
 
-import functools
 import random
 import re
 import time
@@ -26,6 +25,7 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
+from ..quality.checks import BIT
 from ..store import queue as store
 
 REASONS: tuple[tuple[str, str], ...] = (
@@ -77,26 +77,9 @@ class NotFound(LookupError):
 # ------------------------------------------------------------------------------------------ checks
 
 
-@functools.cache
 def check_bits() -> dict[str, int]:
-    """name -> bit of the per-record checks, from synthwatch.quality.checks when it defines them (else empty)."""
-    try:
-        from ..quality import checks  # noqa: PLC0415 - optional module, written by another issue
-    except Exception:  # pragma: no cover - depends on the checks module being there
-        return {}
-    for attr in ("CHECK_BITS", "BITS"):
-        found = getattr(checks, attr, None)
-        if isinstance(found, Mapping):
-            return {str(k): int(v) for k, v in found.items()}
-    listed = getattr(checks, "CHECKS", None)
-    out: dict[str, int] = {}
-    if isinstance(listed, Mapping):
-        listed = list(listed.values())
-    for item in listed or ():
-        name, bit = getattr(item, "name", None), getattr(item, "bit", None)
-        if isinstance(name, str) and isinstance(bit, int):
-            out[name] = bit
-    return out
+    """name -> bit of the per-record checks, in code order."""
+    return BIT
 
 
 def failed_checks(flags: int | None) -> list[str]:
