@@ -168,7 +168,7 @@ def verify(db: Path, run_id: int, n: int, dashboard_url: str) -> tuple[dict[str,
 
     import httpx
 
-    from synthwatch.quality.checks import BIT
+    from synthwatch.check_catalog import BIT
 
     fm, er = BIT["field_mismatch"], BIT["empty_reasoning"]
     con = sqlite3.connect(str(db))

@@ -208,9 +208,10 @@ def fill_field_mismatch(db_path: str | Path, n_records: int, *, run_name: str | 
     """
     from sqlalchemy import text
 
+    from synthwatch.check_catalog import BIT, CHECK_NAMES
     from synthwatch.config import RunConfig
     from synthwatch.quality.alarms import effective_rules
-    from synthwatch.quality.checks import BIT, CHECK_NAMES, RecordChecker, RecordView, RunContext, recent_windows
+    from synthwatch.quality.checks import RecordChecker, RecordView, RunContext, recent_windows
     from synthwatch.store import queue as store
     from synthwatch.store.db import open_engine
 

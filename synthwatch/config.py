@@ -14,6 +14,8 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .check_catalog import CheckSettings
+
 REASONING_MODES = ("auto", "reasoning", "reasoning_content", "reasoning_details", "thinking", "inline", "none")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NESTED_PROBLEM = re.compile(r"^[A-Za-z0-9_.\[\]]+: ")
@@ -235,8 +237,6 @@ class RunConfig(_Strict):
     @classmethod
     def _check_checks(cls, v: dict[str, Any]) -> dict[str, Any]:
         # validated wherever a config is built (CLI, UI form, resume), not only when a worker starts
-        from .quality.checks import CheckSettings
-
         try:
             CheckSettings.model_validate(v or {})
         except ValidationError as exc:

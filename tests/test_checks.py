@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 
 from synthwatch.app.words import check_label
-from synthwatch.quality.alarms import DEFAULT_RULES, fires, should_pause
+from synthwatch.check_catalog import BIT, CHECK_NAMES, DEFAULT_RULES
+from synthwatch.quality.alarms import fires, should_pause
 from synthwatch.quality.checks import (
-    BIT,
-    CHECK_NAMES,
     ChecksConfigError,
     RecordChecker,
     RecordView,

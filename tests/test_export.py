@@ -341,7 +341,7 @@ def test_selection_options(engine, tmp_path) -> None:  # type: ignore[no-untyped
     assert export(default_exclusions=False) == (["0", "2", "3", "4", "8", "9"], {"flagged_bad": 2})
     assert export(default_exclusions=False, exclude_checks=("truncated",))[1] == {"flagged_bad": 2, "truncated": 1}
     # any check of synthwatch.quality.checks, by its bit in record.check_flags
-    from synthwatch.quality.checks import BIT
+    from synthwatch.check_catalog import BIT
 
     with engine.connect() as conn, store.write_begin(conn):
         conn.execute(text("UPDATE record SET check_flags = :b WHERE run_id = :r AND idx IN (0, 2)"),

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from synthwatch.quality.alarms import DEFAULT_RULES
+from synthwatch.check_catalog import DEFAULT_RULES
 from synthwatch.review import queries as review
 from synthwatch.store.db import open_engine
 from tests.hostile import HOSTILE

@@ -19,7 +19,7 @@ from test_checks_kit import run_checked
 from workerkit import make_config, records, run_row, run_to_end, wait_for
 
 from synthwatch.capture import turns as turns_mod
-from synthwatch.quality.checks import BIT
+from synthwatch.check_catalog import BIT
 from synthwatch.store.db import open_engine
 
 DATASET_ANSWER = "DATASET-ANSWER"

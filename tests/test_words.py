@@ -10,8 +10,7 @@ from markupsafe import escape as html_escape
 
 from synthwatch.app.filters import run_state, state_note
 from synthwatch.app.words import check_help, check_label, plural
-from synthwatch.quality.alarms import DEFAULT_RULES
-from synthwatch.quality.checks import CHECK_INFO, CHECK_NAMES
+from synthwatch.check_catalog import CHECK_INFO, CHECK_NAMES, DEFAULT_RULES
 
 
 def test_counts_have_correct_grammar() -> None:

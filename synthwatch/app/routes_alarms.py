@@ -17,8 +17,8 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.engine import Connection, Engine
 
+from ..check_catalog import CHECK_INFO, CHECK_NAMES, DEFAULT_RULES
 from ..quality.alarms import (
-    DEFAULT_RULES,
     AlarmNotFound,
     acknowledge,
     active_overrides,
@@ -27,7 +27,7 @@ from ..quality.alarms import (
     list_alarms,
     list_overrides,
 )
-from ..quality.checks import CHECK_INFO, CHECK_NAMES, ChecksConfigError, parse_settings, recompute, save_settings
+from ..quality.checks import ChecksConfigError, parse_settings, recompute, save_settings
 from ..store import queue as store
 from .deps import ReadConn, WriteEngine, render
 

@@ -20,8 +20,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
+from ..check_catalog import CHECK_INFO, CHECK_NAMES
 from ..quality.alarms import OverrideError, list_overrides, set_auto_pause
-from ..quality.checks import CHECK_INFO, CHECK_NAMES
 from ..repair import actions as repair
 from ..repair import history as repair_history
 from ..store import queue as store

@@ -16,7 +16,7 @@ def plural(n: Any, word: str, many: str | None = None) -> str:
 
 def check_label(name: str) -> str:
     """The human label of a check, the same everywhere: the title of its alarm rule."""
-    from ..quality.alarms import DEFAULT_RULES  # noqa: PLC0415 - words is imported by low-level modules
+    from ..check_catalog import DEFAULT_RULES  # noqa: PLC0415 - words is imported by low-level modules
 
     rule = DEFAULT_RULES.get(name)
     return rule.title if rule else name.replace("_", " ").capitalize()
@@ -24,6 +24,6 @@ def check_label(name: str) -> str:
 
 def check_help(name: str) -> str:
     """One line on what fails the check (the tooltip; docs/checks.md says the same)."""
-    from ..quality.checks import CHECK_INFO  # noqa: PLC0415
+    from ..check_catalog import CHECK_INFO  # noqa: PLC0415
 
     return CHECK_INFO.get(name, "")

@@ -24,12 +24,9 @@ before the next turn's request is sent, so a killed worker's record resumes at i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
-
-if TYPE_CHECKING:
-    from ..quality.checks import RecordChecker, RecordView
 
 TURN_MODES = ("last", "all")
 HISTORY_REASONING = ("strip", "keep")
@@ -138,21 +135,3 @@ def last_turn(rec: dict[str, Any]) -> dict[str, Any]:
 def all_turns(rec: dict[str, Any]) -> list[dict[str, Any]]:
     """Every turn of a finished record, the last being its own columns."""
     return [*load(rec.get("turns_json")), last_turn(rec)]
-
-
-def check_turns(checker: RecordChecker, v: RecordView, turns: list[dict[str, Any]] | None
-                ) -> tuple[int, int, dict[str, Any]]:
-    """Check a record and its earlier turns (synthwatch.quality.checks): a record fails a check when any of its turns
-    does. The details are the last turn's, plus ``turns``: {turn number (1-based): details} for the earlier
-    turns that failed. Each earlier turn is checked as an ok record of its own."""
-    from ..quality.checks import BIT, CHECK_NAMES, view_from_row
-
-    applied, failed, det = checker.check(v)
-    for i, turn in enumerate(turns or ()):
-        tv = view_from_row({**turn, "id": v.record_id, "idx": v.idx, "status": "ok", "prompt_json": None})
-        a, f, d = checker.check(tv)
-        applied |= a
-        failed |= f
-        if f:
-            det.setdefault("turns", {})[str(i + 1)] = {n: d.get(n, {}) for n in CHECK_NAMES if f & BIT[n]}
-    return applied, failed, det

@@ -28,7 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from ..capture.turns import history_reasoning_of
-from ..quality.checks import ALL_STATUS_CHECKS, BIT
+from ..check_catalog import ALL_STATUS_CHECKS, BIT
 from ..store import queue as store
 from .sinks import PARTIAL_SUFFIX, JsonlSink, ParquetSink, write_atomic
 from .turns import EXPORT_TURNS, manifest_part, turn_rows

@@ -17,12 +17,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
+from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride
 from ..store import queue as store
 
 log = logging.getLogger("synthwatch.alarms")
@@ -30,65 +30,12 @@ log = logging.getLogger("synthwatch.alarms")
 SEVERITIES = ("warning", "error")
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
-    name: str  # == the check it watches
-    title: str
-    window: int
-    threshold: float
-    min_records: int
-    severity: str = "error"
-    auto_pause: bool = False
-    pause_threshold: float = 0.0
-    pause_min_records: int = 1
-    sticky: bool = False
-    enabled: bool = True
-
-
-# The one table of defaults (docs/checks.md mirrors it; a test keeps them in step).
-DEFAULT_RULES: dict[str, Rule] = {r.name: r for r in (
-    Rule("field_mismatch", "Reasoning is in a field this run does not read", 100, 0.0, 1,
-         auto_pause=True, pause_threshold=0.0, pause_min_records=1, sticky=True),
-    Rule("empty_reasoning", "Empty reasoning", 100, 0.05, 20,
-         auto_pause=True, pause_threshold=1.0, pause_min_records=50),
-    Rule("reasoning_tokens_no_text", "Reasoning tokens reported but no reasoning text", 100, 0.05, 20),
-    Rule("both_empty_with_tokens", "Empty answer although tokens were generated", 100, 0.02, 20),
-    Rule("empty_content", "Empty content", 100, 0.05, 20),
-    Rule("truncated", "Cut at max_tokens", 100, 0.10, 20, severity="warning"),
-    Rule("truncated_in_reasoning", "Truncated before the reasoning ended", 100, 0.05, 20),
-    Rule("think_tags_in_content", "Think tags left inside the content", 100, 0.02, 20),
-    Rule("repetition", "Repetitive / looping text", 100, 0.05, 20, severity="warning"),
-    Rule("duplicate_output", "Duplicate outputs across records", 100, 0.05, 20, severity="warning"),
-    Rule("token_count_mismatch", "Token count disagrees with the server's usage", 20, 0.20, 5,
-         severity="warning"),
-    Rule("template_drops_reasoning", "The chat template drops the reasoning", 1, 0.0, 1, sticky=True),
-    Rule("canary_failed", "Canary prompt failed", 10, 0.0, 1, sticky=True),
-    Rule("server_drift", "The server changed mid-run", 100, 0.0, 1, severity="warning", sticky=True),
-    Rule("timeout", "Timeouts", 200, 0.05, 20),
-    Rule("error", "Errors", 200, 0.10, 20),
-)}
 
 
 # Symptoms of a field mismatch: while that alarm is active they raise no alarm of their own, so the
 # banner names the cause once instead of listing its consequences.
 MISMATCH_SYMPTOMS = frozenset({"empty_reasoning", "reasoning_tokens_no_text", "think_tags_in_content",
                                "both_empty_with_tokens", "token_count_mismatch"})
-
-
-class RuleOverride(BaseModel):
-    """Per-run changes to one rule; unset fields keep the default."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool | None = None
-    window: int | None = Field(None, ge=1, le=100_000)
-    threshold: float | None = Field(None, ge=0.0, le=1.0)
-    min_records: int | None = Field(None, ge=1, le=100_000)
-    severity: Literal["warning", "error"] | None = None
-    auto_pause: bool | None = None
-    pause_threshold: float | None = Field(None, ge=0.0, le=1.0)
-    pause_min_records: int | None = Field(None, ge=1, le=100_000)
-    sticky: bool | None = None
 
 
 def effective_rules(overrides: dict[str, RuleOverride]) -> dict[str, Rule]:

@@ -37,61 +37,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from ..capture.turns import check_turns
 from ..capture.turns import load as load_turns
+from ..check_catalog import BIT, CHECK_INFO, CHECK_NAMES, CheckSettings, Rule
 from ..config import ConfigError, format_validation_error
 from ..store import queue as store
-from .alarms import DEFAULT_RULES, AlarmKeeper, Rule, RuleOverride, effective_rules
-from .notify import Notifier, check_webhook_url
+from .alarms import AlarmKeeper, effective_rules
+from .notify import Notifier
 
 log = logging.getLogger("synthwatch.checks")
 
-# Order fixes the bit of each check in record.check_flags: append only, never reorder.
-CHECK_NAMES: tuple[str, ...] = (
-    "empty_reasoning",
-    "empty_content",
-    "both_empty_with_tokens",
-    "truncated",
-    "truncated_in_reasoning",
-    "think_tags_in_content",
-    "field_mismatch",
-    "reasoning_tokens_no_text",
-    "repetition",
-    "duplicate_output",
-    "token_count_mismatch",
-    "template_drops_reasoning",
-    "canary_failed",
-    "server_drift",
-    "timeout",
-    "error",
-)
-BIT: dict[str, int] = {name: 1 << i for i, name in enumerate(CHECK_NAMES)}
-CHECK_BITS = BIT  # the name other modules (review, export) look up
-
-CHECK_INFO: dict[str, str] = {
-    "empty_reasoning": "ok record without reasoning while the run expects reasoning",
-    "empty_content": "ok record with an empty answer (not counted when truncated)",
-    "both_empty_with_tokens": "content and reasoning both empty while usage.completion_tokens > 0",
-    "truncated": "finish_reason = length",
-    "truncated_in_reasoning": "finish_reason = length and no content: cut before the reasoning closed",
-    "think_tags_in_content": "the run's think open/close tag is inside the content",
-    "field_mismatch": "the raw response holds reasoning-like text in a field (or inline tags) the run did not read",
-    "reasoning_tokens_no_text": "usage reports reasoning_tokens > 0 but the reasoning text is empty",
-    "repetition": "the reasoning or the content ends in a block repeated at least N times (looping)",
-    "duplicate_output": "reasoning + content equal to an earlier record's (leading/trailing whitespace ignored)",
-    "token_count_mismatch": "re-tokenized answer vs usage.completion_tokens (sampled; needs a tokenizer)",
-    "template_drops_reasoning": "the chat template renders a record without its reasoning (once per run)",
-    "canary_failed": "a canary prompt's answer lacks reasoning or the known answer",
-    "server_drift": "model or system_fingerprint differs from the previous record's of the same endpoint",
-    "timeout": "the record finished as a timeout (share of all finished records)",
-    "error": "the record finished as an error (share of all finished records)",
-}
-# checks whose denominator is every finished record; the others count ok records only
-ALL_STATUS_CHECKS = frozenset({"timeout", "error"})
 CANARY_SOURCE_PREFIX = "synthwatch-canary:"
 
 
@@ -100,78 +58,6 @@ class ChecksConfigError(ConfigError):
 
 
 # ------------------------------------------------------------------------------------ settings
-
-
-class CanaryPrompt(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    prompt: str = Field(min_length=1)
-    answer: str = Field(min_length=1, description="Text the answer (content) must contain.")
-
-
-DEFAULT_CANARIES = [
-    CanaryPrompt(prompt="What is 17 + 25? Think it through, then give the number.", answer="42"),
-    CanaryPrompt(prompt="What is 123 + 456? Think it through, then give the number.", answer="579"),
-    CanaryPrompt(prompt="What is 38 + 61? Think it through, then give the number.", answer="99"),
-]
-
-
-class CanarySettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    every_n: int = Field(0, ge=0, le=1_000_000, description="Every Nth request is a canary (0 = off, else >= 2).")
-    prompts: list[CanaryPrompt] = Field(default_factory=lambda: list(DEFAULT_CANARIES), min_length=1)
-
-    @field_validator("every_n")
-    @classmethod
-    def _n(cls, v: int) -> int:
-        if v == 1:
-            raise ValueError("every_n = 1 would make every request a canary; use 0 (off) or >= 2")
-        return v
-
-
-class WebhookSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    url: str | None = Field(None, description="POST a JSON body here when an alarm fires (else run webhook_url).")
-    timeout_s: float = Field(5.0, gt=0, le=60)
-    dashboard_url: str = Field("http://127.0.0.1:8000", description="Base of the links in notifications.")
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        return check_webhook_url(v) if v else None
-
-
-class CheckSettings(BaseModel):
-    """The `[checks]` table of a run config."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    disabled: list[str] = Field(default_factory=list, description="Checks not computed at all.")
-    rules: dict[str, RuleOverride] = Field(default_factory=dict)
-    repetition_min_chars: int = Field(400, ge=20)
-    repetition_min_repeats: int = Field(3, ge=2, le=1000)
-    repetition_tail_chars: int = Field(8000, ge=100, le=1_000_000)
-    duplicate_min_chars: int = Field(32, ge=1)
-    duplicate_max_tracked: int = Field(1_000_000, ge=0)
-    duplicate_resume_records: int = Field(5000, ge=0)
-    token_sample_every: int = Field(20, ge=1)
-    canary: CanarySettings = Field(default_factory=lambda: CanarySettings.model_validate({}))
-    webhook: WebhookSettings = Field(default_factory=lambda: WebhookSettings.model_validate({}))
-
-    @field_validator("disabled")
-    @classmethod
-    def _known_checks(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if name not in BIT:
-                raise ValueError(f"unknown check {name!r}; known: {', '.join(CHECK_NAMES)}")
-        return v
-
-    @field_validator("rules")
-    @classmethod
-    def _known_rules(cls, v: dict[str, RuleOverride]) -> dict[str, RuleOverride]:
-        for name in v:
-            if name not in DEFAULT_RULES:
-                raise ValueError(f"unknown rule {name!r}; known: {', '.join(DEFAULT_RULES)}")
-        return v
 
 
 def parse_settings(raw: dict[str, Any] | None, source: str = "run config") -> CheckSettings:
@@ -570,6 +456,23 @@ def applied_bits(status: str, reasoning_tokens: Any, expects: bool) -> int:
         if reasoning_tokens is not None:
             applied |= BIT["reasoning_tokens_no_text"]
     return applied
+
+
+
+def check_turns(checker: RecordChecker, v: RecordView, turns: list[dict[str, Any]] | None
+                ) -> tuple[int, int, dict[str, Any]]:
+    """Check a record and its earlier turns (synthwatch.capture.turns): a record fails a check when any of its turns
+    does. The details are the last turn's, plus ``turns``: {turn number (1-based): details} for the earlier
+    turns that failed. Each earlier turn is checked as an ok record of its own."""
+    applied, failed, det = checker.check(v)
+    for i, turn in enumerate(turns or ()):
+        tv = view_from_row({**turn, "id": v.record_id, "idx": v.idx, "status": "ok", "prompt_json": None})
+        a, f, d = checker.check(tv)
+        applied |= a
+        failed |= f
+        if f:
+            det.setdefault("turns", {})[str(i + 1)] = {n: d.get(n, {}) for n in CHECK_NAMES if f & BIT[n]}
+    return applied, failed, det
 
 
 def recent_windows(conn: Connection, run_id: int, checker: RecordChecker, rules: dict[str, Rule]) -> dict[str, Window]:

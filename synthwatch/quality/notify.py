@@ -15,17 +15,8 @@ import threading
 import urllib.error
 import urllib.request
 from typing import Any
-from urllib.parse import urlparse
 
 log = logging.getLogger("synthwatch.alarms")
-
-
-def check_webhook_url(url: str) -> str:
-    url = url.strip()
-    p = urlparse(url)
-    if p.scheme not in ("http", "https") or not p.netloc:
-        raise ValueError(f"webhook URL must be http(s)://host/..., got {url!r}")
-    return url
 
 
 class Notifier:

@@ -29,10 +29,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from ..capture.reasoning import REASONING_FIELDS, rederive
-from ..capture.turns import check_turns
 from ..capture.turns import load as load_turns
+from ..check_catalog import BIT, CHECK_NAMES
 from ..quality.alarms import AlarmKeeper, effective_rules
-from ..quality.checks import BIT, CHECK_NAMES, RecordChecker, RunContext, applied_bits, recent_windows, view_from_row
+from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turns, recent_windows, view_from_row
 from ..review.queries import Cursor, Filters, ReviewError, _select_ids, failed_checks, max_record_id
 from ..store import queue as store
 from ..store import search_index

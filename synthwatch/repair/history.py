@@ -12,7 +12,8 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from ..quality.checks import BIT, CHECK_NAMES, applied_bits
+from ..check_catalog import BIT, CHECK_NAMES
+from ..quality.checks import applied_bits
 from ..review.queries import Filters
 from ..store import queue as store
 from ..store import search_index

@@ -25,7 +25,7 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from ..quality.checks import BIT
+from ..check_catalog import BIT
 from ..store import queue as store
 
 REASONS: tuple[tuple[str, str], ...] = (

@@ -93,7 +93,7 @@ def watch_config(name: str, path: str, *, model: str | None = None, expect_reaso
         "reasoning": {"mode": reasoning_mode, "expect": expect_reasoning},
     }
     try:
-        from ..quality.alarms import DEFAULT_RULES
+        from ..check_catalog import DEFAULT_RULES
     except ImportError:
         DEFAULT_RULES = {}  # noqa: N806
     # Pausing a watch cannot stop the other program's generation; it would only hold back what the

@@ -1,0 +1,192 @@
+"""What the checks are, declared once: their names and bits in ``record.check_flags``, what each means, the
+default alarm rule of each, and the ``[checks]`` table of a run config.
+
+A module of its own, importing nothing of synthwatch, so that the run config (synthwatch.config) validates
+its ``[checks]`` table without importing the checks themselves (which import the store, which imports the
+config). Adding a check starts here: its name (appended), its description and its default rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Order fixes the bit of each check in record.check_flags: append only, never reorder.
+CHECK_NAMES: tuple[str, ...] = (
+    "empty_reasoning",
+    "empty_content",
+    "both_empty_with_tokens",
+    "truncated",
+    "truncated_in_reasoning",
+    "think_tags_in_content",
+    "field_mismatch",
+    "reasoning_tokens_no_text",
+    "repetition",
+    "duplicate_output",
+    "token_count_mismatch",
+    "template_drops_reasoning",
+    "canary_failed",
+    "server_drift",
+    "timeout",
+    "error",
+)
+BIT: dict[str, int] = {name: 1 << i for i, name in enumerate(CHECK_NAMES)}
+
+CHECK_INFO: dict[str, str] = {
+    "empty_reasoning": "ok record without reasoning while the run expects reasoning",
+    "empty_content": "ok record with an empty answer (not counted when truncated)",
+    "both_empty_with_tokens": "content and reasoning both empty while usage.completion_tokens > 0",
+    "truncated": "finish_reason = length",
+    "truncated_in_reasoning": "finish_reason = length and no content: cut before the reasoning closed",
+    "think_tags_in_content": "the run's think open/close tag is inside the content",
+    "field_mismatch": "the raw response holds reasoning-like text in a field (or inline tags) the run did not read",
+    "reasoning_tokens_no_text": "usage reports reasoning_tokens > 0 but the reasoning text is empty",
+    "repetition": "the reasoning or the content ends in a block repeated at least N times (looping)",
+    "duplicate_output": "reasoning + content equal to an earlier record's (leading/trailing whitespace ignored)",
+    "token_count_mismatch": "re-tokenized answer vs usage.completion_tokens (sampled; needs a tokenizer)",
+    "template_drops_reasoning": "the chat template renders a record without its reasoning (once per run)",
+    "canary_failed": "a canary prompt's answer lacks reasoning or the known answer",
+    "server_drift": "model or system_fingerprint differs from the previous record's of the same endpoint",
+    "timeout": "the record finished as a timeout (share of all finished records)",
+    "error": "the record finished as an error (share of all finished records)",
+}
+# checks whose denominator is every finished record; the others count ok records only
+ALL_STATUS_CHECKS = frozenset({"timeout", "error"})
+
+
+def check_webhook_url(url: str) -> str:
+    url = url.strip()
+    p = urlparse(url)
+    if p.scheme not in ("http", "https") or not p.netloc:
+        raise ValueError(f"webhook URL must be http(s)://host/..., got {url!r}")
+    return url
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str  # == the check it watches
+    title: str
+    window: int
+    threshold: float
+    min_records: int
+    severity: str = "error"
+    auto_pause: bool = False
+    pause_threshold: float = 0.0
+    pause_min_records: int = 1
+    sticky: bool = False
+    enabled: bool = True
+
+
+# The one table of defaults (docs/checks.md mirrors it; a test keeps them in step).
+DEFAULT_RULES: dict[str, Rule] = {r.name: r for r in (
+    Rule("field_mismatch", "Reasoning is in a field this run does not read", 100, 0.0, 1,
+         auto_pause=True, pause_threshold=0.0, pause_min_records=1, sticky=True),
+    Rule("empty_reasoning", "Empty reasoning", 100, 0.05, 20,
+         auto_pause=True, pause_threshold=1.0, pause_min_records=50),
+    Rule("reasoning_tokens_no_text", "Reasoning tokens reported but no reasoning text", 100, 0.05, 20),
+    Rule("both_empty_with_tokens", "Empty answer although tokens were generated", 100, 0.02, 20),
+    Rule("empty_content", "Empty content", 100, 0.05, 20),
+    Rule("truncated", "Cut at max_tokens", 100, 0.10, 20, severity="warning"),
+    Rule("truncated_in_reasoning", "Truncated before the reasoning ended", 100, 0.05, 20),
+    Rule("think_tags_in_content", "Think tags left inside the content", 100, 0.02, 20),
+    Rule("repetition", "Repetitive / looping text", 100, 0.05, 20, severity="warning"),
+    Rule("duplicate_output", "Duplicate outputs across records", 100, 0.05, 20, severity="warning"),
+    Rule("token_count_mismatch", "Token count disagrees with the server's usage", 20, 0.20, 5,
+         severity="warning"),
+    Rule("template_drops_reasoning", "The chat template drops the reasoning", 1, 0.0, 1, sticky=True),
+    Rule("canary_failed", "Canary prompt failed", 10, 0.0, 1, sticky=True),
+    Rule("server_drift", "The server changed mid-run", 100, 0.0, 1, severity="warning", sticky=True),
+    Rule("timeout", "Timeouts", 200, 0.05, 20),
+    Rule("error", "Errors", 200, 0.10, 20),
+)}
+
+
+class RuleOverride(BaseModel):
+    """Per-run changes to one rule; unset fields keep the default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool | None = None
+    window: int | None = Field(None, ge=1, le=100_000)
+    threshold: float | None = Field(None, ge=0.0, le=1.0)
+    min_records: int | None = Field(None, ge=1, le=100_000)
+    severity: Literal["warning", "error"] | None = None
+    auto_pause: bool | None = None
+    pause_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    pause_min_records: int | None = Field(None, ge=1, le=100_000)
+    sticky: bool | None = None
+
+
+class CanaryPrompt(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt: str = Field(min_length=1)
+    answer: str = Field(min_length=1, description="Text the answer (content) must contain.")
+
+
+DEFAULT_CANARIES = [
+    CanaryPrompt(prompt="What is 17 + 25? Think it through, then give the number.", answer="42"),
+    CanaryPrompt(prompt="What is 123 + 456? Think it through, then give the number.", answer="579"),
+    CanaryPrompt(prompt="What is 38 + 61? Think it through, then give the number.", answer="99"),
+]
+
+
+class CanarySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    every_n: int = Field(0, ge=0, le=1_000_000, description="Every Nth request is a canary (0 = off, else >= 2).")
+    prompts: list[CanaryPrompt] = Field(default_factory=lambda: list(DEFAULT_CANARIES), min_length=1)
+
+    @field_validator("every_n")
+    @classmethod
+    def _n(cls, v: int) -> int:
+        if v == 1:
+            raise ValueError("every_n = 1 would make every request a canary; use 0 (off) or >= 2")
+        return v
+
+
+class WebhookSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str | None = Field(None, description="POST a JSON body here when an alarm fires (else run webhook_url).")
+    timeout_s: float = Field(5.0, gt=0, le=60)
+    dashboard_url: str = Field("http://127.0.0.1:8000", description="Base of the links in notifications.")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return check_webhook_url(v) if v else None
+
+
+class CheckSettings(BaseModel):
+    """The `[checks]` table of a run config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    disabled: list[str] = Field(default_factory=list, description="Checks not computed at all.")
+    rules: dict[str, RuleOverride] = Field(default_factory=dict)
+    repetition_min_chars: int = Field(400, ge=20)
+    repetition_min_repeats: int = Field(3, ge=2, le=1000)
+    repetition_tail_chars: int = Field(8000, ge=100, le=1_000_000)
+    duplicate_min_chars: int = Field(32, ge=1)
+    duplicate_max_tracked: int = Field(1_000_000, ge=0)
+    duplicate_resume_records: int = Field(5000, ge=0)
+    token_sample_every: int = Field(20, ge=1)
+    canary: CanarySettings = Field(default_factory=lambda: CanarySettings.model_validate({}))
+    webhook: WebhookSettings = Field(default_factory=lambda: WebhookSettings.model_validate({}))
+
+    @field_validator("disabled")
+    @classmethod
+    def _known_checks(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if name not in BIT:
+                raise ValueError(f"unknown check {name!r}; known: {', '.join(CHECK_NAMES)}")
+        return v
+
+    @field_validator("rules")
+    @classmethod
+    def _known_rules(cls, v: dict[str, RuleOverride]) -> dict[str, RuleOverride]:
+        for name in v:
+            if name not in DEFAULT_RULES:
+                raise ValueError(f"unknown rule {name!r}; known: {', '.join(DEFAULT_RULES)}")
+        return v
