@@ -245,8 +245,8 @@ def measure_client(kind: str, base_url: str, dataset: str, n_requests: int, conc
 
 def _new_run(base_url: str, dataset: str, db: str, stream: bool, **config: Any) -> tuple[Any, Any, int]:
     """A fresh database with the dataset loaded into a new run, as `synthwatch run` does it (untimed)."""
-    from synthwatch.commands.run import prepare_run
     from synthwatch.config import RunConfig
+    from synthwatch.sources.load import prepare_run
     from synthwatch.store.db import open_engine
 
     engine = open_engine(db)

@@ -538,3 +538,23 @@ def test_hf_dataset_dict_needs_split(tmp_path: Path) -> None:
 def test_folder_that_is_not_a_dataset(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="not a folder written by datasets' save_to_disk"):
         load_dataset(DatasetSpec(str(tmp_path)))
+
+
+def test_prepare_run_loads_once_and_refuses_a_bad_dataset(tmp_path: Path, engine: Any) -> None:
+    """Loading a dataset into the queue is a domain step (sources/load.py), not a CLI one: the dashboard,
+    tests and benchmarks call it directly, and its errors are not CLI exits."""
+    import io
+
+    from workerkit import make_config
+
+    from synthwatch.sources.load import RunLoadError, prepare_run
+
+    data = write_jsonl(tmp_path / "p.jsonl", [{"messages": [user(f"q{i}")]} for i in range(3)])
+    config = make_config("http://127.0.0.1:9/v1", data, name="load-once")
+    out = io.StringIO()
+    run_id, resumed = prepare_run(engine, config, out=out)
+    assert not resumed and "3 prompts" in out.getvalue()
+    assert prepare_run(engine, config, out=out) == (run_id, True)
+    bad = make_config("http://127.0.0.1:9/v1", tmp_path / "missing.jsonl", name="bad-one")
+    with pytest.raises(RunLoadError, match="missing.jsonl"):
+        prepare_run(engine, bad, out=out)

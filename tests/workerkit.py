@@ -12,8 +12,8 @@ from typing import Any
 
 from sqlalchemy import text
 
-from synthwatch.commands.run import prepare_run
 from synthwatch.config import RunConfig, deep_merge
+from synthwatch.sources.load import prepare_run
 from synthwatch.store import queue as store
 from synthwatch.workers.engine import RunWorker
 

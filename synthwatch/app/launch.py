@@ -213,7 +213,7 @@ def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None
                           f"dashboard (looked at {path})")
     config.dataset.path = str(path)
     if not config.name:
-        from ..commands.run import default_name
+        from ..sources.load import default_name
 
         config.name = default_name(config)
     with read_engine.connect() as conn:

@@ -7,10 +7,10 @@ import asyncio
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ..cli import CliError
+from ..sources.load import RunLoadError, default_name, prepare_run
 from ._common import add_db_arg, dashboard_hint, json_object_flag, positive_float, positive_int
 
 
@@ -183,59 +183,6 @@ def resolve_config(a: argparse.Namespace, stored: dict[str, Any] | None = None) 
         raise CliError(str(exc)) from None
 
 
-def default_name(config: Any) -> str:
-    stem = Path(config.dataset.path).name.split(".")[0] or "dataset"
-    return f"{stem}-{config.model.split('/')[-1]}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int, bool]:
-    """Create the run and load its prompts, or find it to resume. Returns (run_id, resumed)."""
-    from sqlalchemy import text
-
-    from ..sources.datasets import DatasetError, DatasetSpec, load_dataset
-    from ..store.queue import create_run, find_run_id, insert_prompts, write_begin
-
-    with engine.connect() as conn:
-        existing = find_run_id(conn, config.name)
-        kind = conn.execute(text("SELECT kind FROM run WHERE id = :r"), {"r": existing}).scalar()
-        conn.rollback()
-    if existing is not None:
-        if kind != "generate":
-            raise CliError(f"run {config.name!r} is a {kind} run (synthwatch {kind}); choose another --name")
-        return existing, True
-    d = config.dataset
-    spec = DatasetSpec(
-        path=d.path, format=d.format, split=d.split, messages_field=d.messages_field,
-        conversations_field=d.conversations_field, prompt_field=d.prompt_field, id_field=d.id_field,
-        system_prompt=d.system_prompt, shuffle=d.shuffle, seed=d.seed, limit=d.limit, on_bad_line=d.on_bad_line,
-    )
-    from ..quality.checks import ChecksConfigError, parse_settings, with_canaries
-
-    try:
-        check_settings = parse_settings(config.checks)
-    except ChecksConfigError as exc:
-        raise CliError(str(exc)) from None
-    try:
-        loaded = load_dataset(spec)
-    except DatasetError as exc:
-        raise CliError(str(exc)) from None
-    print(f"dataset {d.path}: {len(loaded.prompts)} prompts ({loaded.shape})", file=out)
-    if loaded.bad_lines:
-        print(f"  skipped {len(loaded.bad_lines)} malformed rows (--skip-bad-lines):", file=out)
-        for bad in loaded.bad_lines[:10]:
-            print(f"    {bad}", file=out)
-    with engine.connect() as conn, write_begin(conn):
-        run_id = create_run(conn, config.name, config)
-        insert_prompts(conn, run_id, with_canaries(loaded.prompts, check_settings), turns=config.turns)
-        if loaded.bad_lines:
-            conn.execute(
-                text("INSERT INTO ingest_error (run_id, path, line, reason, t) VALUES (:r, :p, :l, :reason, :t)"),
-                [{"r": run_id, "p": b.file, "l": b.line, "reason": b.reason, "t": time.time()}
-                 for b in loaded.bad_lines],
-            )
-    return run_id, False
-
-
 class Progress:
     """The live progress line (stderr, rewritten in place) or JSON lines (stdout)."""
 
@@ -357,7 +304,10 @@ def handle(a: argparse.Namespace) -> int:
         config = resolve_config(a)
         if not config.name:
             config.name = default_name(config)
-        run_id, resumed = prepare_run(engine, config)
+        try:
+            run_id, resumed = prepare_run(engine, config)
+        except RunLoadError as exc:
+            raise CliError(str(exc)) from None
     out = sys.stderr
     verb = "joining" if a.join else ("resuming" if resumed else "starting")
     print(f"{verb} run {config.name!r} (id {run_id}) in {safe_url(str(engine.url))}", file=out)

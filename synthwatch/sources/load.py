@@ -1,0 +1,70 @@
+"""Load a dataset into a new run (the database is the queue), or find the run to resume.
+
+Called by `synthwatch run`, by the dashboard's start-a-run form (app/launch.py), and by tests and
+benchmarks that need a loaded run.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+class RunLoadError(Exception):
+    """The run cannot be created or loaded (bad dataset, bad check settings, a name taken by another kind
+    of run); the message is for the user."""
+
+
+def default_name(config: Any) -> str:
+    stem = Path(config.dataset.path).name.split(".")[0] or "dataset"
+    return f"{stem}-{config.model.split('/')[-1]}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int, bool]:
+    """Create the run and load its prompts, or find it to resume. Returns (run_id, resumed)."""
+    from sqlalchemy import text
+
+    from ..sources.datasets import DatasetError, DatasetSpec, load_dataset
+    from ..store.queue import create_run, find_run_id, insert_prompts, write_begin
+
+    with engine.connect() as conn:
+        existing = find_run_id(conn, config.name)
+        kind = conn.execute(text("SELECT kind FROM run WHERE id = :r"), {"r": existing}).scalar()
+        conn.rollback()
+    if existing is not None:
+        if kind != "generate":
+            raise RunLoadError(f"run {config.name!r} is a {kind} run (synthwatch {kind}); choose another --name")
+        return existing, True
+    d = config.dataset
+    spec = DatasetSpec(
+        path=d.path, format=d.format, split=d.split, messages_field=d.messages_field,
+        conversations_field=d.conversations_field, prompt_field=d.prompt_field, id_field=d.id_field,
+        system_prompt=d.system_prompt, shuffle=d.shuffle, seed=d.seed, limit=d.limit, on_bad_line=d.on_bad_line,
+    )
+    from ..quality.checks import ChecksConfigError, parse_settings, with_canaries
+
+    try:
+        check_settings = parse_settings(config.checks)
+    except ChecksConfigError as exc:
+        raise RunLoadError(str(exc)) from None
+    try:
+        loaded = load_dataset(spec)
+    except DatasetError as exc:
+        raise RunLoadError(str(exc)) from None
+    print(f"dataset {d.path}: {len(loaded.prompts)} prompts ({loaded.shape})", file=out)
+    if loaded.bad_lines:
+        print(f"  skipped {len(loaded.bad_lines)} malformed rows (--skip-bad-lines):", file=out)
+        for bad in loaded.bad_lines[:10]:
+            print(f"    {bad}", file=out)
+    with engine.connect() as conn, write_begin(conn):
+        run_id = create_run(conn, config.name, config)
+        insert_prompts(conn, run_id, with_canaries(loaded.prompts, check_settings), turns=config.turns)
+        if loaded.bad_lines:
+            conn.execute(
+                text("INSERT INTO ingest_error (run_id, path, line, reason, t) VALUES (:r, :p, :l, :reason, :t)"),
+                [{"r": run_id, "p": b.file, "l": b.line, "reason": b.reason, "t": time.time()}
+                 for b in loaded.bad_lines],
+            )
+    return run_id, False
