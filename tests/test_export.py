@@ -18,7 +18,8 @@ from sqlalchemy import text
 
 from synthwatch.cli import main as cli_main
 from synthwatch.config import RunConfig
-from synthwatch.export.stream import ExportError, ExportOptions, export_run, manifest_path, prepare_export
+from synthwatch.export.plan import ExportError, ExportOptions
+from synthwatch.export.stream import export_run, manifest_path, prepare_export
 from synthwatch.store import queue as store
 from synthwatch.tokens.tokenizer import DEEPSEEK_V4, TokenizerSpec, load_tokenizer
 

@@ -15,8 +15,9 @@ import pytest
 from conftest import ROOT
 from test_export import make_run, read_jsonl, read_manifest, specforge_read
 
+from synthwatch.export.plan import ExportOptions
 from synthwatch.export.presets import PRESETS, specforge_row_error
-from synthwatch.export.stream import ExportOptions, export_run
+from synthwatch.export.stream import export_run
 from synthwatch.tokens.tokenizer import DEEPSEEK_V4, TokenizerSpec, load_tokenizer
 
 R1_TEMPLATE = ROOT / "tests" / "data" / "r1_style_chat_template.jinja"

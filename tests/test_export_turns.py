@@ -12,7 +12,8 @@ from test_turns import DATASET_ANSWER, write_conversations
 from workerkit import make_config, records, run_to_end
 
 from synthwatch.capture import turns as turns_mod
-from synthwatch.export.stream import ExportError, ExportOptions, export_run
+from synthwatch.export.plan import ExportError, ExportOptions
+from synthwatch.export.stream import export_run
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

@@ -15,7 +15,8 @@ import pytest
 from test_checks_kit import CheckedBackground, alarms, completed_mismatch_run, events, stats
 from workerkit import make_config, records, run_row, wait_for
 
-from synthwatch.export.stream import ExportOptions, export_run
+from synthwatch.export.plan import ExportOptions
+from synthwatch.export.stream import export_run
 from synthwatch.quality import alarms as alarms_mod
 from synthwatch.repair import actions as repair
 from synthwatch.repair import history as repair_history

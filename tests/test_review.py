@@ -521,7 +521,7 @@ def test_every_check_is_a_review_filter_and_an_export_exclusion() -> None:
     """The check filter and the export's exclusions read the checks' bit map directly: every check the writer
     runs can be filtered on and excluded, and a check that is not one is refused."""
     from synthwatch.check_catalog import ALL_STATUS_CHECKS, BIT, CHECK_NAMES
-    from synthwatch.export.stream import check_bit_map
+    from synthwatch.export.plan import check_bit_map
 
     for name in CHECK_NAMES:
         assert Filters.from_params({"check": name}).check == name

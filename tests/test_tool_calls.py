@@ -14,8 +14,9 @@ from test_export_trainers import pretokenized_row_error
 from workerkit import make_config, records, run_to_end
 
 from synthwatch.capture import tool_calls
+from synthwatch.export.plan import ExportOptions
 from synthwatch.export.presets import specforge_reader_error, specforge_row_error
-from synthwatch.export.stream import ExportOptions, export_run
+from synthwatch.export.stream import export_run
 from synthwatch.sources.datasets import DatasetSpec, load_dataset
 
 WEATHER = {"type": "function", "function": {

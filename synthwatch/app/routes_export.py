@@ -24,7 +24,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-from ..export.stream import (
+from ..export.plan import (
     DEFAULT_CHECKS,
     FORMATS,
     PARQUET_FORMATS,
@@ -32,11 +32,8 @@ from ..export.stream import (
     ExportOptions,
     ExportPlan,
     check_bit_map,
-    manifest_path,
-    prepare_export,
-    run_export,
-    sqlite_path,
 )
+from ..export.stream import manifest_path, prepare_export, run_export, sqlite_path
 from ..store import queue as store
 from .deps import render
 

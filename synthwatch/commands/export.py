@@ -107,7 +107,8 @@ def _clock(seconds: float) -> str:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..export.stream import ExportError, ExportOptions, manifest_path, prepare_export, run_export, sqlite_path
+    from ..export.plan import ExportError, ExportOptions
+    from ..export.stream import manifest_path, prepare_export, run_export, sqlite_path
     from ..store.db import DatabaseError, is_sqlite, open_engine, resolve_url
 
     try:

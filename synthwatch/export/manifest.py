@@ -6,7 +6,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from .stream import PRESET_FORMATS, R_EMPTY, R_TRUNCATED, TOKEN_FORMATS, ExportPlan, version
+from .plan import PRESET_FORMATS, R_EMPTY, R_TRUNCATED, TOKEN_FORMATS, ExportPlan, version
 
 
 def build_manifest(plan: ExportPlan, scanned: int, exported: int, excluded: Counter[str], sources: Counter[str],

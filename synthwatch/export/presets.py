@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
-    from .stream import ExportPlan
+    from .plan import ExportPlan
 
 THINK_MARKERS = ("<think>", "</think>")
 
@@ -182,7 +182,7 @@ def has_think_marker(text: str) -> bool:
 def row_specforge(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
     from ..capture import tool_calls
     from ..tokens.tokenizer import prompt_tools
-    from . import stream as ex
+    from . import plan as ex
 
     reasoning = rec.get("reasoning") or ""
     content = rec.get("content") or ""
@@ -247,7 +247,7 @@ def specforge_reader_error(turns: list[dict[str, Any]]) -> str | None:
 
 
 def row_speculators(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
-    from . import stream as ex
+    from . import plan as ex
 
     rid = ex.record_id(rec, plan.run["name"])
     from ..capture import tool_calls

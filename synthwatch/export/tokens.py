@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..capture import tool_calls
-from .stream import R_NO_IDS, R_TOKENIZE, ExportError, ExportOptions, ExportPlan, Skip, record_id
+from .plan import R_NO_IDS, R_TOKENIZE, ExportError, ExportOptions, ExportPlan, Skip, record_id
 
 R_TOOL_CALL_IDS = "tool_call_without_server_ids"
 
