@@ -91,7 +91,8 @@ def make_exports(folder: Path) -> dict[str, Any]:
     from synthwatch.config import RunConfig
     from synthwatch.export.plan import ExportOptions
     from synthwatch.export.stream import export_run
-    from synthwatch.simulator.server import SimConfig, running_in_thread
+    from synthwatch.simulator.config import SimConfig
+    from synthwatch.simulator.launch import running_in_thread
     from synthwatch.sources.load import prepare_run
     from synthwatch.store.db import open_engine
     from synthwatch.workers.engine import RunWorker

@@ -66,7 +66,8 @@ def sim() -> Iterator[Callable[..., str]]:
     """Start simulators: sim(reasoning_field="reasoning", ...) -> base_url. All stop at teardown."""
     from contextlib import ExitStack
 
-    from synthwatch.simulator.server import SimConfig, running_in_thread
+    from synthwatch.simulator.config import SimConfig
+    from synthwatch.simulator.launch import running_in_thread
 
     with ExitStack() as stack:
 

@@ -14,14 +14,9 @@ import httpx
 import pytest
 from conftest import run_async
 
-from synthwatch.simulator.server import (
-    REASONING_FIELDS,
-    SimConfig,
-    add_arguments,
-    config_from_args,
-    running_in_thread,
-    solve_arithmetic,
-)
+from synthwatch.simulator.answers import solve_arithmetic
+from synthwatch.simulator.config import REASONING_FIELDS, SimConfig
+from synthwatch.simulator.launch import add_arguments, config_from_args, running_in_thread
 
 BASE: dict[str, Any] = {
     "reasoning_field": "reasoning",
@@ -542,7 +537,7 @@ def test_token_ids_words(client: httpx.Client) -> None:
 
 
 def test_token_ids_deepseek_inline(client: httpx.Client) -> None:
-    from synthwatch.simulator.server import deepseek_tokenizer
+    from synthwatch.simulator.token_plan import deepseek_tokenizer
 
     configure(client, reasoning_field="inline", token_ids="deepseek")
     data = complete(client, return_token_ids=True)
@@ -617,7 +612,7 @@ def test_token_ids_deepseek_look_like_vllm_032(client: httpx.Client) -> None:
     """The facts of a real vLLM 0.32 run with return_token_ids (reference/training-formats.md): the prompt
     ids end with the assistant header, the prefilled <think> and a newline; the completion ends with EOS
     (id 1) only when finish_reason is "stop"."""
-    from synthwatch.simulator.server import deepseek_tokenizer
+    from synthwatch.simulator.token_plan import deepseek_tokenizer
 
     tok = deepseek_tokenizer()
     configure(client, reasoning_field="reasoning", token_ids="deepseek")

@@ -123,7 +123,7 @@ def test_a_tool_calling_run_end_to_end(engine, tool_run, live_app, tmp_path) -> 
     assert all(pretokenized_row_error(r) is None for r in rows.values())
     ids, mask = rows["ask"]["input_ids"], rows["ask"]["loss_mask"]
     n = mask.index(1)
-    from synthwatch.simulator.server import deepseek_tokenizer
+    from synthwatch.simulator.token_plan import deepseek_tokenizer
 
     assert '{"city": "Paris"}' in deepseek_tokenizer().decode(ids[n:])
 

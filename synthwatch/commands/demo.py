@@ -107,7 +107,8 @@ def handle(args: argparse.Namespace) -> int:
     from ..app.main import create_app
     from ..config import ConfigError, build_config
     from ..settings import get_settings
-    from ..simulator.server import SimConfig, running_in_thread
+    from ..simulator.config import SimConfig
+    from ..simulator.launch import running_in_thread
     from ..store.db import DatabaseError, open_engine, resolve_url
 
     if not DEMO_PROMPTS.exists():

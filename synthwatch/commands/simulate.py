@@ -6,7 +6,7 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from ..simulator import server as simulator
+    from ..simulator import launch as simulator
 
     p = sub.add_parser("simulate", help="serve a simulated vLLM-shaped endpoint (/v1/chat/completions)")
     p.add_argument("--host", default="127.0.0.1")
@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..simulator import server as simulator
+    from ..simulator import launch as simulator
 
     simulator.run(simulator.config_from_args(args), args.host, args.port)
     return 0
