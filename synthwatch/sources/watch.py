@@ -146,7 +146,7 @@ class Ingestor:
         self.hooks = hooks or []
         self.arrival = arrival
         self.rng = random.Random()
-        # a Writer that is never started: its series accumulation is reused as is
+        # the worker writer's series accumulation (workers/series.py), seeded from the stored rows at each batch
         self._series = SeriesAccumulator(run_id, 0)
         self.total_ok = 0
         self.total_error = 0
