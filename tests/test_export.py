@@ -465,3 +465,28 @@ def test_canary_records_are_never_exported(engine, tmp_path) -> None:  # type: i
     manifest = export_run(engine, run_id, ExportOptions(format="raw", out=out))
     assert manifest["counts"]["excluded"] == {"canary": 1} and manifest["counts"]["exported"] == 2
     assert all(orjson.loads(line)["idx"] >= 0 for line in out.read_bytes().splitlines())
+
+
+def test_export_jobs_run_in_a_thread_without_the_dashboard(engine: Any, tmp_path: Path) -> None:
+    """The export-job lifecycle (row, thread, file) is export/jobs.py: it runs with two engines and a folder,
+    no web app; a file is served only for a finished job of that run."""
+    from synthwatch.export.jobs import ExportJobs, JobNotDone, JobNotFound
+    from synthwatch.store.db import make_engine
+
+    run_id = make_run(engine, VARIED)
+    read = make_engine(str(engine.url), readonly=True)
+    jobs = ExportJobs(read, engine, tmp_path / "exports")
+    job_id = jobs.start(run_id, ExportOptions(format="raw", out=jobs.out_path("exp", "raw", parquet=False)))
+    deadline = time.monotonic() + 30
+    while (job := jobs.job(run_id, job_id)) and job["status"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job is not None and job["status"] == "done", job
+    assert job["manifest"]["counts"]["exported"] == len(read_jsonl(jobs.finished_file(run_id, job_id)))
+    assert jobs.finished_file(run_id, job_id, manifest=True).name.endswith(".manifest.json")
+    with pytest.raises(JobNotFound):
+        jobs.finished_file(run_id + 1, job_id)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE export_job SET status = 'running' WHERE id = :j"), {"j": job_id})
+    assert jobs.job(run_id, job_id)["status"] == "failed"  # running, but no thread of this process: interrupted
+    with pytest.raises(JobNotDone):
+        jobs.finished_file(run_id, job_id)

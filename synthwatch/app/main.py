@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..export.jobs import ExportJobs, exports_dir
 from ..settings import Settings, get_settings
 from ..store.db import make_engine, migrate, resolve_url
 from ..store.search_index import BackgroundIndexer
@@ -48,6 +49,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
     # reads: query_only connections; writes (controls, flags): short transactions on their own pool
     app.state.read_engine = make_engine(url, readonly=True, pool_size=10)
     app.state.write_engine = make_engine(url, pool_size=2)
+    app.state.export_jobs = ExportJobs(app.state.read_engine, app.state.write_engine, exports_dir(url))
     app.state.templates = make_templates()
     app.mount("/static", StaticFiles(directory=str(STATIC_DIR)), name="static")
     security.install(app, auth_token=settings.auth_token, loopback_only=security.is_loopback(settings.host))

@@ -1,39 +1,30 @@
 """Routes: export a run from the dashboard (form, progress, download) and the JSON API.
 
-An export runs in a background thread of the web process: it reads records through the query-only
-read engine, page by page, and writes only its own ``export_job`` row (progress, then the manifest or
-the error) with short transactions on the write engine. Files go to the ``exports`` folder beside the
-SQLite database; a download serves only the file of a finished ``export_job`` row of that run, never a
-path taken from the request.
+The jobs themselves (their rows, their threads, where their files go) are export/jobs.py; a download
+serves only the file of a finished job of that run, never a path taken from the request.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import secrets
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
-from sqlalchemy import text
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.engine import Connection
 
+from ..export.jobs import ExportJobs, FileGone, JobNotDone, JobNotFound
 from ..export.plan import (
     DEFAULT_CHECKS,
     FORMATS,
     PARQUET_FORMATS,
     ExportError,
     ExportOptions,
-    ExportPlan,
     check_bit_map,
 )
-from ..export.stream import manifest_path, prepare_export, run_export, sqlite_path
 from ..store import queue as store
 from .deps import render
 
@@ -55,32 +46,11 @@ _FORMAT_HELP = {
     "speculators": "For speculators (checked against speculators 0.9.0): pre-tokenized rows {id, input_ids, "
                    "loss_mask, metadata} that its prepare-data passes through.",
 }
-_lock = threading.RLock()
-
-
 # ------------------------------------------------------------------------------------------ helpers
 
 
-def exports_dir(request: Request) -> Path:
-    """The exports folder beside the SQLite database (or ./exports for a server database)."""
-    db_file = sqlite_path(request.app.state.db_url)
-    base = db_file.parent if db_file is not None else Path.cwd()
-    return (base / "exports").resolve()
-
-
-def _running(request: Request) -> dict[int, threading.Thread]:
-    """Export threads started by this process (a 'running' row without one was interrupted)."""
-    state = request.app.state
-    with _lock:
-        if not hasattr(state, "export_threads"):
-            state.export_threads = {}
-        return state.export_threads  # type: ignore[no-any-return]
-
-
-def _alive(request: Request) -> set[int]:
-    running = _running(request)
-    with _lock:
-        return set(running)
+def _jobs(request: Request) -> ExportJobs:
+    return request.app.state.export_jobs  # type: ignore[no-any-return]
 
 
 def _run_or_404(conn: Connection, run_id: int) -> dict[str, Any]:
@@ -90,19 +60,9 @@ def _run_or_404(conn: Connection, run_id: int) -> dict[str, Any]:
         raise HTTPException(404, f"no run {run_id}") from None
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")[:60] or "run"
-
-
-def _job_dict(row: Any, alive: set[int]) -> dict[str, Any]:
-    """alive: ids of this process's export threads, taken BEFORE the row was read (a thread writes its
-    final status before it leaves the set, so a 'running' row without a live thread was interrupted)."""
-    job = dict(row)
-    raw_manifest = job.pop("manifest_json", None)
-    manifest = orjson.loads(raw_manifest) if raw_manifest else None
-    job["manifest"] = manifest
+def _job_view(job: dict[str, Any]) -> dict[str, Any]:
+    """A job as pages and the API show it: progress, links, and no server path."""
     job["file_name"] = Path(job["out_path"]).name
-    job["interrupted"] = job["status"] == "running" and job["id"] not in alive
     job["percent"] = round(100 * job["done"] / job["total"], 1) if job["total"] else (
         100.0 if job["status"] == "done" else 0.0)
     base = f"/runs/{job['run_id']}/exports/{job['id']}"
@@ -114,41 +74,20 @@ def _job_dict(row: Any, alive: set[int]) -> dict[str, Any]:
     return job
 
 
-def _mark_interrupted(engine: Engine, job_id: int) -> None:
-    with engine.connect() as conn, store.write_begin(conn):
-        conn.execute(
-            text("UPDATE export_job SET status = 'failed', finished_at = :t, error = :e"
-                 " WHERE id = :j AND status = 'running'"),
-            {"t": time.time(), "e": "interrupted: the dashboard stopped while this export ran", "j": job_id},
-        )
-
-
 def job_data(request: Request, run_id: int, job_id: int) -> dict[str, Any]:
     """One export job of a run (shared by the page, its progress fragment and the API)."""
-    alive = _alive(request)
     with request.app.state.read_engine.connect() as conn:
         run = _run_or_404(conn, run_id)
-        row = conn.execute(
-            text("SELECT * FROM export_job WHERE id = :j AND run_id = :r"), {"j": job_id, "r": run_id}
-        ).mappings().first()
-    if row is None:
+    job = _jobs(request).job(run_id, job_id)
+    if job is None:
         raise HTTPException(404, f"run {run_id} has no export {job_id}")
-    job = _job_dict(row, alive)
-    if job["interrupted"]:
-        _mark_interrupted(request.app.state.write_engine, job_id)
-        job.update(status="failed", error="interrupted: the dashboard stopped while this export ran",
-                   interrupted=False)
-    return {"run": run, "job": job, "poll_ms": request.app.state.settings.poll_interval_ms}
+    return {"run": run, "job": _job_view(job), "poll_ms": request.app.state.settings.poll_interval_ms}
 
 
 def jobs_data(request: Request, run_id: int) -> dict[str, Any]:
-    alive = _alive(request)
     with request.app.state.read_engine.connect() as conn:
         run = _run_or_404(conn, run_id)
-        rows = conn.execute(
-            text("SELECT * FROM export_job WHERE run_id = :r ORDER BY id DESC LIMIT 50"), {"r": run_id}
-        ).mappings().all()
-    return {"run": run, "jobs": [_job_dict(r, alive) for r in rows]}
+    return {"run": run, "jobs": [_job_view(j) for j in _jobs(request).jobs(run_id)]}
 
 
 def _form_context(request: Request, run_id: int, values: dict[str, Any] | None = None,
@@ -201,92 +140,26 @@ def _options_from(values: dict[str, Any], out: Path) -> ExportOptions:
 
 
 def start_export(request: Request, run_id: int, values: dict[str, Any]) -> dict[str, Any]:
-    """Validate (ExportError on bad input, nothing written), insert the job row, start the thread."""
+    """Validate (ExportError on bad input, nothing written), then start the job."""
     with request.app.state.read_engine.connect() as conn:
         run = _run_or_404(conn, run_id)
-    fmt = str(values.get("format") or "")
-    parquet = bool(values.get("parquet"))
-    folder = exports_dir(request)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    name = f"{_slug(run['name'])}-{fmt if fmt in FORMATS else 'export'}-{stamp}-{secrets.token_hex(3)}"
-    out = folder / (name + (".parquet" if parquet else ".jsonl"))
-    options = _options_from(values, out)
-    folder.mkdir(parents=True, exist_ok=True)
-    engine: Engine = request.app.state.read_engine
-    plan = prepare_export(engine, run_id, options)
-    write: Engine = request.app.state.write_engine
-    running = _running(request)
-    with _lock:  # the row and its thread appear together: a reader never sees one without the other
-        with write.connect() as conn, store.write_begin(conn):
-            job_id = int(conn.execute(
-                text("INSERT INTO export_job (run_id, format, out_path, status, done, total, started_at)"
-                     " VALUES (:r, :f, :o, 'running', 0, :n, :t) RETURNING id"),
-                {"r": run_id, "f": fmt, "o": str(plan.out), "n": plan.total, "t": time.time()},
-            ).scalar_one())
-        thread = threading.Thread(target=_export_thread, args=(engine, write, job_id, plan, running),
-                                  name=f"export-{job_id}", daemon=True)
-        running[job_id] = thread
-        thread.start()
+    jobs = _jobs(request)
+    out = jobs.out_path(run["name"], str(values.get("format") or ""), bool(values.get("parquet")))
+    job_id = jobs.start(run_id, _options_from(values, out))
     return {"id": job_id, "run_id": run_id, "url": f"/runs/{run_id}/exports/{job_id}"}
 
 
-def _export_thread(read: Engine, write: Engine, job_id: int, plan: ExportPlan,
-                   running: dict[int, threading.Thread]) -> None:
-    last = 0.0
-
-    def progress(done: int, total: int) -> None:
-        nonlocal last
-        now = time.monotonic()
-        if now - last < PROGRESS_WRITE_INTERVAL_S and done < total:
-            return
-        last = now
-        try:
-            with write.connect() as conn, store.write_begin(conn):
-                conn.execute(text("UPDATE export_job SET done = :d, total = :n WHERE id = :j"),
-                             {"d": done, "n": total, "j": job_id})
-        except OperationalError:  # database busy: progress is best effort, the export goes on
-            log.warning("export %s: progress not recorded (database busy)", job_id)
-
-    try:
-        try:
-            manifest = run_export(read, plan, progress)
-        except Exception as exc:
-            message = str(exc) if isinstance(exc, ExportError) else f"{type(exc).__name__}: {exc}"
-            with write.connect() as conn, store.write_begin(conn):
-                conn.execute(
-                    text("UPDATE export_job SET status = 'failed', finished_at = :t, error = :e WHERE id = :j"),
-                    {"t": time.time(), "e": message[:2000], "j": job_id},
-                )
-            return
-        counts = manifest["counts"]
-        with write.connect() as conn, store.write_begin(conn):
-            conn.execute(
-                text("UPDATE export_job SET status = 'done', finished_at = :t, done = :d, total = :d,"
-                     " manifest_json = :m WHERE id = :j"),
-                {"t": time.time(), "d": counts["ok_scanned"], "m": orjson.dumps(manifest).decode(), "j": job_id},
-            )
-    finally:
-        with _lock:
-            running.pop(job_id, None)
-
-
 def _finished_file(request: Request, run_id: int, job_id: int, manifest: bool = False) -> Path:
-    """The file of a finished export of this run: only paths of export_job rows, inside the exports folder."""
     with request.app.state.read_engine.connect() as conn:
         _run_or_404(conn, run_id)
-        row = conn.execute(
-            text("SELECT status, out_path FROM export_job WHERE id = :j AND run_id = :r"), {"j": job_id, "r": run_id}
-        ).first()
-    if row is None:
-        raise HTTPException(404, f"run {run_id} has no export {job_id}")
-    if row[0] != "done":
-        raise HTTPException(409, f"export {job_id} is {row[0]}, not done: there is no file to download yet")
-    path = Path(row[1]).resolve()
-    if manifest:
-        path = manifest_path(path)
-    if not path.is_relative_to(exports_dir(request)) or not path.is_file():
-        raise HTTPException(410, f"the file of export {job_id} is no longer in the exports folder")
-    return path
+    try:
+        return _jobs(request).finished_file(run_id, job_id, manifest=manifest)
+    except JobNotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    except JobNotDone as exc:
+        raise HTTPException(409, str(exc)) from None
+    except FileGone as exc:
+        raise HTTPException(410, str(exc)) from None
 
 
 # ------------------------------------------------------------------------------------------- pages
