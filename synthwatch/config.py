@@ -14,9 +14,9 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .capture.reasoning import ReasoningMode
 from .check_catalog import CheckSettings
 
-REASONING_MODES = ("auto", "reasoning", "reasoning_content", "reasoning_details", "thinking", "inline", "none")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NESTED_PROBLEM = re.compile(r"^[A-Za-z0-9_.\[\]]+: ")
 
@@ -151,9 +151,7 @@ class RetryConfig(_Strict):
 
 
 class ReasoningConfig(_Strict):
-    mode: Literal["auto", "reasoning", "reasoning_content", "reasoning_details", "thinking", "inline", "none"] = (
-        "auto"
-    )
+    mode: ReasoningMode = "auto"
     expect: bool = Field(True, description="The model is expected to produce reasoning (checks use this).")
     think_open: str = "<think>"
     think_close: str = "</think>"

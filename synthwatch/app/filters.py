@@ -7,6 +7,7 @@ from typing import Any
 
 from jinja2 import Environment
 
+from ..store.models import LIVE_STATUSES
 from .words import check_help, check_label, plural
 
 
@@ -57,7 +58,7 @@ def fmt_seconds(x: float | None) -> str:
 def run_state(run: dict[str, Any]) -> str:
     """What a person reads for a run's state: its status, or where it is going while workers follow a control."""
     status, desired = run.get("status") or "", run.get("desired") or "run"
-    if status not in ("created", "running", "paused", "stopping"):
+    if status not in LIVE_STATUSES:
         return status
     if desired in ("stop", "stop_now"):
         return "stopping" if status == "stopping" else "stopping…"

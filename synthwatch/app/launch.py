@@ -20,7 +20,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy.engine import Engine
 
-from ..config import REASONING_MODES, ConfigError, RunConfig, build_config
+from ..capture.reasoning import MODES as REASONING_MODES
+from ..config import ConfigError, RunConfig, build_config
 from ..settings import Settings, get_settings
 from ..store import queue as store
 

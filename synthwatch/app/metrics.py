@@ -17,8 +17,11 @@ from prometheus_client.registry import Collector
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from ..store.models import RECORD_STATUSES
+
 MAX_RUNS = 200
-RECORD_STATES = ("pending", "in_flight", "ok", "error", "timeout")
+# the run row's counters the gauge reads (cancelled records are not exported as a state)
+RECORD_STATES = tuple(s for s in RECORD_STATUSES if s != "cancelled")
 ATTEMPT_KINDS = {"timeout": "attempt_timeouts", "http_429": "http_429", "http_5xx": "http_5xx",
                  "http_4xx": "http_4xx", "dropped": "dropped", "other": "other_errors"}
 TOKEN_KINDS = ("prompt", "completion", "reasoning", "content")

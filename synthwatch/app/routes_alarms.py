@@ -29,6 +29,7 @@ from ..quality.alarms import (
 )
 from ..quality.checks import ChecksConfigError, parse_settings, recompute, save_settings
 from ..store import queue as store
+from ..store.models import LIVE_STATUSES
 from .deps import ReadConn, WriteEngine, render
 
 log = logging.getLogger("synthwatch.app.alarms")
@@ -48,7 +49,7 @@ def _run(conn: Connection, run_id: int) -> dict[str, Any]:
 
 
 def _live(run: dict[str, Any]) -> bool:
-    return run.get("status") in store.LIVE_STATUSES
+    return run.get("status") in LIVE_STATUSES
 
 
 def _config(run: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ..store import queue as store
+from ..store.models import LIVE_STATUSES
 from .deps import ReadConn, render
 
 router = APIRouter()
@@ -65,7 +66,7 @@ def cost_context(conn: Connection, run_id: int, *, by_version: bool = False) -> 
         if n_ok and target:
             projection = cost / n_ok * max(int(target), n_ok)
     out: dict[str, Any] = {"run": {"id": run["id"], "name": run["name"], "status": run["status"]},
-                           "live": run["status"] in store.LIVE_STATUSES, "endpoints": endpoints, "total": total,
+                           "live": run["status"] in LIVE_STATUSES, "endpoints": endpoints, "total": total,
                            "priced": priced, "n_ok": n_ok, "target": target, "projected_cost": projection,
                            "tokens_per_ok": (total["completion"] / n_ok) if n_ok else None}
     if by_version:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
+from ..capture.reasoning import MODES as REASONING_MODES
 from ..check_catalog import CHECK_INFO, CHECK_NAMES
 from ..quality.alarms import OverrideError, list_overrides, set_auto_pause
 from ..repair import actions as repair
@@ -66,6 +67,7 @@ def repair_context(conn: Connection, run_id: int) -> dict[str, Any]:
         "overrides": list_overrides(conn, run_id),
         "check_names": CHECK_NAMES,
         "check_info": CHECK_INFO,
+        "reasoning_modes": REASONING_MODES,
         "job": job,
         "alarms": [dict(r) for r in conn.execute(
             text("SELECT id, rule, title, active, acked_at FROM alarm WHERE run_id = :r ORDER BY id DESC"

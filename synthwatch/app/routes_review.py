@@ -22,7 +22,8 @@ from ..capture import tool_calls
 from ..review import queries as review
 from ..review.queries import Filters, ReviewError
 from ..store import queue as store
-from . import snippets, stats
+from ..store.models import LIVE_STATUSES
+from . import snippets
 from .deps import HX, ReadConn, ReadEngine, SearchBacklog, WriteEngine, catch_up_search, render
 
 router = APIRouter()
@@ -502,7 +503,7 @@ def _records_context(request: Request, conn: Any, run: dict[str, Any], backlog: 
         "sources": review.distinct_values(conn, run["id"], "reasoning_source"),
         "search_ok": conn.dialect.name in ("sqlite", "postgresql"),
         "search_backlog": backlog, "table_url": f"/runs/{run['id']}/records{_qs(base)}",
-        "follow": run["status"] in stats.LIVE_STATUSES and not (q.get("after") or q.get("before")),
+        "follow": run["status"] in LIVE_STATUSES and not (q.get("after") or q.get("before")),
     }
 
 

@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 
-from ..config import REASONING_MODES
+from ..capture.reasoning import MODES as REASONING_MODES
 from ..store import queue as store
 from ..store import versions
 from . import launch, stats

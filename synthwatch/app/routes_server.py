@@ -17,6 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ..store import queue as store
+from ..store.models import LIVE_STATUSES
 from .deps import ReadConn, render
 
 router = APIRouter()
@@ -34,7 +35,7 @@ def server_context(conn: Connection, run_id: int) -> dict[str, Any]:
         run = store.run_row(conn, run_id)
     except store.NotFound:
         raise HTTPException(404, f"no run {run_id}") from None
-    live = run["status"] in store.LIVE_STATUSES
+    live = run["status"] in LIVE_STATUSES
     newest = conn.execute(text("SELECT MAX(t) FROM server_metric WHERE run_id = :r"), {"r": run_id}).scalar()
     endpoints: dict[str, dict[str, Any]] = {}
     if newest is not None:

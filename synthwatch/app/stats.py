@@ -22,12 +22,12 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
+from ..store.models import LIVE_STATUSES
 from ..workers.sketch import TPS_MIN, Sketch
 from .words import check_label, plural
 
 log = logging.getLogger("synthwatch.stats")
 
-LIVE_STATUSES = ("created", "running", "paused", "stopping")
 WORKING_STATUSES = ("running", "stopping")  # requests are being made: rates are real, not left over
 WINDOWS = {"5m": 300, "1h": 3600, "all": None}
 RECENT_S = 60  # "current" rates and problem tiles look at the last minute

@@ -27,7 +27,7 @@ Decisions worth knowing:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 __all__ = [
     "KNOWN_CHOICE_KEYS",
@@ -45,7 +45,9 @@ __all__ = [
 ]
 
 REASONING_FIELDS = ("reasoning", "reasoning_content", "reasoning_details", "thinking")
-MODES = ("auto", "reasoning", "reasoning_content", "reasoning_details", "thinking", "inline", "none")
+# Where a run reads reasoning from (run setting reasoning.mode); the flags, the forms and the config take it from here.
+ReasoningMode = Literal["auto", "reasoning", "reasoning_content", "reasoning_details", "thinking", "inline", "none"]
+MODES: tuple[str, ...] = get_args(ReasoningMode)
 SOURCES = (
     "reasoning",
     "reasoning_content",

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 from urllib.parse import parse_qsl
 
+from ..capture.reasoning import MODES as REASONING_MODES
 from ..cli import CliError
 from ._common import add_db_arg, json_object_flag, open_run, positive_float, positive_int
 
@@ -25,8 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_db_arg(p)
     p.add_argument("run", help="run name or id")
     g = p.add_argument_group("reading settings")
-    g.add_argument("--reasoning-mode", choices=["auto", "reasoning", "reasoning_content", "reasoning_details",
-                                                "thinking", "inline", "none"])
+    g.add_argument("--reasoning-mode", choices=REASONING_MODES)
     g.add_argument("--think-open")
     g.add_argument("--think-close")
     g.add_argument("--prefilled-think", dest="prefilled", action="store_true", default=None)

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from ..capture.reasoning import MODES as REASONING_MODES
 from ..cli import CliError
 from ..sources.load import RunLoadError, default_name, prepare_run
 from ._common import add_db_arg, dashboard_hint, json_object_flag, positive_float, positive_int
@@ -73,8 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--idle-timeout-s", type=positive_float, help="longest silence between stream chunks")
     g.add_argument("--max-attempts", type=positive_int)
     g = p.add_argument_group("reasoning and tokenizer")
-    g.add_argument("--reasoning-mode", choices=["auto", "reasoning", "reasoning_content", "reasoning_details",
-                                                "thinking", "inline", "none"])
+    g.add_argument("--reasoning-mode", choices=REASONING_MODES)
     g.add_argument("--no-expect-reasoning", dest="expect_reasoning", action="store_false", default=None)
     g.add_argument("--prefilled-think", action="store_true", default=None,
                    help="the chat template already opens the think block in the prompt")

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..capture.reasoning import MODES as REASONING_MODES
 from ..cli import CliError
 from ._common import add_db_arg, dashboard_hint, positive_int
 
@@ -28,7 +29,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", help="force one shape instead of detecting it per line (chat.completion, openai-batch, "
                    "script, record, specforge, conversations, messages)")
     p.add_argument("--reasoning-mode", default="auto",
-                   choices=["auto", "reasoning", "reasoning_content", "reasoning_details", "thinking", "inline", "none"],
+                   choices=REASONING_MODES,
                    help="where the reasoning is read from (default: auto, like generated runs)")
     p.add_argument("--no-expect-reasoning", dest="expect_reasoning", action="store_false",
                    help="the model is not a reasoning model: empty reasoning is not an alarm")

@@ -36,11 +36,11 @@ from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turn
 from ..review.queries import Cursor, Filters, ReviewError, _select_ids, failed_checks, max_record_id
 from ..store import queue as store
 from ..store import search_index
+from ..store.models import FINISHED_STATUSES
 
 log = logging.getLogger("synthwatch.repair")
 
 CHUNK = 500
-FINISHED = ("ok", "error", "timeout")
 # checks whose result depends on other records or on the tokenizer: a re-derive keeps their earlier result
 KEPT_CHECKS = ("duplicate_output", "server_drift", "token_count_mismatch", "template_drops_reasoning")
 _KEPT_MASK = sum(BIT[n] for n in KEPT_CHECKS)
@@ -159,7 +159,7 @@ class NotDerivable(Exception):
 
 def sent_answer(row: dict[str, Any]) -> tuple[dict[str, str], str]:
     """(reasoning field texts, content as sent) from what a record stored; NotDerivable says why not."""
-    if row["status"] not in FINISHED:
+    if row["status"] not in FINISHED_STATUSES:
         raise NotDerivable(f"the record is {row['status']}: it has no answer yet")
     extra: dict[str, Any] = {}
     if row["extra_json"]:
@@ -488,7 +488,7 @@ def preview_rerun(engine: Engine, run_id: int, sel: Selection) -> dict[str, Any]
             for status, rerun in conn.execute(text(
                     f"SELECT status, rerun FROM record WHERE id IN ({','.join(map(str, ids))})")):
                 counts["selected"] += 1
-                if status in FINISHED and not rerun:
+                if status in FINISHED_STATUSES and not rerun:
                     counts["queued"] += 1
                 else:
                     counts["skipped"] += 1

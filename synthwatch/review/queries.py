@@ -27,6 +27,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import BIT
 from ..store import queue as store
+from ..store.models import FINISHED_STATUSES, RECORD_STATUSES
 
 REASONS: tuple[tuple[str, str], ...] = (
     ("empty_reasoning", "empty reasoning"),
@@ -48,7 +49,8 @@ SAMPLE_MODES: tuple[tuple[str, str], ...] = (
     ("flagged", "flagged"),
 )
 SAMPLE_MODE_CODES = tuple(code for code, _ in SAMPLE_MODES)
-STATUSES = ("ok", "error", "timeout", "pending", "in_flight", "cancelled")
+# the status filter lists finished records first
+STATUSES = (*FINISHED_STATUSES, *(s for s in RECORD_STATUSES if s not in FINISHED_STATUSES))
 FLAG_FILTERS = ("good", "bad", "flagged", "unreviewed")
 SORTS = ("id", "reasoning_len", "content_len", "completion_tokens", "latency_s")
 SEARCH_FIELDS = ("all", "prompt", "reasoning", "content")

@@ -12,8 +12,12 @@ from sqlalchemy import Column, Index, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 RUN_STATUSES = ("created", "running", "paused", "stopping", "stopped", "completed", "failed")
+# a run in one of these may still change: the dashboard polls it, its ETA and live charts are shown
+LIVE_STATUSES = RUN_STATUSES[:4]
 DESIRED_STATES = ("run", "pause", "stop", "stop_now")
 RECORD_STATUSES = ("pending", "in_flight", "ok", "error", "timeout", "cancelled")
+# a record in one of these has an answer or a final failure (checks, review, repairs work on them)
+FINISHED_STATUSES = ("ok", "error", "timeout")
 
 
 def _text(nullable: bool = True) -> Column:  # type: ignore[type-arg]

@@ -19,9 +19,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from ..config import RunConfig
+from .models import RECORD_STATUSES
 
 CONTROL_ACTIONS = ("pause", "resume", "stop", "stop_now", "cap", "concurrency")
-LIVE_STATUSES = ("created", "running", "paused", "stopping")
 
 
 class NotFound(Exception):
@@ -326,7 +326,7 @@ def release_claims(conn: Connection, run_id: int, worker_id: int, ids: list[int]
 
 def recount(conn: Connection, run_id: int) -> None:
     """Recompute the run's counters from the records (after a crash, counters are re-derived)."""
-    counts = {s: 0 for s in ("pending", "in_flight", "ok", "error", "timeout", "cancelled")}
+    counts = {s: 0 for s in RECORD_STATUSES}
     for status, n in conn.execute(
         text("SELECT status, COUNT(*) FROM record WHERE run_id = :r GROUP BY status"), {"r": run_id}
     ):
