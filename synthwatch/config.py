@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import re
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from .capture.reasoning import ReasoningMode
 from .check_catalog import CheckSettings
@@ -29,19 +32,73 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+@dataclass(frozen=True)
+class Option:
+    """How a run setting is offered besides the config file: its command-line flag and its field on the
+    dashboard's start-a-run form. The setting's type, default, limits and description stay the Field's."""
+
+    flag: str
+    label: str
+    form: str
+    flag_value: Any = None  # a flag that takes no argument and sets this value (--skip-bad-lines: "skip")
+    flag_help: str | None = None  # when the flag needs other words than the field's description
+
+
+def options(model: type[BaseModel]) -> list[tuple[str, FieldInfo, Option]]:
+    """(field name, field, Option) of every field of the model declared with an Option, in order."""
+    out = []
+    for name, info in model.model_fields.items():
+        opt = next((m for m in info.metadata if isinstance(m, Option)), None)
+        if opt is not None:
+            out.append((name, info, opt))
+    return out
+
+
+def option_kind(info: FieldInfo) -> tuple[str, tuple[Any, ...] | None, bool]:
+    """(kind, choices, at least 1) of an option's field: kind is "bool", "choice" (a Literal), "int" or "text"."""
+    args = [a for a in get_args(info.annotation) if a is not type(None)]
+    scalar = args[0] if get_origin(info.annotation) in (Union, UnionType) and len(args) == 1 else info.annotation
+    at_least_1 = any(getattr(m, "ge", None) == 1 for m in info.metadata)
+    if scalar is bool:
+        return "bool", None, False
+    if get_origin(scalar) is Literal:
+        return "choice", get_args(scalar), False
+    return ("int" if scalar is int else "text"), None, at_least_1
+
+
 class DatasetConfig(_Strict):
-    path: str = Field(description="JSONL (.jsonl/.jsonl.gz), Parquet, or an HF save_to_disk folder.")
-    format: Literal["auto", "jsonl", "parquet", "hf"] = "auto"
-    split: str | None = None
-    messages_field: str | None = Field(None, description="Dotted path to an OpenAI messages list.")
-    conversations_field: str | None = Field(None, description="Dotted path to a ShareGPT list.")
-    prompt_field: str | None = Field(None, description="Dotted path to a plain prompt string.")
-    id_field: str | None = Field(None, description="Dotted path to a stable source id.")
-    system_prompt: str | None = None
-    shuffle: bool = False
-    seed: int = 0
-    limit: int | None = Field(None, ge=1)
-    on_bad_line: Literal["error", "skip"] = "error"
+    """The `[dataset]` table. A field declared here with an Option is also a flag of `synthwatch run`
+    (commands/run.py), a field of the start-a-run form (app/launch.py), and what the loader reads
+    (sources/datasets.py): adding an option is adding a field."""
+
+    path: Annotated[str, Option("--dataset", "Dataset path", "dataset"),
+                    Field(description="JSONL (.jsonl/.jsonl.gz), Parquet, or an HF save_to_disk folder.")]
+    format: Annotated[Literal["auto", "jsonl", "parquet", "hf"],
+                      Option("--dataset-format", "Dataset format", "dataset_format"),
+                      Field(description="How to read it (auto: from the file name).")] = "auto"
+    split: Annotated[str | None, Option("--split", "Split (HF folders)", "dataset_split"),
+                     Field(description="Split of an HF save_to_disk folder.")] = None
+    messages_field: Annotated[str | None, Option("--messages-field", "Messages field", "dataset_messages_field"),
+                              Field(description="Dotted path to an OpenAI messages list.")] = None
+    conversations_field: Annotated[str | None, Option("--conversations-field", "Conversations field",
+                                                      "dataset_conversations_field"),
+                                   Field(description="Dotted path to a ShareGPT conversations list.")] = None
+    prompt_field: Annotated[str | None, Option("--prompt-field", "Prompt field", "dataset_prompt_field"),
+                            Field(description="Dotted path to a plain prompt string.")] = None
+    id_field: Annotated[str | None, Option("--id-field", "Id field", "dataset_id_field"),
+                        Field(description="Dotted path to a stable source id.")] = None
+    system_prompt: Annotated[str | None, Option("--system-prompt", "System prompt", "dataset_system_prompt"),
+                             Field(description="Prepended to prompts that have no system message.")] = None
+    shuffle: Annotated[bool, Option("--shuffle", "Shuffle the prompts", "dataset_shuffle"),
+                       Field(description="Shuffle the prompts (with seed) before limit.")] = False
+    seed: Annotated[int, Option("--shuffle-seed", "Shuffle seed", "dataset_seed"),
+                    Field(description="Seed of the shuffle.")] = 0
+    limit: Annotated[int | None, Option("--limit", "Limit (first N prompts)", "limit"),
+                     Field(ge=1, description="Only the first N prompts (after the shuffle).")] = None
+    on_bad_line: Annotated[Literal["error", "skip"],
+                           Option("--skip-bad-lines", "Malformed rows", "dataset_on_bad_line", flag_value="skip",
+                                  flag_help="skip and count malformed rows instead of refusing to start"),
+                           Field(description="error: refuse to start; skip: skip and count malformed rows.")] = "error"
 
 
 # names HTTP requires for a header field (RFC 9110 token characters)

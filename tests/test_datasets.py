@@ -10,8 +10,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
-from synthwatch.sources.datasets import BadLine, DatasetError, DatasetSpec, Prompt, iter_dataset, load_dataset
+from synthwatch.config import DatasetConfig
+from synthwatch.sources.datasets import BadLine, DatasetError, Prompt, iter_dataset, load_dataset
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:
@@ -77,7 +79,7 @@ def test_messages_shape(tmp_path: Path) -> None:
             },
         ],
     )
-    result = load_dataset(DatasetSpec(str(path)))
+    result = load_dataset(DatasetConfig(path=str(path)))
     assert result.shape == "messages"
     assert result.total_rows == 2
     assert result.bad_lines == []
@@ -94,7 +96,7 @@ def test_messages_shape(tmp_path: Path) -> None:
 
 def test_conversations_perfectblend_drops_trailing_gpt(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "pb.jsonl", PERFECTBLEND_ROWS)
-    result = load_dataset(DatasetSpec(str(path)))
+    result = load_dataset(DatasetConfig(path=str(path)))
     assert result.shape == "conversations (ShareGPT)"
     assert [p.messages for p in result.prompts] == [
         [user("What is 2+2?")],
@@ -125,7 +127,7 @@ def test_conversations_specforge_role_content_keys(tmp_path: Path) -> None:
             },
         ],
     )
-    result = load_dataset(DatasetSpec(str(path)))
+    result = load_dataset(DatasetConfig(path=str(path)))
     assert [p.messages for p in result.prompts] == [[user("hello")], [user("u")]]
     assert [p.source_id for p in result.prompts] == ["x1", "3"]
 
@@ -140,7 +142,7 @@ def test_prompt_shape_and_mixed(tmp_path: Path) -> None:
             {"prompt": [user("four")]},  # TRL conversational prompt
         ],
     )
-    result = load_dataset(DatasetSpec(str(path)))
+    result = load_dataset(DatasetConfig(path=str(path)))
     assert [p.messages for p in result.prompts] == [
         [user("one")],
         [user("two")],
@@ -150,15 +152,15 @@ def test_prompt_shape_and_mixed(tmp_path: Path) -> None:
     assert result.shape == "mixed: prompt 3, messages 1"
 
     only_prompts = write_jsonl(tmp_path / "p2.jsonl", [{"prompt": "a"}])
-    assert load_dataset(DatasetSpec(str(only_prompts))).shape == "prompt"
+    assert load_dataset(DatasetConfig(path=str(only_prompts))).shape == "prompt"
 
 
 def test_question_is_not_guessed_but_can_be_mapped(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "q.jsonl", [{"question": "why?", "answer": "because"}])
     with pytest.raises(DatasetError) as err:
-        load_dataset(DatasetSpec(str(path)))
+        load_dataset(DatasetConfig(path=str(path)))
     assert "no 'messages', 'conversations' or 'prompt' field (keys: question, answer)" in str(err.value)
-    result = load_dataset(DatasetSpec(str(path), prompt_field="question"))
+    result = load_dataset(DatasetConfig(path=str(path), prompt_field="question"))
     assert result.prompts[0].messages == [user("why?")]
     assert result.shape == "prompt"
 
@@ -179,23 +181,23 @@ def test_mapping_options_with_dotted_paths(tmp_path: Path) -> None:
             {"meta.uid": "dotted-key", "data": {"q": "top-level dotted key", "chat": [user("m2")], "sg": []}},
         ],
     )
-    by_prompt = load_dataset(DatasetSpec(str(path), prompt_field="data.q", id_field="meta.uid"))
+    by_prompt = load_dataset(DatasetConfig(path=str(path), prompt_field="data.q", id_field="meta.uid"))
     assert [p.messages for p in by_prompt.prompts] == [
         [user("deep question")],
         [user("top-level dotted key")],
     ]
     assert [p.source_id for p in by_prompt.prompts] == ["11", "dotted-key"]
 
-    by_messages = load_dataset(DatasetSpec(str(path), messages_field="data.chat"))
+    by_messages = load_dataset(DatasetConfig(path=str(path), messages_field="data.chat"))
     assert [p.messages for p in by_messages.prompts] == [[user("m")], [user("m2")]]
     assert by_messages.shape == "messages"
 
-    by_sg = load_dataset(DatasetSpec(str(path), conversations_field="data.sg", on_bad_line="skip"))
+    by_sg = load_dataset(DatasetConfig(path=str(path), conversations_field="data.sg", on_bad_line="skip"))
     assert [p.messages for p in by_sg.prompts] == [[user("s")]]
     assert [str(b) for b in by_sg.bad_lines] == [f"{path}:2: data.sg is empty"]
 
     list_index = write_jsonl(tmp_path / "idx.jsonl", [{"turns": [{"text": "first"}, {"text": "second"}]}])
-    result = load_dataset(DatasetSpec(str(list_index), prompt_field="turns.1.text"))
+    result = load_dataset(DatasetConfig(path=str(list_index), prompt_field="turns.1.text"))
     assert result.prompts[0].messages == [user("second")]
 
 
@@ -204,7 +206,7 @@ def test_missing_mapped_field_and_id_field(tmp_path: Path) -> None:
         tmp_path / "m.jsonl",
         [{"data": {"x": 1}, "id": 5}, {"data": {"q": "ok"}, "id": None}, {"data": {"q": "fine"}, "id": 3}],
     )
-    result = load_dataset(DatasetSpec(str(path), prompt_field="data.q", id_field="id", on_bad_line="skip"))
+    result = load_dataset(DatasetConfig(path=str(path), prompt_field="data.q", id_field="id", on_bad_line="skip"))
     assert [str(b) for b in result.bad_lines] == [
         f"{path}:1: field 'data.q' not found (keys: data, id)",
         f"{path}:2: id field 'id' must be a string or an integer, got null",
@@ -215,7 +217,7 @@ def test_missing_mapped_field_and_id_field(tmp_path: Path) -> None:
 def test_only_one_mapping_option(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "m.jsonl", [{"prompt": "x"}])
     with pytest.raises(DatasetError, match="set only one of messages_field, prompt_field"):
-        load_dataset(DatasetSpec(str(path), messages_field="a", prompt_field="b"))
+        load_dataset(DatasetConfig(path=str(path), messages_field="a", prompt_field="b"))
 
 
 # -------------------------------------------------------------------------------- system prompt
@@ -230,7 +232,7 @@ def test_system_prompt_prepended_unless_present(tmp_path: Path) -> None:
             {"conversations": [{"from": "system", "value": "sharegpt sys"}, {"from": "human", "value": "q"}]},
         ],
     )
-    result = load_dataset(DatasetSpec(str(path), system_prompt="You are helpful."))
+    result = load_dataset(DatasetConfig(path=str(path), system_prompt="You are helpful."))
     assert [p.messages[0] for p in result.prompts] == [
         {"role": "system", "content": "You are helpful."},
         {"role": "system", "content": "dataset's own"},
@@ -253,28 +255,28 @@ def ids(result: Any) -> list[str]:
 
 def test_shuffle_is_deterministic(tmp_path: Path) -> None:
     path = str(numbered(tmp_path))
-    in_order = ids(load_dataset(DatasetSpec(path)))
-    a = ids(load_dataset(DatasetSpec(path, shuffle=True, seed=1)))
-    b = ids(load_dataset(DatasetSpec(path, shuffle=True, seed=1)))
-    c = ids(load_dataset(DatasetSpec(path, shuffle=True, seed=2)))
+    in_order = ids(load_dataset(DatasetConfig(path=path)))
+    a = ids(load_dataset(DatasetConfig(path=path, shuffle=True, seed=1)))
+    b = ids(load_dataset(DatasetConfig(path=path, shuffle=True, seed=1)))
+    c = ids(load_dataset(DatasetConfig(path=path, shuffle=True, seed=2)))
     assert a == b
     assert a != in_order and a != c
     assert sorted(a, key=int) == in_order
     # the original position travels with the prompt
-    shuffled = load_dataset(DatasetSpec(path, shuffle=True, seed=1)).prompts
+    shuffled = load_dataset(DatasetConfig(path=path, shuffle=True, seed=1)).prompts
     assert all(p.source_id == str(p.index) and p.line == p.index + 1 for p in shuffled)
 
 
 def test_limit_applies_after_shuffle(tmp_path: Path) -> None:
     path = str(numbered(tmp_path))
-    assert ids(load_dataset(DatasetSpec(path, limit=3))) == ["0", "1", "2"]
-    shuffled = ids(load_dataset(DatasetSpec(path, shuffle=True, seed=1)))
-    limited = load_dataset(DatasetSpec(path, shuffle=True, seed=1, limit=5))
+    assert ids(load_dataset(DatasetConfig(path=path, limit=3))) == ["0", "1", "2"]
+    shuffled = ids(load_dataset(DatasetConfig(path=path, shuffle=True, seed=1)))
+    limited = load_dataset(DatasetConfig(path=path, shuffle=True, seed=1, limit=5))
     assert ids(limited) == shuffled[:5]
     assert limited.total_rows == 50
-    assert len(load_dataset(DatasetSpec(path, limit=500)).prompts) == 50
-    with pytest.raises(DatasetError, match="limit must be at least 1"):
-        load_dataset(DatasetSpec(path, limit=0))
+    assert len(load_dataset(DatasetConfig(path=path, limit=500)).prompts) == 50
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        DatasetConfig(path=path, limit=0)
 
 
 # ------------------------------------------------------------------------------------ bad lines
@@ -321,7 +323,7 @@ EXPECTED_BAD = [
 def test_bad_lines_refused_by_default(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "bad.jsonl", BAD_ROWS)
     with pytest.raises(DatasetError) as err:
-        load_dataset(DatasetSpec(str(path)))
+        load_dataset(DatasetConfig(path=str(path)))
     message = str(err.value)
     assert message.splitlines()[0].startswith(f"{path}: 14 of 16 rows are bad; refusing to load")
     for line, reason in EXPECTED_BAD:
@@ -331,7 +333,7 @@ def test_bad_lines_refused_by_default(tmp_path: Path) -> None:
 
 def test_bad_lines_skipped_and_counted(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "bad.jsonl", BAD_ROWS)
-    result = load_dataset(DatasetSpec(str(path), on_bad_line="skip"))
+    result = load_dataset(DatasetConfig(path=str(path), on_bad_line="skip"))
     assert [(p.index, p.line, p.messages) for p in result.prompts] == [
         (0, 1, [user("good one")]),
         (13, 16, [user("fine")]),
@@ -345,7 +347,7 @@ def test_bad_lines_skipped_and_counted(tmp_path: Path) -> None:
 def test_error_message_lists_at_most_20(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "many.jsonl", [{"prompt": "ok"}] + ["not json"] * 25)
     with pytest.raises(DatasetError) as err:
-        load_dataset(DatasetSpec(str(path)))
+        load_dataset(DatasetConfig(path=str(path)))
     lines = str(err.value).splitlines()
     assert lines[0].startswith(f"{path}: 25 of 26 rows are bad")
     assert len([x for x in lines if x.startswith(f"  {path}:")]) == 20
@@ -357,7 +359,7 @@ def test_error_message_lists_at_most_20(tmp_path: Path) -> None:
 def test_all_bad_with_skip_is_an_error(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "allbad.jsonl", ["nope", "{}"])
     with pytest.raises(DatasetError, match="no usable prompts: all 2 rows are bad"):
-        load_dataset(DatasetSpec(str(path), on_bad_line="skip"))
+        load_dataset(DatasetConfig(path=str(path), on_bad_line="skip"))
 
 
 def test_lenient_json_that_orjson_refuses(tmp_path: Path) -> None:
@@ -365,7 +367,7 @@ def test_lenient_json_that_orjson_refuses(tmp_path: Path) -> None:
         tmp_path / "lenient.jsonl",
         ['{"prompt": "nan elsewhere", "score": NaN}', '{"prompt": "lone \\ud800 surrogate"}'],
     )
-    result = load_dataset(DatasetSpec(str(path), on_bad_line="skip"))
+    result = load_dataset(DatasetConfig(path=str(path), on_bad_line="skip"))
     assert [p.messages for p in result.prompts] == [[user("nan elsewhere")]]
     assert result.bad_lines[0].line == 2
     assert "surrogate" in result.bad_lines[0].reason
@@ -374,7 +376,7 @@ def test_lenient_json_that_orjson_refuses(tmp_path: Path) -> None:
 def test_bom_blank_lines_and_crlf(tmp_path: Path) -> None:
     path = tmp_path / "bom.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\r\n\r\n\n{"prompt": "b"}\r\n')
-    result = load_dataset(DatasetSpec(str(path)))
+    result = load_dataset(DatasetConfig(path=str(path)))
     assert [(p.index, p.line, p.messages) for p in result.prompts] == [
         (0, 1, [user("a")]),
         (1, 4, [user("b")]),
@@ -382,7 +384,7 @@ def test_bom_blank_lines_and_crlf(tmp_path: Path) -> None:
     assert result.total_rows == 2
     json_suffix = tmp_path / "lines.json"  # .json is read as JSON lines too
     json_suffix.write_bytes(path.read_bytes())
-    assert len(load_dataset(DatasetSpec(str(json_suffix))).prompts) == 2
+    assert len(load_dataset(DatasetConfig(path=str(json_suffix))).prompts) == 2
 
 
 def test_gzip(tmp_path: Path) -> None:
@@ -391,7 +393,7 @@ def test_gzip(tmp_path: Path) -> None:
         for row in PERFECTBLEND_ROWS:
             f.write(json.dumps(row) + "\n")
         f.write("{broken\n")
-    result = load_dataset(DatasetSpec(str(path), on_bad_line="skip"))
+    result = load_dataset(DatasetConfig(path=str(path), on_bad_line="skip"))
     assert len(result.prompts) == 2
     assert [str(b) for b in result.bad_lines] == [
         f"{path}:3: invalid JSON: Expecting property name enclosed in double quotes at column 2"
@@ -403,19 +405,19 @@ def test_truncated_gzip_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "cut.jsonl.gz"
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(DatasetError, match=f"{path}: cannot read the file"):
-        load_dataset(DatasetSpec(str(path)))
+        load_dataset(DatasetConfig(path=str(path)))
 
 
 def test_iter_dataset_streams(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "s.jsonl", [{"prompt": "a"}, "oops", {"prompt": "b"}])
-    items = iter_dataset(DatasetSpec(str(path)))
+    items = iter_dataset(DatasetConfig(path=str(path)))
     first = next(items)
     assert isinstance(first, Prompt) and items.total_rows == 1
     rest = list(items)
     assert [type(x) for x in rest] == [BadLine, Prompt]
     assert items.total_rows == 3 and items.shape == "prompt"
 
-    with iter_dataset(DatasetSpec(str(path))) as early:  # stopping early closes the file
+    with iter_dataset(DatasetConfig(path=str(path))) as early:  # stopping early closes the file
         assert isinstance(next(early), Prompt)
     with pytest.raises(StopIteration):
         next(early)
@@ -427,17 +429,17 @@ def test_iter_dataset_streams(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(DatasetError, match=f"{missing}: no such file or directory"):
-        iter_dataset(DatasetSpec(str(missing)))  # raised before iterating
+        iter_dataset(DatasetConfig(path=str(missing)))  # raised before iterating
 
 
 def test_unknown_format(tmp_path: Path) -> None:
     path = tmp_path / "data.csv"
     path.write_text("a,b\n")
     with pytest.raises(DatasetError, match="cannot tell the format from the file name"):
-        load_dataset(DatasetSpec(str(path)))
-    with pytest.raises(DatasetError, match="unknown format 'csv'"):
-        load_dataset(DatasetSpec(str(path), format="csv"))
-    explicit = load_dataset(DatasetSpec(str(write_jsonl(tmp_path / "rows.txt", [{"prompt": "x"}])), format="jsonl"))
+        load_dataset(DatasetConfig(path=str(path)))
+    with pytest.raises(ValidationError, match="format"):
+        DatasetConfig(path=str(path), format="csv")
+    explicit = load_dataset(DatasetConfig(path=str(write_jsonl(tmp_path / "rows.txt", [{"prompt": "x"}])), format="jsonl"))
     assert len(explicit.prompts) == 1
 
 
@@ -446,14 +448,14 @@ def test_empty_dataset(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "empty.jsonl"
     path.write_bytes(content)
     with pytest.raises(DatasetError, match=f"{path}: dataset is empty"):
-        load_dataset(DatasetSpec(str(path)))
+        load_dataset(DatasetConfig(path=str(path)))
 
 
 def test_json_array_file_is_refused_clearly(tmp_path: Path) -> None:
     path = tmp_path / "array.json"
     path.write_text(json.dumps([{"prompt": "a"}, {"prompt": "b"}], indent=1))
     with pytest.raises(DatasetError, match="looks like one JSON array, not JSON lines"):
-        load_dataset(DatasetSpec(str(path)))
+        load_dataset(DatasetConfig(path=str(path)))
 
 
 # ---------------------------------------------------------------------------------------- parquet
@@ -469,7 +471,7 @@ def test_parquet(tmp_path: Path) -> None:
     )
     path = tmp_path / "pb.parquet"
     pq.write_table(table, path, row_group_size=2)
-    result = load_dataset(DatasetSpec(str(path), on_bad_line="skip"))
+    result = load_dataset(DatasetConfig(path=str(path), on_bad_line="skip"))
     assert result.shape == "conversations (ShareGPT)"
     assert [(p.index, p.line, p.source_id) for p in result.prompts] == [(0, 1, "10"), (2, 3, "12")]
     assert result.prompts[0].messages == [user("What is 2+2?")]
@@ -488,7 +490,7 @@ def test_parquet_nulls_and_missing_columns(tmp_path: Path) -> None:
         ),
         path,
     )
-    result = load_dataset(DatasetSpec(str(path), on_bad_line="skip"))
+    result = load_dataset(DatasetConfig(path=str(path), on_bad_line="skip"))
     assert [p.messages for p in result.prompts] == [[user("p")], [user("m")]]
     assert result.shape == "mixed: prompt 1, messages 1"
     assert result.bad_lines[0].line == 3
@@ -497,8 +499,8 @@ def test_parquet_nulls_and_missing_columns(tmp_path: Path) -> None:
     other = tmp_path / "other.parquet"
     pq.write_table(pa.Table.from_pylist([{"question": "q"}]), other)
     with pytest.raises(DatasetError, match=r"no 'messages', 'conversations' or 'prompt' column \(columns: question\)"):
-        load_dataset(DatasetSpec(str(other)))
-    assert load_dataset(DatasetSpec(str(other), prompt_field="question")).prompts[0].messages == [user("q")]
+        load_dataset(DatasetConfig(path=str(other)))
+    assert load_dataset(DatasetConfig(path=str(other), prompt_field="question")).prompts[0].messages == [user("q")]
 
 
 # ------------------------------------------------------------------------------- HF save_to_disk
@@ -509,7 +511,7 @@ def test_hf_save_to_disk_folder(tmp_path: Path) -> None:
     rows = [{"idx": i, "messages": [user(f"q{i}"), {"role": "assistant", "content": "a"}]} for i in range(5)]
     folder = tmp_path / "hf"
     datasets.Dataset.from_list(rows).save_to_disk(str(folder), num_shards=2)
-    result = load_dataset(DatasetSpec(str(folder)))
+    result = load_dataset(DatasetConfig(path=str(folder)))
     assert result.shape == "messages"
     assert [(p.index, p.line, p.source_id) for p in result.prompts] == [(i, i + 1, str(i)) for i in range(5)]
     assert result.prompts[4].messages == [user("q4")]
@@ -525,19 +527,19 @@ def test_hf_dataset_dict_needs_split(tmp_path: Path) -> None:
         }
     ).save_to_disk(str(folder))
     with pytest.raises(DatasetError, match="is a DatasetDict with splits train, test; choose a split"):
-        load_dataset(DatasetSpec(str(folder)))
+        load_dataset(DatasetConfig(path=str(folder)))
     with pytest.raises(DatasetError, match="has no split 'validation'"):
-        load_dataset(DatasetSpec(str(folder), split="validation"))
-    train = load_dataset(DatasetSpec(str(folder), split="train"))
+        load_dataset(DatasetConfig(path=str(folder), split="validation"))
+    train = load_dataset(DatasetConfig(path=str(folder), split="train"))
     assert [p.messages for p in train.prompts] == [[user("t1")], [user("t2")]]
     with pytest.raises(DatasetError) as err:
-        load_dataset(DatasetSpec(str(folder), split="test"))
+        load_dataset(DatasetConfig(path=str(folder), split="test"))
     assert f"{folder / 'test'}:1: prompt is empty" in str(err.value)
 
 
 def test_folder_that_is_not_a_dataset(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="not a folder written by datasets' save_to_disk"):
-        load_dataset(DatasetSpec(str(tmp_path)))
+        load_dataset(DatasetConfig(path=str(tmp_path)))
 
 
 def test_prepare_run_loads_once_and_refuses_a_bad_dataset(tmp_path: Path, engine: Any) -> None:

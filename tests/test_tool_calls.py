@@ -14,10 +14,11 @@ from test_export_trainers import pretokenized_row_error
 from workerkit import make_config, records, run_to_end
 
 from synthwatch.capture import tool_calls
+from synthwatch.config import DatasetConfig
 from synthwatch.export.plan import ExportOptions
 from synthwatch.export.presets import specforge_reader_error, specforge_row_error
 from synthwatch.export.stream import export_run
-from synthwatch.sources.datasets import DatasetSpec, load_dataset
+from synthwatch.sources.datasets import load_dataset
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
@@ -53,7 +54,7 @@ def write(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 def test_datasets_accept_tools_tool_calls_and_tool_turns(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = write(tmp_path / "d.jsonl", ROWS + [r for r, _ in BAD_ROWS])
-    result = load_dataset(DatasetSpec(path=str(path), on_bad_line="skip"))
+    result = load_dataset(DatasetConfig(path=str(path), on_bad_line="skip"))
     by_id = {p.source_id: p.messages for p in result.prompts}
     assert set(by_id) == {"ask", "answer", "plain"}
     assert by_id["ask"] == {"messages": ROWS[0]["messages"], "tools": [WEATHER]}

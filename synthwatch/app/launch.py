@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 from sqlalchemy.engine import Engine
 
 from ..capture.reasoning import MODES as REASONING_MODES
-from ..config import ConfigError, RunConfig, build_config
+from ..config import ConfigError, DatasetConfig, RunConfig, build_config, option_kind, options
 from ..settings import Settings, get_settings
 from ..store import queue as store
 
@@ -41,9 +41,21 @@ class Launched:
     run_id: int | None = None
 
 
-FORM_FIELDS = ("name", "dataset", "endpoints", "api_key_env", "model", "temperature", "top_p", "max_tokens",
+def dataset_form_fields() -> list[dict[str, Any]]:
+    """The start-a-run form's dataset fields: one per option of DatasetConfig (synthwatch.config)."""
+    out = []
+    for name, info, opt in options(DatasetConfig):
+        kind, choices, at_least_1 = option_kind(info)
+        default = None if info.is_required() else info.default
+        out.append({"name": name, "form": opt.form, "label": opt.label, "kind": kind, "choices": choices,
+                    "min": 1 if at_least_1 else None, "required": info.is_required(), "hint": info.description,
+                    "default": ("on" if default else "") if kind == "bool" else ("" if default is None else str(default))})
+    return out
+
+
+FORM_FIELDS = ("name", *(opt.form for _, _, opt in options(DatasetConfig)), "endpoints", "api_key_env", "model", "temperature", "top_p", "max_tokens",
                "concurrency", "cap", "timeout_s", "idle_timeout_s", "connect_timeout_s", "max_attempts",
-               "reasoning_mode", "stream", "limit", "turns", "history_reasoning")
+               "reasoning_mode", "stream", "turns", "history_reasoning")
 
 
 def _num(form: dict[str, str], key: str, kind: type[int] | type[float], label: str) -> Any:
@@ -65,13 +77,20 @@ def form_to_data(form: dict[str, str]) -> dict[str, Any]:
     name = (form.get("name") or "").strip()
     if name:
         data["name"] = name
-    dataset = (form.get("dataset") or "").strip()
-    if not dataset:
+    dataset: dict[str, Any] = {}
+    for f in dataset_form_fields():
+        raw = (form.get(f["form"]) or "").strip()
+        if f["kind"] == "bool":
+            if raw:
+                dataset[f["name"]] = True
+        elif f["kind"] == "int":
+            if raw:
+                dataset[f["name"]] = _num(form, f["form"], int, f["name"].replace("_", " "))
+        elif raw:
+            dataset[f["name"]] = raw
+    if "path" not in dataset:
         raise LaunchError("dataset path: required (a JSONL or Parquet file on the machine running the dashboard)")
-    data["dataset"] = {"path": dataset}
-    limit = _num(form, "limit", int, "limit")
-    if limit is not None:
-        data["dataset"]["limit"] = limit
+    data["dataset"] = dataset
     urls = [u.strip() for u in (form.get("endpoints") or "").replace(",", "\n").splitlines() if u.strip()]
     if not urls:
         raise LaunchError("endpoints: give at least one base URL, e.g. http://127.0.0.1:8001/v1")
@@ -142,7 +161,9 @@ def config_to_form(config: dict[str, Any]) -> dict[str, str]:
     sampling, timeouts = config.get("sampling") or {}, config.get("timeouts") or {}
     dataset = config.get("dataset") or {}
     return {
-        "name": "", "dataset": s(dataset.get("path")), "limit": s(dataset.get("limit")),
+        "name": "",
+        **{f["form"]: ("on" if dataset.get(f["name"]) else "") if f["kind"] == "bool" else s(dataset.get(f["name"]))
+           for f in dataset_form_fields()},
         "endpoints": "\n".join(shown_url(str(e["base_url"])) for e in endpoints),
         "api_key_env": next((s(e.get("api_key_env")) for e in endpoints if e.get("api_key_env")), ""),
         "model": s(config.get("model")), "temperature": s(sampling.get("temperature")),

@@ -105,9 +105,9 @@ def runs_table(request: Request, conn: ReadConn) -> Response:
 
 
 def _new_run_defaults() -> dict[str, str]:
-    return {"name": "", "dataset": "", "endpoints": "", "api_key_env": "", "model": "", "temperature": "",
+    return {"name": "", **{f["form"]: f["default"] for f in launch.dataset_form_fields()}, "endpoints": "", "api_key_env": "", "model": "", "temperature": "",
             "top_p": "", "max_tokens": "", "concurrency": "16", "cap": "", "timeout_s": "600", "idle_timeout_s": "60",
-            "connect_timeout_s": "10", "max_attempts": "4", "reasoning_mode": "auto", "stream": "on", "limit": ""}
+            "connect_timeout_s": "10", "max_attempts": "4", "reasoning_mode": "auto", "stream": "on"}
 
 
 @router.get("/runs/new", include_in_schema=False)
@@ -117,6 +117,7 @@ def new_run_form(request: Request, conn: ReadConn, like: int | None = None) -> R
         like_run = _run_or_404(conn, like)
         form.update({k: v for k, v in launch.config_to_form(like_run["config"]).items() if v != "" or k == "name"})
     return render(request, "new_run.html", {"form": form, "error": None, "modes": REASONING_MODES,
+                                            "dataset_fields": launch.dataset_form_fields(),
                                             "like_run": like_run})
 
 
@@ -141,7 +142,8 @@ async def new_run_probe(request: Request) -> Response:
 
     form = await _posted_form(request)
     urls = [u.strip() for u in form["endpoints"].splitlines() if u.strip()]
-    ctx: dict[str, Any] = {"form": form, "error": None, "modes": REASONING_MODES, "probe": None}
+    ctx: dict[str, Any] = {"form": form, "error": None, "modes": REASONING_MODES,
+                           "dataset_fields": launch.dataset_form_fields(), "probe": None}
     if not urls or not form["model"].strip():
         ctx["error"] = "probe: give an endpoint base URL and a model"
         return render(request, "new_run.html", ctx, status_code=400)
@@ -166,6 +168,7 @@ async def new_run_submit(request: Request) -> Response:
         launched = await run_in_threadpool(_launch, request, form)
     except launch.LaunchError as exc:
         return render(request, "new_run.html", {"form": form, "error": str(exc), "modes": REASONING_MODES,
+                                                "dataset_fields": launch.dataset_form_fields(),
                                                 "like_run": None}, status_code=400)
     if launched.run_id is None:
         return RedirectResponse(f"/runs?started={launched.name}", status_code=303)

@@ -7,6 +7,10 @@ import json
 import os
 from typing import Any
 
+from pydantic import BaseModel
+
+from ..config import option_kind, options
+
 
 def add_db_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -70,3 +74,35 @@ def json_object_flag(value: str, flag: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise CliError(f"{flag} must be a JSON object")
     return obj
+
+
+def add_option_flags(group: Any, model: type[BaseModel]) -> None:
+    """A flag for every field of the model declared with an Option (synthwatch.config), typed from the field:
+    choices from a Literal, a switch for a bool, a whole number (at least 1 when the field says ge=1)."""
+    for name, info, opt in options(model):
+        dest = f"opt_{model.__name__}_{name}"
+        help_ = opt.flag_help or (info.description or "").rstrip(".")
+        metavar = name.upper()
+        if opt.flag_value is not None:
+            group.add_argument(opt.flag, dest=dest, action="store_const", const=opt.flag_value, help=help_)
+            continue
+        kind, choices, at_least_1 = option_kind(info)
+        if kind == "bool":
+            group.add_argument(opt.flag, dest=dest, action="store_true", default=None, help=help_)
+        elif kind == "choice":
+            group.add_argument(opt.flag, dest=dest, choices=choices, help=help_)
+        elif kind == "int":
+            group.add_argument(opt.flag, dest=dest, type=positive_int if at_least_1 else int, metavar=metavar,
+                               help=help_)
+        else:
+            group.add_argument(opt.flag, dest=dest, metavar=metavar, help=help_)
+
+
+def option_values(a: argparse.Namespace, model: type[BaseModel]) -> dict[str, Any]:
+    """The model's fields the user gave as flags (add_option_flags)."""
+    out = {}
+    for name, _info, _opt in options(model):
+        value = getattr(a, f"opt_{model.__name__}_{name}", None)
+        if value is not None:
+            out[name] = value
+    return out

@@ -11,8 +11,17 @@ from typing import Any
 
 from ..capture.reasoning import MODES as REASONING_MODES
 from ..cli import CliError
+from ..config import DatasetConfig
 from ..sources.load import RunLoadError, default_name, prepare_run
-from ._common import add_db_arg, dashboard_hint, json_object_flag, positive_float, positive_int
+from ._common import (
+    add_db_arg,
+    add_option_flags,
+    dashboard_hint,
+    json_object_flag,
+    option_values,
+    positive_float,
+    positive_int,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -30,20 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="resuming with settings that differ from the run's: make them a new config version "
                    "(without it such a resume is refused, listing the differences)")
     p.add_argument("--reason", help="with --new-config-version: why (kept with the version)")
-    g = p.add_argument_group("dataset")
-    g.add_argument("--dataset", help="JSONL / Parquet file or HF save_to_disk folder")
-    g.add_argument("--dataset-format", choices=["auto", "jsonl", "parquet", "hf"])
-    g.add_argument("--split")
-    g.add_argument("--messages-field", help="dotted path to an OpenAI messages list")
-    g.add_argument("--conversations-field", help="dotted path to a ShareGPT conversations list")
-    g.add_argument("--prompt-field", help="dotted path to a plain prompt string")
-    g.add_argument("--id-field", help="dotted path to a stable id")
-    g.add_argument("--system-prompt")
-    g.add_argument("--shuffle", action="store_true", default=None)
-    g.add_argument("--shuffle-seed", type=int)
-    g.add_argument("--limit", type=positive_int)
-    g.add_argument("--skip-bad-lines", action="store_true", default=None,
-                   help="skip and count malformed rows instead of refusing to start")
+    add_option_flags(p.add_argument_group("dataset"), DatasetConfig)
     g = p.add_argument_group("endpoints and requests")
     g.add_argument("--base-url", action="append", help="OpenAI-compatible base URL; repeat for several")
     g.add_argument("--api-key-env", help="name of the environment variable holding the API key")
@@ -107,19 +103,8 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
         node[leaf] = value
 
     put("name", a.name)
-    put("dataset.path", a.dataset)
-    put("dataset.format", a.dataset_format)
-    put("dataset.split", a.split)
-    put("dataset.messages_field", a.messages_field)
-    put("dataset.conversations_field", a.conversations_field)
-    put("dataset.prompt_field", a.prompt_field)
-    put("dataset.id_field", a.id_field)
-    put("dataset.system_prompt", a.system_prompt)
-    put("dataset.shuffle", a.shuffle)
-    put("dataset.seed", a.shuffle_seed)
-    put("dataset.limit", a.limit)
-    if a.skip_bad_lines:
-        put("dataset.on_bad_line", "skip")
+    for key, value in option_values(a, DatasetConfig).items():
+        put(f"dataset.{key}", value)
     if a.base_url:
         cfg["endpoints"] = [{"base_url": u, **({"api_key_env": a.api_key_env} if a.api_key_env else {})}
                             for u in a.base_url]

@@ -41,15 +41,15 @@ from typing import IO, Any
 
 import orjson
 
+from ..config import DatasetConfig
+
 __all__ = [
-    "FORMATS",
     "SHAPE_CONVERSATIONS",
     "SHAPE_MESSAGES",
     "SHAPE_PROMPT",
     "BadLine",
     "DatasetError",
     "DatasetIterator",
-    "DatasetSpec",
     "LoadResult",
     "Prompt",
     "describe_shape",
@@ -57,8 +57,6 @@ __all__ = [
     "load_dataset",
 ]
 
-FORMATS = ("auto", "jsonl", "parquet", "hf")
-BAD_LINE_POLICIES = ("error", "skip")
 MAX_LISTED_BAD_LINES = 20
 
 SHAPE_MESSAGES = "messages"
@@ -78,22 +76,6 @@ _SHAREGPT_ROLES = {
 _BOM = b"\xef\xbb\xbf"
 _BATCH_ROWS = 4096
 _MISSING: Any = object()
-
-
-@dataclass
-class DatasetSpec:
-    path: str
-    format: str = "auto"
-    split: str | None = None
-    messages_field: str | None = None
-    conversations_field: str | None = None
-    prompt_field: str | None = None
-    id_field: str | None = None
-    system_prompt: str | None = None
-    shuffle: bool = False
-    seed: int = 0
-    limit: int | None = None
-    on_bad_line: str = "error"
 
 
 @dataclass(slots=True)
@@ -151,7 +133,7 @@ def describe_shape(counts: Counter[str]) -> str:
     return "mixed: " + ", ".join(f"{shape} {n}" for shape, n in counts.most_common())
 
 
-def load_dataset(spec: DatasetSpec) -> LoadResult:
+def load_dataset(spec: DatasetConfig) -> LoadResult:
     """Load every row, apply the bad-line policy, then shuffle and limit.
 
     The whole source is always read (also with ``limit``), so bad rows anywhere are reported.
@@ -183,7 +165,7 @@ def load_dataset(spec: DatasetSpec) -> LoadResult:
     return LoadResult(prompts, bad_lines, describe_shape(rows.shape_counts), rows.total_rows)
 
 
-def iter_dataset(spec: DatasetSpec) -> DatasetIterator:
+def iter_dataset(spec: DatasetConfig) -> DatasetIterator:
     """Stream ``Prompt`` and ``BadLine`` items in source order (no shuffle, no limit, no policy).
 
     Spec and path problems raise :class:`DatasetError` here, before iteration; an empty source
@@ -195,7 +177,7 @@ def iter_dataset(spec: DatasetSpec) -> DatasetIterator:
 class DatasetIterator(Iterator[Prompt | BadLine]):
     """The iterator returned by :func:`iter_dataset`."""
 
-    def __init__(self, spec: DatasetSpec) -> None:
+    def __init__(self, spec: DatasetConfig) -> None:
         _validate_spec(spec)
         self.spec = spec
         self.source = str(spec.path)
@@ -308,16 +290,10 @@ class DatasetIterator(Iterator[Prompt | BadLine]):
 # spec and path checks
 
 
-def _validate_spec(spec: DatasetSpec) -> None:
+def _validate_spec(spec: DatasetConfig) -> None:
     source = str(spec.path)
     if not source:
         raise DatasetError("dataset path is empty")
-    if spec.format not in FORMATS:
-        raise DatasetError(f"{source}: unknown format {spec.format!r} (expected one of {', '.join(FORMATS)})")
-    if spec.on_bad_line not in BAD_LINE_POLICIES:
-        raise DatasetError(f"{source}: on_bad_line must be 'error' or 'skip', not {spec.on_bad_line!r}")
-    if spec.limit is not None and spec.limit < 1:
-        raise DatasetError(f"{source}: limit must be at least 1, not {spec.limit}")
     mapped = [
         name for name in ("messages_field", "conversations_field", "prompt_field") if getattr(spec, name) is not None
     ]
@@ -329,7 +305,7 @@ def _validate_spec(spec: DatasetSpec) -> None:
             raise DatasetError(f"{source}: {name} {value!r} is not a valid dotted path")
 
 
-def _resolve_format(spec: DatasetSpec) -> str:
+def _resolve_format(spec: DatasetConfig) -> str:
     source = str(spec.path)
     path = Path(spec.path)
     if not path.exists():
@@ -704,7 +680,7 @@ _AUTO_FIELDS = (
 class _RowConverter:
     """Turns one row (a dict) into (shape, messages, source_id) or raises ``_BadRow``."""
 
-    def __init__(self, spec: DatasetSpec) -> None:
+    def __init__(self, spec: DatasetConfig) -> None:
         self.system_prompt = spec.system_prompt or None
         self.mapped: tuple[str, str, list[str]] | None = None  # (shape, path, parts)
         for field, shape in (

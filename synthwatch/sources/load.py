@@ -26,7 +26,7 @@ def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int
     """Create the run and load its prompts, or find it to resume. Returns (run_id, resumed)."""
     from sqlalchemy import text
 
-    from ..sources.datasets import DatasetError, DatasetSpec, load_dataset
+    from ..sources.datasets import DatasetError, load_dataset
     from ..store.queue import create_run, find_run_id, insert_prompts, write_begin
 
     with engine.connect() as conn:
@@ -38,11 +38,6 @@ def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int
             raise RunLoadError(f"run {config.name!r} is a {kind} run (synthwatch {kind}); choose another --name")
         return existing, True
     d = config.dataset
-    spec = DatasetSpec(
-        path=d.path, format=d.format, split=d.split, messages_field=d.messages_field,
-        conversations_field=d.conversations_field, prompt_field=d.prompt_field, id_field=d.id_field,
-        system_prompt=d.system_prompt, shuffle=d.shuffle, seed=d.seed, limit=d.limit, on_bad_line=d.on_bad_line,
-    )
     from ..quality.checks import ChecksConfigError, parse_settings, with_canaries
 
     try:
@@ -50,7 +45,7 @@ def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int
     except ChecksConfigError as exc:
         raise RunLoadError(str(exc)) from None
     try:
-        loaded = load_dataset(spec)
+        loaded = load_dataset(config.dataset)
     except DatasetError as exc:
         raise RunLoadError(str(exc)) from None
     print(f"dataset {d.path}: {len(loaded.prompts)} prompts ({loaded.shape})", file=out)
