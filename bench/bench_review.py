@@ -193,7 +193,7 @@ def main(quick: bool = False) -> int:
 
 def _query_times(db: Path, run_id: int) -> list[tuple[str, list[float]]]:
     from synthwatch.review import queries as review
-    from synthwatch.review.queries import Filters
+    from synthwatch.review.filters import Filters
     from synthwatch.store.db import make_engine, resolve_url
 
     eng = make_engine(resolve_url(str(db)), readonly=True)

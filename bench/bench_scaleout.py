@@ -320,7 +320,7 @@ def main(quick: bool = False) -> list[dict[str, Any]]:
             "text": (f"One run of {latency['n']:,} records (bench/fill.py, copied into PostgreSQL with COPY; the search "
                      f"index built afterwards; {latency['fill_s']:.0f} s in all), the dashboard over real HTTP, one "
                      f"request at a time, median of {MEASURED} after {WARMUP} warm-up requests. Search uses the GIN index of "
-                     "migration 0003_pg_search, newest records first in two phases (synthwatch/review/queries.py, "
+                     "migration 0003_pg_search, newest records first in two phases (synthwatch/review/filters.py, "
                      "_pg_search_windows)."),
             "columns": ["request", "median", "target"], "rows": lrows,
         })

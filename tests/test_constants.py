@@ -14,7 +14,7 @@ from test_export import make_run
 from synthwatch.capture.reasoning import MODES
 from synthwatch.cli import build_parser
 from synthwatch.config import ConfigError, build_config
-from synthwatch.review import queries as review
+from synthwatch.review import filters as review_filters
 from synthwatch.store.models import FINISHED_STATUSES, LIVE_STATUSES, RECORD_STATUSES, RUN_STATUSES
 
 
@@ -51,4 +51,4 @@ def test_the_dashboard_forms_offer_every_reasoning_mode(engine: Any, live_app: A
 def test_statuses_are_the_schema_lists() -> None:
     assert set(LIVE_STATUSES) < set(RUN_STATUSES) and "completed" not in LIVE_STATUSES
     assert set(FINISHED_STATUSES) < set(RECORD_STATUSES)
-    assert sorted(review.STATUSES) == sorted(RECORD_STATUSES) and review.STATUSES[:3] == FINISHED_STATUSES
+    assert sorted(review_filters.STATUSES) == sorted(RECORD_STATUSES) and review_filters.STATUSES[:3] == FINISHED_STATUSES

@@ -3,7 +3,7 @@
 The simulator echoes `ECHO:` prompts, so every string of tests/hostile.py comes back as both reasoning and
 content. In a real browser no script may run (`window.__pwned` stays unset, no dialog opens; an inline
 script blocked by the CSP or an injected <img> would also fail the test through the browser-problem checks),
-and every string is shown literally: the textContent of the element showing it equals what synthwatch.review.queries
+and every string is shown literally: the textContent of the element showing it equals what synthwatch.review.display
 renders (invisible and bidi characters as visible markers).
 """
 
@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from synthwatch.check_catalog import DEFAULT_RULES
+from synthwatch.review import display as review_display
 from synthwatch.review import queries as review
 from synthwatch.store.db import open_engine
 from tests.hostile import HOSTILE
@@ -46,7 +47,7 @@ Object.defineProperty(window, '__pwned', {configurable: false,
 
 def shown(value: str) -> str:
     """What the viewer's <pre> shows: segments as rendered; the HTML parser turns CR and CRLF into LF."""
-    text = "".join(s for _kind, s in review.segments(value))
+    text = "".join(s for _kind, s in review_display.segments(value))
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 

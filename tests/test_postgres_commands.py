@@ -19,6 +19,7 @@ from sqlalchemy import create_engine, text
 from sqlmodel import SQLModel
 from workerkit import wait_for
 
+from synthwatch.review import filters as review_filters
 from synthwatch.review import queries as review
 from synthwatch.store import models  # noqa: F401
 from synthwatch.store.db import open_engine, resolve_url
@@ -111,10 +112,10 @@ def test_every_command_on_postgresql(pg_server: Any, tmp_path: Path, sim: Any, p
     engine.dispose()
 
 
-@pytest.mark.parametrize("window", [review.PG_FIRST_WINDOW, 1])
+@pytest.mark.parametrize("window", [review_filters.PG_FIRST_WINDOW, 1])
 def test_search_on_postgresql(pg_server: Any, window: int, monkeypatch: Any) -> None:
     """Search results and keyset pages on PostgreSQL; window 1 makes every page walk several id windows."""
-    monkeypatch.setattr(review, "PG_FIRST_WINDOW", window)
+    monkeypatch.setattr(review_filters, "PG_FIRST_WINDOW", window)
     engine = open_engine(pg_server.new_database())
     from synthwatch.store import queue as store
 
@@ -130,7 +131,7 @@ def test_search_on_postgresql(pg_server: Any, window: int, monkeypatch: Any) -> 
                           " content = 'answer ' || idx WHERE idx < 9"))
     with engine.connect() as conn:
         def ids(q: str, field: str = "all", **kw: Any) -> list[int]:
-            pg = review.page(conn, rid, review.Filters(q=q, field=field, **kw))
+            pg = review.page(conn, rid, review_filters.Filters(q=q, field=field, **kw))
             return [r["idx"] for r in pg.rows]
 
         assert ids("zebras") == [6, 3, 0]  # finished records only (9 is pending: not indexed, as on SQLite)
@@ -140,22 +141,22 @@ def test_search_on_postgresql(pg_server: Any, window: int, monkeypatch: Any) -> 
         assert ids("answer", "content", order="asc")[:3] == [0, 1, 2]
         assert ids("hippo | zebras") == [6, 3, 0]  # operators are words, not syntax
         assert ids("a'b:* & !(c") == []
-        assert review.count(conn, rid, review.Filters(q="hippo")) == (9, False)
-        assert review.count(conn, rid, review.Filters(q="hippo", status="ok")) == (9, False)
-        first = review.page(conn, rid, review.Filters(q="hippo"), limit=4)
-        rest = review.page(conn, rid, review.Filters(q="hippo"), after=first.next_cursor, limit=10)
+        assert review.count(conn, rid, review_filters.Filters(q="hippo")) == (9, False)
+        assert review.count(conn, rid, review_filters.Filters(q="hippo", status="ok")) == (9, False)
+        first = review.page(conn, rid, review_filters.Filters(q="hippo"), limit=4)
+        rest = review.page(conn, rid, review_filters.Filters(q="hippo"), after=first.next_cursor, limit=10)
         assert [r["idx"] for r in first.rows + rest.rows] == list(range(8, -1, -1))
-        back = review.page(conn, rid, review.Filters(q="hippo"), before=rest.prev_cursor, limit=4)
+        back = review.page(conn, rid, review_filters.Filters(q="hippo"), before=rest.prev_cursor, limit=4)
         assert [r["idx"] for r in back.rows] == [8, 7, 6, 5]
-        up = review.page(conn, rid, review.Filters(q="hippo", order="asc"), limit=3)
-        up2 = review.page(conn, rid, review.Filters(q="hippo", order="asc"), after=up.next_cursor, limit=3)
+        up = review.page(conn, rid, review_filters.Filters(q="hippo", order="asc"), limit=3)
+        up2 = review.page(conn, rid, review_filters.Filters(q="hippo", order="asc"), after=up.next_cursor, limit=3)
         assert [r["idx"] for r in up.rows + up2.rows] == [0, 1, 2, 3, 4, 5]
     with engine.connect() as conn:
         # the query review builds matches the index expression (the planner can answer it from the GIN index)
         conn.execute(text("SET enable_seqscan = off"))
         conn.execute(text("SET enable_indexscan = off"))
         params: dict[str, Any] = {}
-        conds = review._pg_search_conds(conn, review.Filters(q="zeb* hippo"), params)
+        conds = review_filters._pg_search_conds(conn, review_filters.Filters(q="zeb* hippo"), params)
         plan = "\n".join(r[0] for r in conn.execute(
             text(f"EXPLAIN SELECT id FROM record WHERE {' AND '.join(conds)}"), params))
     engine.dispose()

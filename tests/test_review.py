@@ -12,8 +12,10 @@ import orjson
 import pytest
 from sqlalchemy import text
 
+from synthwatch.review import display as review_display
+from synthwatch.review import filters as review_filters
 from synthwatch.review import queries as review
-from synthwatch.review.queries import Filters, ReviewError
+from synthwatch.review.filters import Filters, ReviewError
 from synthwatch.store import queue as store
 from synthwatch.store import search_index
 
@@ -230,7 +232,7 @@ def test_search_text_is_never_fts_syntax(engine: Any) -> None:
             assert target in ids_of(review.page(conn, run_id, Filters(q=q)).rows), q
         assert ids_of(review.page(conn, run_id, Filters(q="somethi*")).rows) == [target + 1]
     with pytest.raises(ReviewError, match="nothing to search"):
-        review.fts_query("   ")
+        review_filters.fts_query("   ")
 
 
 # ------------------------------------------------------------------------------------------ sampling
@@ -503,12 +505,12 @@ def test_viewer_shows_text_literally_and_marks_the_invisible(engine: Any, live_a
 
 
 def test_segments_and_emptiness() -> None:
-    assert review.segments("a\u200db") == [("t", "a"), ("inv", "⟨U+200D ZWJ⟩"), ("t", "b")]
-    assert review.segments("a b\tc", whitespace=True) == [("t", "a"), ("ws", "·"), ("t", "b"), ("ws", "→\t"),
+    assert review_display.segments("a\u200db") == [("t", "a"), ("inv", "⟨U+200D ZWJ⟩"), ("t", "b")]
+    assert review_display.segments("a b\tc", whitespace=True) == [("t", "a"), ("ws", "·"), ("t", "b"), ("ws", "→\t"),
                                                           ("t", "c")]
-    assert review.segments("  \n\u200b ", whitespace=True) == [("ws", "··↵\n"), ("inv", "⟨U+200B ZWSP⟩"), ("ws", "·")]
-    assert review.emptiness("") == "EMPTY" and review.emptiness(None) == "EMPTY (null)"
-    assert review.emptiness("\u2067 \n") is not None and review.emptiness("x") is None
+    assert review_display.segments("  \n\u200b ", whitespace=True) == [("ws", "··↵\n"), ("inv", "⟨U+200B ZWSP⟩"), ("ws", "·")]
+    assert review_display.emptiness("") == "EMPTY" and review_display.emptiness(None) == "EMPTY (null)"
+    assert review_display.emptiness("\u2067 \n") is not None and review_display.emptiness("x") is None
 
 
 def test_migration_indexes_exist(db_path: Path, engine: Any) -> None:

@@ -19,8 +19,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from ..capture import tool_calls
+from ..review import display as review_display
+from ..review import filters as review_filters
+from ..review import flags as review_flags
 from ..review import queries as review
-from ..review.queries import Filters, ReviewError
+from ..review.filters import Filters, ReviewError
 from ..store import queue as store
 from ..store.models import LIVE_STATUSES
 from . import snippets
@@ -47,7 +50,7 @@ def _run_or_404(conn: Any, run_id: int) -> dict[str, Any]:
 def _record_or_404(conn: Any, run_id: int, record_id: int) -> dict[str, Any]:
     try:
         return review.get_record(conn, run_id, record_id)
-    except review.NotFound as exc:
+    except review_filters.NotFound as exc:
         raise HTTPException(404, str(exc)) from None
 
 
@@ -126,7 +129,7 @@ def sample_page(request: Request, run_id: int, conn: ReadConn) -> Response:
     if rid is None:
         return render(request, "viewer.html", {
             "run": run, "rec": None, "mode": params.get("mode", "all"), "sample_params": params,
-            "modes": review.SAMPLE_MODES, "check_names": list(review.check_bits()),
+            "modes": review_filters.SAMPLE_MODES, "check_names": list(review_filters.check_bits()),
             "session": _session_progress(conn, run, params), "session_done": "s" in request.query_params,
             "restart_url":
                 f"/runs/{run_id}/sample{_qs({k: v for k, v in params.items() if k not in ('s', 't0')})}",
@@ -149,10 +152,10 @@ def sample_api(request: Request, run_id: int, conn: ReadConn) -> Any:
 
 def _text_block(value: str | None, ws: bool) -> dict[str, Any]:
     return {
-        "empty": review.emptiness(value),
-        "segments": review.segments(value or "", whitespace=ws),
+        "empty": review_display.emptiness(value),
+        "segments": review_display.segments(value or "", whitespace=ws),
         "chars": len(value or ""),
-        "invisible": review.count_invisible(value),
+        "invisible": review_display.count_invisible(value),
     }
 
 
@@ -242,8 +245,8 @@ def _turn_blocks(rec: dict[str, Any], ws: bool) -> list[dict[str, Any]]:
 
 
 def _flag_context(conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
-    return {"run": run, "rec": rec, "flags": review.flag_history(conn, rec["id"]), "reasons": review.REASONS,
-            "reason_labels": review.REASON_LABELS}
+    return {"run": run, "rec": rec, "flags": review.flag_history(conn, rec["id"]), "reasons": review_filters.REASONS,
+            "reason_labels": review_filters.REASON_LABELS}
 
 
 def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
@@ -270,14 +273,14 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         "ws": ws,
         "mode": params.get("mode", "all"),
         "sample_params": params,
-        "modes": review.SAMPLE_MODES,
-        "check_names": list(review.check_bits()),
+        "modes": review_filters.SAMPLE_MODES,
+        "check_names": list(review_filters.check_bits()),
         "prompt": _prompt_blocks(_last_turn_prompt(run, rec), ws),
         "turns": _turn_blocks(rec, ws),
         "reasoning": _text_block(rec["reasoning"], ws),
         "content": _text_block(rec["content"], ws),
         "tool_calls": _answer_tool_calls(rec, ws),
-        "failed": review.failed_checks(rec["check_flags"]),
+        "failed": review_filters.failed_checks(rec["check_flags"]),
         "attempt_list": attempts if isinstance(attempts, list) else [],
         "raw": review.raw_fields(rec),
         "in_set": in_set,
@@ -307,7 +310,7 @@ def _history(conn: Any, record_id: int) -> list[dict[str, Any]]:
 
     out = []
     for h in history(conn, record_id):
-        h["failed"] = review.failed_checks(h["check_flags"])
+        h["failed"] = review_filters.failed_checks(h["check_flags"])
         try:
             h["attempt_list"] = orjson.loads(h["attempts_json"]) if h["attempts_json"] else []
         except orjson.JSONDecodeError:
@@ -350,10 +353,10 @@ def flag_form(request: Request, run_id: int, record_id: int, conn: ReadConn, wri
               note: Annotated[str, Form()] = "") -> Response:
     run = _run_or_404(conn, run_id)
     try:
-        review.flag(write, run_id, record_id, verdict, reason or None, note or None)
+        review_flags.flag(write, run_id, record_id, verdict, reason or None, note or None)
     except ReviewError as exc:
         raise _bad(exc) from None
-    except review.NotFound as exc:
+    except review_filters.NotFound as exc:
         raise HTTPException(404, str(exc)) from None
     return _after_flag(request, conn, run, record_id, hx)
 
@@ -364,7 +367,7 @@ def undo_form(request: Request, run_id: int, record_id: int, conn: ReadConn, wri
     run = _run_or_404(conn, run_id)
     _record_or_404(conn, run_id, record_id)
     try:
-        review.undo(write, run_id, record_id)
+        review_flags.undo(write, run_id, record_id)
     except ReviewError as exc:
         raise _bad(exc) from None
     return _after_flag(request, conn, run, record_id, hx)
@@ -386,11 +389,11 @@ def flag_api(run_id: int, record_id: int, conn: ReadConn, write: WriteEngine,
     wrong_language, repetition, other; optional note)."""
     _run_or_404(conn, run_id)
     try:
-        return review.flag(write, run_id, record_id, str(body.get("verdict", "")), _form_or_json(body, "reason"),
+        return review_flags.flag(write, run_id, record_id, str(body.get("verdict", "")), _form_or_json(body, "reason"),
                            _form_or_json(body, "note"))
     except ReviewError as exc:
         raise _bad(exc) from None
-    except review.NotFound as exc:
+    except review_filters.NotFound as exc:
         raise HTTPException(404, str(exc)) from None
 
 
@@ -400,7 +403,7 @@ def undo_api(run_id: int, record_id: int, conn: ReadConn, write: WriteEngine) ->
     _run_or_404(conn, run_id)
     _record_or_404(conn, run_id, record_id)
     try:
-        return review.undo(write, run_id, record_id)
+        return review_flags.undo(write, run_id, record_id)
     except ReviewError as exc:
         raise _bad(exc) from None
 
@@ -410,7 +413,7 @@ def undo_last_api(run_id: int, conn: ReadConn, write: WriteEngine) -> Any:
     """Undo the run's latest flag action (a bulk flag is one action)."""
     _run_or_404(conn, run_id)
     try:
-        return review.undo(write, run_id, None)
+        return review_flags.undo(write, run_id, None)
     except ReviewError as exc:
         raise _bad(exc) from None
 
@@ -419,7 +422,7 @@ def _bulk_args(data: dict[str, Any]) -> tuple[str, str | None, str | None]:
     verdict = str(data.get("verdict") or "")
     reason, note = _form_or_json(data, "reason"), _form_or_json(data, "note")
     try:
-        review._validate_flag(verdict, reason, note)
+        review_flags._validate_flag(verdict, reason, note)
     except ReviewError as exc:
         raise _bad(exc) from None
     return verdict, reason, note
@@ -434,14 +437,14 @@ async def bulk_form(request: Request, run_id: int, conn: ReadConn, read: ReadEng
     backlog = await run_in_threadpool(catch_up_search, request, f.q)
     verdict, reason, note = _bulk_args({k.removeprefix("flag_"): v for k, v in form.items() if k.startswith("flag_")})
     ctx: dict[str, Any] = {"run": run, "f": f, "verdict": verdict, "reason": reason, "note": note,
-                           "reason_labels": review.REASON_LABELS, "search_backlog": backlog}
+                           "reason_labels": review_filters.REASON_LABELS, "search_backlog": backlog}
     try:  # database work off the event loop
         if form.get("undo_bulk"):
-            ctx["undone"] = await run_in_threadpool(review.undo_bulk, write, run_id, form["undo_bulk"])
+            ctx["undone"] = await run_in_threadpool(review_flags.undo_bulk, write, run_id, form["undo_bulk"])
         elif not form.get("max_id"):
-            ctx["preview"] = await run_in_threadpool(review.bulk_preview, conn, run_id, f)
+            ctx["preview"] = await run_in_threadpool(review_flags.bulk_preview, conn, run_id, f)
         else:
-            ctx["result"] = await run_in_threadpool(review.bulk_flag, read, write, run_id, f, verdict, reason, note,
+            ctx["result"] = await run_in_threadpool(review_flags.bulk_flag, read, write, run_id, f, verdict, reason, note,
                                                     _to_int(form["max_id"], "max_id"))
     except ReviewError as exc:
         raise _bad(exc) from None
@@ -473,8 +476,8 @@ def bulk_api(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, wr
     backlog = catch_up_search(request, f.q)
     try:
         if body.get("max_id") is None:
-            return {"preview": review.bulk_preview(conn, run_id, f), "search_backlog": backlog}
-        return review.bulk_flag(read, write, run_id, f, verdict, reason, note, _to_int(body["max_id"], "max_id"))
+            return {"preview": review_flags.bulk_preview(conn, run_id, f), "search_backlog": backlog}
+        return review_flags.bulk_flag(read, write, run_id, f, verdict, reason, note, _to_int(body["max_id"], "max_id"))
     except ReviewError as exc:
         raise _bad(exc) from None
 
@@ -496,8 +499,8 @@ def _records_context(request: Request, conn: Any, run: dict[str, Any], backlog: 
         "next_url": f"/runs/{run['id']}/records{_qs({**base, 'after': pg.next_cursor})}" if pg.next_cursor else None,
         "prev_url": f"/runs/{run['id']}/records{_qs({**base, 'before': pg.prev_cursor})}" if pg.prev_cursor else None,
         "count_url": f"/runs/{run['id']}/records/count{_qs(base)}",
-        "statuses": review.STATUSES, "flags": review.FLAG_FILTERS, "reasons": review.REASONS,
-        "sorts": review.SORTS, "fields": review.SEARCH_FIELDS, "check_names": list(review.check_bits()),
+        "statuses": review_filters.STATUSES, "flags": review_filters.FLAG_FILTERS, "reasons": review_filters.REASONS,
+        "sorts": review_filters.SORTS, "fields": review_filters.SEARCH_FIELDS, "check_names": list(review_filters.check_bits()),
         "finish_reasons": review.distinct_values(conn, run["id"], "finish_reason"),
         "endpoints": review.distinct_values(conn, run["id"], "endpoint"),
         "sources": review.distinct_values(conn, run["id"], "reasoning_source"),
@@ -513,7 +516,7 @@ def records_page(request: Request, run_id: int, backlog: SearchBacklog, conn: Re
     ctx = _records_context(request, conn, run, backlog)
     if hx and request.headers.get("HX-Target") == "records-table":
         return render(request, "_records_table.html", ctx)
-    ctx["last_bulk"] = review.latest_bulk(conn, run_id)
+    ctx["last_bulk"] = review_flags.latest_bulk(conn, run_id)
     return render(request, "records.html", ctx)
 
 
@@ -539,7 +542,7 @@ def records_api(request: Request, run_id: int, backlog: SearchBacklog, conn: Rea
     f = _filters(q)
     try:
         pg = review.page(conn, run_id, f, after=q.get("after") or None, before=q.get("before") or None,
-                         limit=_int_param(request, "limit") or review.PAGE_SIZE)
+                         limit=_int_param(request, "limit") or review_filters.PAGE_SIZE)
     except ReviewError as exc:
         raise _bad(exc) from None
     return {"records": pg.rows, "next_cursor": pg.next_cursor, "prev_cursor": pg.prev_cursor,
@@ -636,7 +639,7 @@ def _chip_views(lt: Any, chips: list[Any]) -> list[tuple[str, str, str]]:
     for c in chips:
         seen = cache.get(c.id)
         if seen is None:
-            shown = "".join(m if k != "t" else m.translate(_CHIP_WS) for k, m in review.segments(c.text)) or "∅"
+            shown = "".join(m if k != "t" else m.translate(_CHIP_WS) for k, m in review_display.segments(c.text)) or "∅"
             seen = cache[c.id] = (shown, f"id {c.id} · {c.kind} · bytes {c.raw_bytes or '–'} · piece {c.piece!r}")
         classes = f"chip k-{c.kind}" + (" asst" if c.in_assistant else "") + (" differs" if c.differs else "")
         out.append((seen[0], classes, seen[1] + (" · trained" if c.in_assistant else " · not trained")))

@@ -33,7 +33,9 @@ from ..capture.turns import load as load_turns
 from ..check_catalog import BIT, CHECK_NAMES
 from ..quality.alarms import AlarmKeeper, effective_rules
 from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turns, recent_windows, view_from_row
-from ..review.queries import Cursor, Filters, ReviewError, _select_ids, failed_checks, max_record_id
+from ..review.filters import Filters, ReviewError, failed_checks
+from ..review.flags import max_record_id
+from ..review.queries import Cursor, _select_ids
 from ..store import queue as store
 from ..store import search_index
 from ..store.models import FINISHED_STATUSES

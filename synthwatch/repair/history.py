@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import BIT, CHECK_NAMES
 from ..quality.checks import applied_bits
-from ..review.queries import Filters
+from ..review.filters import Filters
 from ..store import queue as store
 from ..store import search_index
 from .actions import (

@@ -7,7 +7,7 @@ Create Date: 2026-11-30 08:00:00
 PostgreSQL only (SQLite has the FTS5 table of 0002_review). An expression index (over the function below)
 rather than a stored tsvector column: no model change, nothing for the worker to compute, and the partial predicate keeps the
 prompt load cheap (pending records, which have neither reasoning nor content, are not indexed; the same
-rule as the FTS5 triggers). synthwatch.review.queries builds its queries with exactly the expression and the
+rule as the FTS5 triggers). synthwatch.review.filters builds its queries with exactly the expression and the
 predicate below (PG_TSVECTOR, PG_INDEXED), so the planner can use the index.
 
 CONCURRENTLY is not used: migrations run inside a transaction, and on a new or small database the build
@@ -36,7 +36,7 @@ BEGIN
                      || coalesce(prompt, ''));
 END
 $$"""
-# Kept identical to synthwatch.review.queries (a test checks it): the index is used only for this exact expression.
+# Kept identical to synthwatch.review.filters (a test checks it): the index is used only for this exact expression.
 PG_TSVECTOR = "synthwatch_fts_doc(reasoning, content, prompt_json)"
 PG_INDEXED = "(reasoning IS NOT NULL OR content IS NOT NULL)"
 
