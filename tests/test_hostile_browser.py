@@ -131,6 +131,7 @@ def test_viewer_shows_every_hostile_string_literally(hostile_run: dict[str, Any]
 @pytest.mark.browser
 def test_token_chips_escape_hostile_text(hostile_run: dict[str, Any], live_app: Any, page: Any) -> None:
     from synthwatch.app.routes_review import MAX_CHIPS, _chip_views
+    from synthwatch.tokens import render as tokens_render
     from synthwatch.tokens import tokenizer as tokens
 
     app = live_app()
@@ -144,7 +145,7 @@ def test_token_chips_escape_hostile_text(hostile_run: dict[str, Any], live_app: 
         rec = hostile_run["recs"][i]
         url = f"{app.url}/runs/{run_id}/records/{rec['id']}/tokens"
         guard.visit(url)
-        r = tokens.render_record(lt, orjson.loads(rec["prompt_json"]), rec["reasoning"], rec["content"])
+        r = tokens_render.render_record(lt, orjson.loads(rec["prompt_json"]), rec["reasoning"], rec["content"])
         want = [text for text, _cls, _title in _chip_views(lt, r.chips[:MAX_CHIPS])]
         got = page.locator("#chips > span").evaluate_all("els => els.map(e => e.textContent)")
         want = [w.replace("\r\n", "\n").replace("\r", "\n") for w in want]

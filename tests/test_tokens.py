@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from synthwatch.tokens.render import render_record, training_ids
 from synthwatch.tokens.tokenizer import (
     DEEPSEEK_V4,
     LoadedTokenizer,
@@ -16,8 +17,6 @@ from synthwatch.tokens.tokenizer import (
     TokenizerSpec,
     classify_token,
     load_tokenizer,
-    render_record,
-    training_ids,
 )
 
 THINK_OPEN, THINK_CLOSE = 128821, 128822

@@ -565,7 +565,8 @@ def records_count_api(request: Request, run_id: int, backlog: SearchBacklog, con
 
 
 def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
-    from ..tokens import tokenizer as tokens  # transformers is heavy: imported on first use
+    from ..tokens import render as tokens_render  # transformers is heavy: imported on first use
+    from ..tokens import tokenizer as tokens
 
     cfg = run.get("config") or {}
     tk = cfg.get("tokenizer") or {}
@@ -607,7 +608,7 @@ def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
     try:
         messages = orjson.loads(rec["prompt_json"])
         lt = tokens.load_tokenizer(spec)
-        r = tokens.render_record(
+        r = tokens_render.render_record(
             lt, messages, rec.get("reasoning") or "", rec.get("content") or "",
             usage_completion_tokens=rec.get("completion_tokens"),
             server_prompt_ids=ids.get("prompt"), server_completion_ids=ids.get("completion"),

@@ -181,7 +181,7 @@ def has_think_marker(text: str) -> bool:
 
 def row_specforge(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
     from ..capture import tool_calls
-    from ..tokens.tokenizer import prompt_tools
+    from ..tokens.render import prompt_tools
     from . import plan as ex
 
     reasoning = rec.get("reasoning") or ""

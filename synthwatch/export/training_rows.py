@@ -1,7 +1,7 @@
 """A record re-tokenized into one training row, or the reason it cannot be one.
 
 The export never writes a row it cannot vouch for. :func:`retokenized_row` renders the record through the
-chat template and splits the full render's ids at the token level (:func:`synthwatch.tokens.tokenizer.assemble`);
+chat template and splits the full render's ids at the token level (:func:`synthwatch.tokens.render.assemble`);
 it refuses the record when
 
 - the record has reasoning but the rendered conversation does not hold it (``template_drops_reasoning``:
@@ -66,7 +66,7 @@ def retokenized_row(
     content = content or ""
     if as_generated:
         return _as_generated(lt, messages, reasoning, content, finish_reason)
-    from ..tokens.tokenizer import assemble
+    from ..tokens.render import assemble
 
     asm = assemble(lt, messages, reasoning, content)
     wanted = reasoning.strip()
@@ -90,7 +90,7 @@ def retokenized_row(
 def _as_generated(
     lt: LoadedTokenizer, messages: list[dict[str, Any]] | dict[str, Any], reasoning: str, content: str, finish_reason: str | None
 ) -> TrainingRow:
-    from ..tokens.tokenizer import _normalize_messages, prompt_tools
+    from ..tokens.render import _normalize_messages, prompt_tools
 
     prompt_text = lt.apply_chat_template(_normalize_messages(messages), add_generation_prompt=True,
                                          tools=prompt_tools(messages))

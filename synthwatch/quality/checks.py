@@ -337,7 +337,7 @@ def tokenizer_spec(ctx: RunContext) -> Any:
 
 def run_token_job(lt: Any, job: TokenJob) -> list[tuple[int, str, bool, dict[str, Any]]]:
     """(record_id, check, failed, details) results of one tokenizer job."""
-    from ..tokens.tokenizer import render_record
+    from ..tokens.render import render_record
 
     rendered = render_record(lt, job.messages, job.reasoning, job.content,
                              usage_completion_tokens=job.completion_tokens if job.count else None)
