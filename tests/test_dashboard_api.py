@@ -13,7 +13,7 @@ from sqlalchemy import text
 from workerkit import make_config, run_row, run_to_end, wait_for
 
 from bench.fill import series_row
-from synthwatch.app import stats
+from synthwatch.app import run_stats, stats, timeseries
 from synthwatch.store import queue as store
 
 
@@ -254,14 +254,14 @@ def test_long_runs_are_downsampled(engine, monkeypatch) -> None:  # type: ignore
         conn.execute(text(f"INSERT INTO series ({', '.join(cols)}) VALUES ({', '.join(':' + c for c in cols)})"), rows)
         conn.execute(text("UPDATE run SET status = 'running', started_at = :t WHERE id = :r"), {"t": t0, "r": run_id})
     with engine.connect() as conn:
-        run = stats.get_run(conn, run_id)
+        run = run_stats.get_run(conn, run_id)
         assert run is not None
         # a long history is folded into the process cache step by step (one 30-min step per request when
         # the time budget is spent at once), so no request hits the time limit
         monkeypatch.setattr(stats, "FOLD_BUDGET_S", 0.0)
         calls = 0
         while True:
-            ts = stats.timeseries(conn, run, "all")
+            ts = timeseries.timeseries(conn, run, "all")
             calls += 1
             if ts["complete"] or calls > 50:
                 break
@@ -269,5 +269,5 @@ def test_long_runs_are_downsampled(engine, monkeypatch) -> None:  # type: ignore
         assert len(ts["points"]) <= stats.MAX_POINTS and ts["bucket_s"] >= 150
         assert sum(p["counts"]["ok"] for p in ts["points"]) == 3 * 7200
         assert all(abs(p["timeout_share"] - 0.25) < 1e-9 for p in ts["points"])
-        hour = stats.timeseries(conn, run, "1h")
+        hour = timeseries.timeseries(conn, run, "1h")
         assert len(hour["points"]) <= stats.MAX_POINTS

@@ -341,7 +341,7 @@ def test_follow_on_every_backend(tmp_path: Path, any_engine: Any) -> None:
 def test_whole_run_totals_follow_rows_written_at_old_timestamps(tmp_path: Path, watching: Any, engine: Any) -> None:
     """`watch` writes series rows at the file's own timestamps, older than the dashboard's fold horizon:
     the folded whole-run totals must not freeze at the first value (was: 10 shown while the rows held 15)."""
-    from synthwatch.app import stats
+    from synthwatch.app import run_stats
 
     old = time.time() - 3 * 3600
     path = tmp_path / "old.jsonl"
@@ -351,9 +351,9 @@ def test_whole_run_totals_follow_rows_written_at_old_timestamps(tmp_path: Path, 
 
     def ok_all() -> int:
         with engine.connect() as conn:
-            run = stats.get_run(conn, w.run_id)
+            run = run_stats.get_run(conn, w.run_id)
             assert run is not None
-            st = stats.run_stats(conn, run)
+            st = run_stats.run_stats(conn, run)
             return int(st.quality["ok_all"])
 
     assert ok_all() == 10  # folded and cached

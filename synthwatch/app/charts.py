@@ -201,7 +201,7 @@ def time_chart(
 
 
 def run_charts(data: dict[str, object]) -> list[Markup]:
-    """The run page's charts from :func:`synthwatch.app.stats.timeseries` output."""
+    """The run page's charts from :func:`synthwatch.app.timeseries.timeseries` output."""
     pts: list[dict[str, object]] = data["points"]  # type: ignore[assignment]
     times = [float(p["t"]) + float(data["bucket_s"]) / 2 for p in pts]  # type: ignore[arg-type]
     t0, t1 = float(data["start"]), float(data["end"])  # type: ignore[arg-type]

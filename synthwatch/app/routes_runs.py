@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from ..capture.reasoning import MODES as REASONING_MODES
 from ..store import queue as store
 from ..store import versions
-from . import launch, stats
+from . import launch, run_stats, stats, timeseries
 from .charts import run_charts
 from .deps import HX, ReadConn, WriteEngine, render
 from .routes_cost import cost_context
@@ -32,7 +32,7 @@ CONTROL_LABELS = {
 
 
 def _run_or_404(conn: Any, run_id: int) -> dict[str, Any]:
-    run = stats.get_run(conn, run_id)
+    run = run_stats.get_run(conn, run_id)
     if run is None:
         raise HTTPException(404, f"no run with id {run_id} in this database")
     return run
@@ -68,7 +68,7 @@ def _list_context(request: Request, conn: Any) -> dict[str, Any]:
 def _stats_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
     try:
         with stats.time_limit(conn, _limit_ms(request)):
-            st = stats.run_stats(conn, run)
+            st = run_stats.run_stats(conn, run)
         stale = None
     except stats.StatsTimeout as exc:
         st, stale = None, str(exc)
@@ -79,7 +79,7 @@ def _stats_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str
 def _charts_context(request: Request, conn: Any, run: dict[str, Any], window: str) -> dict[str, Any]:
     try:
         with stats.time_limit(conn, _limit_ms(request)):
-            data = stats.timeseries(conn, run, window)
+            data = timeseries.timeseries(conn, run, window)
         charts, stale = run_charts(data), None
     except stats.StatsTimeout as exc:
         data, charts, stale = None, [], str(exc)
@@ -88,7 +88,7 @@ def _charts_context(request: Request, conn: Any, run: dict[str, Any], window: st
 
 
 def _audit_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
-    return {"run": run, "events": stats.control_events(conn, run["id"]), "audit_poll_ms": _slow_poll_ms(request)}
+    return {"run": run, "events": run_stats.control_events(conn, run["id"]), "audit_poll_ms": _slow_poll_ms(request)}
 
 
 # ------------------------------------------------------------------ pages
@@ -311,7 +311,7 @@ async def api_start_run(request: Request, body: StartBody) -> Any:
 @router.get("/api/runs/{run_id}", tags=["runs"], summary="One run: counters, status, configuration, audit log")
 def api_run(conn: ReadConn, run_id: int) -> Any:
     run = _run_or_404(conn, run_id)
-    return {**run, "control_events": stats.control_events(conn, run_id)}
+    return {**run, "control_events": run_stats.control_events(conn, run_id)}
 
 
 @router.get("/api/runs/{run_id}/stats", tags=["runs"],
@@ -331,7 +331,7 @@ def api_run_timeseries(request: Request, conn: ReadConn, run_id: int,
     run = _run_or_404(conn, run_id)
     try:
         with stats.time_limit(conn, _limit_ms(request)):
-            return stats.timeseries(conn, run, window)
+            return timeseries.timeseries(conn, run, window)
     except stats.StatsTimeout as exc:
         return JSONResponse({"detail": str(exc), "stale": True}, status_code=503)
 
@@ -339,13 +339,13 @@ def api_run_timeseries(request: Request, conn: ReadConn, run_id: int,
 @router.get("/api/runs/{run_id}/errors", tags=["runs"], summary="Latest failed attempts (newest first)")
 def api_run_errors(conn: ReadConn, run_id: int, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> Any:
     _run_or_404(conn, run_id)
-    return {"errors": stats.latest_errors(conn, run_id, limit)}
+    return {"errors": run_stats.latest_errors(conn, run_id, limit)}
 
 
 @router.get("/api/runs/{run_id}/events", tags=["runs"], summary="Audit log of control actions (newest first)")
 def api_run_events(conn: ReadConn, run_id: int, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
     _run_or_404(conn, run_id)
-    return {"events": stats.control_events(conn, run_id, limit)}
+    return {"events": run_stats.control_events(conn, run_id, limit)}
 
 
 @router.post("/api/runs/{run_id}/control", tags=["controls"],

@@ -17,7 +17,7 @@ from fastapi.responses import Response
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from . import stats
+from . import run_stats
 from .deps import ReadConn, render
 
 router = APIRouter()
@@ -69,7 +69,7 @@ def workers_context(request: Request, conn: Connection, run: dict[str, Any]) -> 
 
 
 def _run_or_404(conn: Connection, run_id: int) -> dict[str, Any]:
-    run = stats.get_run(conn, run_id)
+    run = run_stats.get_run(conn, run_id)
     if run is None:
         raise HTTPException(404, f"no run with id {run_id} in this database")
     return run
