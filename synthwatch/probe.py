@@ -22,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from .capture.reasoning import ResponseShapeError, StreamAccumulator, extract_response
+from .capture.reasoning import ResponseShapeError, extract_response
+from .capture.stream import StreamAccumulator
 
 KNOWN_THINK_IDS = {128821: "DeepSeek-V4", 128798: "DeepSeek-R1", 151667: "Qwen3", 163606: "Kimi-K2"}
 """``<think>`` ids of common reasoning vocabularies: without a tokenizer, a prompt ending with one is taken as

@@ -12,10 +12,10 @@ from synthwatch.capture.reasoning import (
     REASONING_FIELDS,
     Extracted,
     ResponseShapeError,
-    StreamAccumulator,
     extract_response,
     split_inline,
 )
+from synthwatch.capture.stream import StreamAccumulator
 
 # --------------------------------------------------------------------------------------------
 # helpers: realistic chunk and body builders (round-tripped through orjson like the client does)

@@ -576,7 +576,7 @@ def test_tool_calls_in_vllms_shape(client: httpx.Client) -> None:
     finish_reason "tool_calls", arguments as JSON text; streamed as a head delta (id, type, index, name) and
     argument pieces, which merge back into the same call."""
     from synthwatch.capture import tool_calls
-    from synthwatch.capture.reasoning import StreamAccumulator
+    from synthwatch.capture.stream import StreamAccumulator
 
     configure(client, reasoning_field="reasoning")
     ask = [{"role": "user", "content": "What is the weather in Paris now?"}]

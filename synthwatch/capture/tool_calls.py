@@ -2,7 +2,7 @@
 
 A streamed reply sends each call in pieces keyed by ``index``: the first delta of a call carries its
 ``id``, ``type`` and ``function.name``; the following ones append to ``function.arguments``. The stream
-parser (:class:`synthwatch.capture.reasoning.StreamAccumulator`) keeps those deltas raw, in order, in
+parser (:class:`synthwatch.capture.stream.StreamAccumulator`) keeps those deltas raw, in order, in
 ``Extracted.extra["delta"]["tool_calls"]``; a non-streamed reply has the whole calls in
 ``extra["message"]["tool_calls"]``.
 """

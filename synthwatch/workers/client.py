@@ -23,7 +23,8 @@ import aiohttp
 import orjson
 from aiohttp import http_exceptions
 
-from ..capture.reasoning import ResponseShapeError, StreamAccumulator, extract_response
+from ..capture.reasoning import ResponseShapeError, extract_response
+from ..capture.stream import StreamAccumulator
 from ..config import LimitsConfig
 from ..redact import redact
 from .endpoints import Endpoint
