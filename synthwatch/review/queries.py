@@ -1,4 +1,5 @@
-"""Review queries: random samples, record filters and full-text search, flags (single, bulk, undo).
+"""Review queries: keyset pages of the records table, counts, random samples, one record and its JSON (what a
+filter selects is filters.py; verdicts are flags.py).
 
 Every query is answered from an index (see migration 0002_review): at 1M records each row carries
 kilobytes of reasoning in overflow pages, so a query that reads table rows to evaluate a filter is slow.
