@@ -20,8 +20,9 @@ import pytest
 from conftest import popen_cli, require
 from sqlalchemy import text
 
+from synthwatch.sources.follow import Follower
 from synthwatch.sources.ingest import LineParser
-from synthwatch.sources.watch import Follower, Ingestor, open_run, watch_config
+from synthwatch.sources.watch import Ingestor, open_run, watch_config
 
 
 def rec(i: int, **kw: Any) -> bytes:

@@ -92,8 +92,8 @@ def _engine(a: argparse.Namespace) -> Any:
 
 def peek(path: Path, a: argparse.Namespace) -> tuple[str, str | None, list[tuple[int, str]], int]:
     """Classify the first lines of a file: (shape report, model, unmatched (line, reason), lines recognised)."""
+    from ..sources.follow import open_sequential
     from ..sources.ingest import LineError
-    from ..sources.watch import open_sequential
 
     parser = _parser(a)
     model = None
@@ -181,7 +181,8 @@ def _fail(engine: Any, run_id: int, message: str) -> None:
 def handle_watch(a: argparse.Namespace) -> int:
     from sqlalchemy.exc import DBAPIError
 
-    from ..sources.watch import Follower, Ingestor, WatchError, finish_run, open_run, watch_config
+    from ..sources.follow import Follower
+    from ..sources.watch import Ingestor, WatchError, finish_run, open_run, watch_config
     from ..store.db import safe_url
 
     path = str(Path(a.file).expanduser().absolute())
@@ -287,7 +288,8 @@ def expand(patterns: list[str]) -> tuple[list[Path], list[str]]:
 def handle_import(a: argparse.Namespace) -> int:
     from sqlalchemy.exc import DBAPIError
 
-    from ..sources.watch import Ingestor, WatchError, finish_run, import_file, open_run, watch_config
+    from ..sources.follow import import_file
+    from ..sources.watch import Ingestor, WatchError, finish_run, open_run, watch_config
     from ..store.db import safe_url
 
     files, missing = expand(a.files)
