@@ -367,7 +367,8 @@ class RecordChecker:
             failed |= BIT["truncated"]
             if c_empty and not r_empty:
                 failed |= BIT["truncated_in_reasoning"]
-        if self.tags and c and any(t in c for t in self.tags):
+        # a one-character scan (memchr) first: searching a long text for a whole tag costs ~20x more
+        if self.tags and c and any(t[0] in c and t in c for t in self.tags):
             failed |= BIT["think_tags_in_content"]
             det["think_tags_in_content"] = {"tags": [t for t in self.tags if t in c]}
         unread = {k: len(t) for k, t in v.unread_fields.items() if isinstance(t, str) and t.strip()}
