@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import signal
 import sys
 
 # (module, help) — modules are imported for their register() only; heavy imports stay inside handlers
@@ -67,5 +69,28 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+_PROGRAM = False  # True in the `synthwatch` process itself, False when main() is called from Python
+
+
+def in_program() -> bool:
+    """Is this the `synthwatch` process (entry()), rather than main() called in-process (tests, scripts)?"""
+    return _PROGRAM
+
+
+def entry() -> None:
+    """The `synthwatch` program (console script and ``python -m synthwatch``): main(), then exit with its code.
+
+    The command is over when main() returns, but the interpreter still has to finish (threads, modules). A Ctrl-C
+    landing then, typically the second of a double press during a graceful stop, would kill the process by SIGINT
+    and hide the command's exit code."""
+    global _PROGRAM
+    _PROGRAM = True
+    code = main()
+    # Blocked rather than handled: finishing the interpreter resets Python's signal handlers to the default, which
+    # for SIGINT kills the process. A blocked signal stays pending and is dropped when the process exits.
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    sys.exit(code)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

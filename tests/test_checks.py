@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -266,6 +267,19 @@ def test_window_counts_the_last_n() -> None:
     assert (w.fail, w.total) == (1, 3)
     w.add(False)
     assert (w.fail, w.total) == (0, 3)
+
+
+def test_window_extend_is_add_in_order() -> None:
+    """A flush adds its records to a window at once; the window must end as one add() per record would leave it."""
+    rng = random.Random(7)
+    for size in (1, 3, 50):
+        one, batch = Window(size), Window(size)
+        for _ in range(200):
+            items = [rng.random() < 0.3 for _ in range(rng.choice((0, 1, 2, size - 1, size, size + 5, 120)))]
+            for x in items:
+                one.add(x)
+            batch.extend(items)
+            assert (batch.fail, batch.total, list(batch.buf)) == (one.fail, one.total, list(one.buf))
 
 
 def test_rule_thresholds() -> None:

@@ -206,3 +206,26 @@ def test_dashboard_restart_mid_run_leaves_the_run_unaffected(tmp_path, sim, prom
     assert worker.returncode == 0, err
     engine = open_engine(str(db))
     assert counts(engine, run_row(engine, "web-restart")["id"]) == {"ok": 150}
+
+
+def test_ctrl_c_as_the_run_ends_keeps_its_exit_code(tmp_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-C pressed as the run finishes (its last line printed, the process exiting) has nothing left to stop:
+    the exit code stays the run's (0, completed), not death by SIGINT or 130."""
+    url = sim(seed=3, tokens_per_s=0, reasoning_tokens="5", content_tokens="5")
+    proc = popen_cli("run", "--dataset", str(prompts(20)), "--base-url", url, "--model", "sim-reasoner",
+                     "--db", str(tmp_path / "x.db"), "--name", "late", "--quiet",
+                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("run 'late' completed"):
+            for _ in range(3):  # a double (or triple) press
+                proc.send_signal(signal.SIGINT)
+                time.sleep(0.005)
+            break
+    _, rest = proc.communicate(timeout=30)
+    assert seen and seen[-1].startswith("run 'late' completed"), "".join(seen) + rest
+    # the run's last words carry its final counts, not a snapshot taken before the last records were written
+    assert "all prompts processed: 20 ok, 0 errors, 0 timeouts" in seen[-1], seen[-1]
+    assert proc.returncode == 0, "".join(seen) + rest

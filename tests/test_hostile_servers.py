@@ -345,7 +345,9 @@ def test_sigint_is_handled_within_two_seconds(case: str, tmp_path: Path) -> None
                 proc.kill()
                 proc.wait()
     assert "SIGINT: stopping gracefully" in err, err[-3000:]
-    assert not second or "SIGINT: stopping now" in err, err[-3000:]
+    # the second SIGINT either stopped the run at once, or came after the graceful stop had finished (the process
+    # was exiting; on a loaded machine that takes longer than the 0.5 s waited) and found nothing left to stop
+    assert not second or "SIGINT: stopping now" in err or err.rstrip().endswith("— stopped"), err[-3000:]
     assert proc.returncode == 3, err[-3000:]  # stopped
     import sqlite3
 

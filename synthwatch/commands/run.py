@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
 from ..capture.reasoning import MODES as REASONING_MODES
-from ..cli import CliError
+from ..cli import CliError, in_program
 from ..config import DatasetConfig
 from ..sources.load import RunLoadError, default_name, prepare_run
 from ._common import (
@@ -323,17 +325,25 @@ def handle(a: argparse.Namespace) -> int:
         return await worker.main()
 
     final = asyncio.run(go())
-    progress.close()
-    with engine.connect() as conn:
-        row = run_row(conn, run_id)
-    message = row.get("status_message") or ""
-    head = final
-    if final == "completed" and message.startswith("completed with "):
-        head, _, rest = message.partition(" (")
-        message = rest.rstrip(")")
-    print(
-        f"run {config.name!r} {head}: {row['n_ok']} ok, {row['n_error']} errors, {row['n_timeout']} timeouts, "
-        f"{row['n_pending']} pending" + (f" — {message}" if message else ""),
-        file=out,
-    )
-    return EXIT_CODES.get(final, 1)
+    # The run is over (its state is stored): a Ctrl-C from here on, the second of a double press landing as the
+    # worker finished, has nothing left to stop and must not turn the outcome into an interrupt.
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        progress.close()
+        with engine.connect() as conn:
+            row = run_row(conn, run_id)
+        message = row.get("status_message") or ""
+        head = final
+        if final == "completed" and message.startswith("completed with "):
+            head, _, rest = message.partition(" (")
+            message = rest.rstrip(")")
+        print(
+            f"run {config.name!r} {head}: {row['n_ok']} ok, {row['n_error']} errors, {row['n_timeout']} timeouts, "
+            f"{row['n_pending']} pending" + (f" — {message}" if message else ""),
+            file=out,
+        )
+        return EXIT_CODES.get(final, 1)
+    finally:
+        if main_thread and not in_program():  # the program keeps ignoring it until entry() takes over
+            signal.signal(signal.SIGINT, previous)

@@ -14,6 +14,7 @@ event's size, header sizes) end the attempt with a kind of their own; a redirect
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import email.utils
 import time
@@ -32,6 +33,7 @@ from .results import AttemptResult
 from .sse import SSEParser
 
 _MAX_ERROR_BODY = 2000
+_NO_IDLE = contextlib.nullcontext()  # a reply that is not streamed has no idle timeout
 _ERROR_BODY_READ = 64 * 1024
 _AFTER_DONE_S = 1.0  # how long the end of a body is awaited after [DONE] before the connection is dropped
 _AFTER_DONE_BYTES = 64 * 1024  # bytes after [DONE] read (and ignored) at most
@@ -154,9 +156,9 @@ class Requester:
                 # The idle timeout is the longest silence from sending until a stream ends. A reply that is
                 # not streamed arrives only when it is fully generated: minutes of silence are normal there,
                 # so only the connect and total timeouts apply to it.
-                idle_cm = asyncio.timeout(None)
-                async with idle_cm:
-                    if stream:
+                idle_cm = asyncio.timeout(None) if stream else None
+                async with idle_cm or _NO_IDLE:
+                    if idle_cm is not None:
                         watch = _IdleWatch(asyncio.get_running_loop(), idle_cm, self.idle_timeout_s)
                     async with session.post(ep.url, data=body, headers=ep.headers, allow_redirects=False,
                                             ssl=ep.ssl, proxy=ep.proxy, proxy_headers=ep.proxy_headers) as resp:

@@ -78,6 +78,7 @@ class RunWorker:
         self.stats = LiveStats()
         self.tasks: set[asyncio.Task[None]] = set()
         self.local_stop: str | None = None  # "stop" | "stop_now" from signals
+        self._done_why = ""  # why the run completed ("done", "cap_done"), for its final message
         self.state = "running"
         self.worker_id = 0
         self.writer: Writer | None = None
@@ -247,6 +248,13 @@ class RunWorker:
             store.add_event(conn, self.run_id, "worker_exit", f"{self.worker_id}:{final}", actor="worker")
             if not others or final == "completed":
                 msg = message
+                if final == "completed" and self._done_why:
+                    # the loop's snapshot of the counters can predate the last records' write, which this
+                    # transaction follows: the counters now are the final ones
+                    row = conn.execute(text("SELECT cap, n_ok, n_error, n_timeout FROM run WHERE id = :r"),
+                                       {"r": self.run_id}).mappings().first()
+                    if row is not None:
+                        msg = self._finished_reason(dict(row), self._done_why)
                 if final == "completed":
                     # a run whose data-quality alarm is still open is never a plain "completed"
                     failing = completion_message(conn, self.run_id)
@@ -416,6 +424,7 @@ class RunWorker:
                     self.state = "running"
                     await self._set_status("running", None)
                 if self._claim_fut is None and why in ("done", "cap_done") and not self.tasks and not self.ready:
+                    self._done_why = why  # the message is written with the final counters (_shutdown)
                     return "completed", self._finished_reason(writer.control, why)
                 conc = int(ctl.get("concurrency") or self.config.concurrency)
                 if conc != self._slots:
