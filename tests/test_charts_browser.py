@@ -1,4 +1,4 @@
-"""Charts you can read and query, length histograms, in a real browser (#19 items 8-9).
+"""Charts you can read and query, length histograms and the compare page, in a real browser (#19 items 8-10).
 
 A real worker writes a real SQLite file from the simulator; the dashboard runs on a real port; charts.js draws
 with uPlot from the JSON API. The conftest's problem checks fail a test on any JS error or HTTP >= 400.
@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, urlparse
 import httpx
 import pytest
 from playwright.sync_api import Page, expect
+from test_checks_kit import CheckedBackground
 from workerkit import Background, make_config, run_row, wait_for
 
 from synthwatch import store
@@ -174,3 +175,55 @@ def test_histograms_show_truncation_and_follow_the_filter(page: Page, live_app: 
     page.locator('select[name="finish_reason"]').select_option("stop")
     expect(page.locator("#lengths")).to_have_attribute("data-records", str(80 - cut))
     assert _hist(page, "output")["counts"][-1] == 0
+
+
+def test_compare_two_runs(page: Page, live_app: Any, engine: Any, sim: Any, prompts: Any) -> None:
+    fast = sim(tokens_per_s=0, seed=83, reasoning_tokens="20-40", content_tokens="5-10")
+    slow = sim(tokens_per_s=0, ttft_ms=150, seed=84, reasoning_tokens="60-90", content_tokens="5-10",
+               rate_empty_reasoning=0.5)
+    ids = []
+    for name, url, n in (("run-fast", fast, 40), ("run-slow", slow, 30)):
+        bg = CheckedBackground(engine, make_config(url, prompts(n, f"{name}.jsonl"), name=name, concurrency=8,
+                                                   sampling={"max_tokens": 80})).start()
+        assert bg.join(60) == "completed"
+        ids.append(bg.run_id)
+    srv = live_app()
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    # pick two in the runs list
+    page.goto(f"{srv.url}/runs")
+    for rid in ids:
+        page.locator(f"#compare-{rid}").check()
+    page.locator("#compare-runs").click()
+    page.wait_for_url("**/compare?**")
+    picked = [int(v) for v in parse_qs(urlparse(page.url).query)["run"]]
+    assert sorted(picked) == ids
+    page.goto(f"{srv.url}/compare?run={ids[0]}&run={ids[1]}")  # A: the fast run, B: the slow one
+    api = httpx.get(f"{srv.url}/api/compare", params=[("run", ids[0]), ("run", ids[1])]).json()
+    expect(page.get_by_test_id("run-1")).to_contain_text("run-fast")
+    expect(page.get_by_test_id("run-2")).to_contain_text("run-slow")
+    ok = page.locator('tr[data-row="ok"] td')
+    expect(ok.nth(0)).to_have_text("40")
+    expect(ok.nth(1)).to_have_text("30")
+    rows = {r["key"]: r for r in api["rows"]}
+    assert rows["empty_reasoning_pct"]["a"] == 0 and rows["empty_reasoning_pct"]["b"] > 20
+    assert rows["empty_reasoning_pct"]["worse"] == "b"
+    b_empty = page.locator('tr[data-row="empty_reasoning_pct"] td[data-side="b"]')
+    expect(b_empty).to_have_class("num worse")
+    expect(b_empty).to_have_text(f"{rows['empty_reasoning_pct']['b']:.2f}%")
+    expect(page.locator('tr[data-row="latency_p50_s"] td[data-side="b"]')).not_to_have_text("–")
+    # check rates of both runs, and both runs' length histograms in one chart per kind
+    checks = {c["name"]: c for c in api["checks"]}
+    b_rate = checks["empty_reasoning"]["b"]["rate"] * 100
+    expect(page.locator('#compare-checks tr[data-check="empty_reasoning"] td').nth(1)).to_contain_text(f"{b_rate:.2f}%")
+    page.locator('#lengths [data-hist="reasoning"] canvas').wait_for()
+    expect(page.locator("#lengths")).to_have_attribute("data-records", "40,30")
+    legend = page.locator('#lengths [data-hist="reasoning"] .u-legend').inner_text()
+    assert "A run-fast" in legend and "B run-slow" in legend
+    zero = page.evaluate("() => document.querySelector('#lengths [data-hist=\"reasoning\"]')._uplot.data.map(s => s[0])")
+    assert zero[1] == 0 and zero[2] > 20  # half the slow run's reasoning never arrived: a pile at zero, in %
+    # from a run page: "Compare with…" picks the first run, then a second is chosen
+    page.goto(f"{srv.url}/runs/{ids[0]}")
+    page.get_by_test_id("compare-link").click()
+    page.get_by_test_id("pick-b").select_option(str(ids[1]))
+    page.get_by_role("button", name="Compare", exact=True).click()
+    expect(page.get_by_test_id("run-2")).to_contain_text("run-slow")

@@ -142,7 +142,8 @@ def test_demo_run_page_in_browser(demo: Demo, page: Any) -> None:
     if os.environ.get("UPDATE_SCREENSHOTS") == "1":
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOT), full_page=False)
-        # the healthy run's charts (the cursor on one shows every chart's values) and lengths
+        # the healthy run's charts (the cursor on one shows every chart's values) and lengths, and the two runs
+        # compared (the drift's empty reasoning piles up at zero)
         page.wait_for_timeout(25_000)
         page.goto(f"{demo.url}/runs/{demo.runs['healthy']}")
         over = page.locator('#run-charts [data-chart="requests"] .u-over')
@@ -155,6 +156,11 @@ def test_demo_run_page_in_browser(demo: Demo, page: Any) -> None:
         page.mouse.move(box["x"] + box["width"] * 0.8, box["y"] + box["height"] / 2)
         page.wait_for_timeout(200)
         page.screenshot(path=str(SCREENSHOT.parent / "charts.png"))
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.goto(f"{demo.url}/compare?run={demo.runs['healthy']}&run={demo.runs['drift']}")
+        page.wait_for_selector('#lengths [data-hist="output"] canvas')
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(SCREENSHOT.parent / "compare.png"), full_page=True)
     else:
         page.screenshot(path=str(demo.folder / "run-page.png"), full_page=True)
 

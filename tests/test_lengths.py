@@ -88,3 +88,39 @@ def test_short_outputs_keep_detail_below_a_far_limit(engine: Any) -> None:
     assert h["bin_width"] == 3 and h["bins"][-2]["hi"] == 120 and h["bins"][-1] == {"lo": 8192, "hi": None}
     assert h["counts"]["output"][-1] == 0 and h["counts"]["output"][-2] == 1  # 120 in the last regular bin
     assert h["counts"]["reasoning"][-1] == 0 and sum(h["counts"]["reasoning"]) == 3
+
+
+def test_compare_data_puts_two_runs_side_by_side(any_engine: Any) -> None:
+    from sqlalchemy import text
+
+    from synthwatch import stats
+    from synthwatch.app.routes_lengths import compare_data
+
+    engine = any_engine
+    a = add_run(engine, "run-a", config={"sampling": {"max_tokens": 100}, "model": "m"})
+    b = add_run(engine, "run-b", config={"sampling": {"max_tokens": 200}, "model": "m"})
+    for i in range(4):
+        _add(engine, a, i, "r" * 30, "c" * 10, 40)
+    for i in range(3):
+        _add(engine, b, i, "", "c" * 10, 200, finish="length")  # cut at its limit, no reasoning
+    with engine.connect() as conn, conn.begin():  # the counters the writer keeps, and a check's totals
+        conn.execute(text("UPDATE run SET n_ok = 4 WHERE id = :a"), {"a": a})
+        conn.execute(text("UPDATE run SET n_ok = 3 WHERE id = :b"), {"b": b})
+        conn.execute(text("INSERT INTO check_stat (run_id, check_name, n_fail, n_total, win_fail, win_total, updated_at)"
+                          " VALUES (:b, 'empty_reasoning', 3, 3, 3, 3, 0)"), {"b": b})
+    with engine.connect() as conn:
+        d = compare_data(conn, stats.get_run(conn, a), stats.get_run(conn, b), 2000)  # type: ignore[arg-type]
+    assert [r["name"] for r in d["runs"]] == ["run-a", "run-b"]
+    assert [r["max_tokens"] for r in d["runs"]] == [100, 200]
+    rows = {r["key"]: r for r in d["rows"]}
+    assert (rows["ok"]["a"], rows["ok"]["b"], rows["ok"]["worse"]) == (4, 3, None)  # a count is not better or worse
+    [check] = d["checks"]
+    assert check["name"] == "empty_reasoning" and check["a"] is None and check["b"]["rate"] == 1.0
+    h = d["histograms"]
+    # different max_tokens: one range over both (up to the larger limit), each run's own limit marked
+    assert h["max_tokens"] is None and h["bins"][-1]["hi"] == 200
+    assert [m[0] for m in h["limits"]] == [100, 200] and [m[2] for m in h["limits"]] == ["A", "B"]
+    ra, rb = h["runs"]
+    assert (ra["records"], rb["records"]) == (4, 3)
+    assert sum(ra["counts"]["output"]) == 4 and rb["counts"]["output"][-1] == 3 and rb["counts"]["reasoning"][0] == 3
+    assert ra["label"] == "A run-a" and rb["label"] == "B run-b"
