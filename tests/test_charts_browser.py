@@ -111,6 +111,13 @@ def test_charts_hover_zoom_text_and_url(page: Page, live_app: Any, engine: Any, 
         expect(page.locator("#run-charts")).to_have_attribute("data-window", "1h")
         page.locator('#run-charts [data-chart="requests"] canvas').wait_for()
         assert "window=1h" in timeseries[-1]
+        page.locator('#run-charts .windows a[data-window="all"]').click()
+        expect(page).to_have_url(f"{srv.url}/runs/{bg.run_id}?window=all")
+        page.go_back()  # Back: the window of that URL again
+        expect(page.locator("#run-charts")).to_have_attribute("data-window", "1h")
+        expect(page.locator('#run-charts .windows a[data-window="1h"]')).to_have_class("active")
+        page.wait_for_timeout(500)
+        assert "window=1h" in timeseries[-1]
 
         # a run that is over is not polled
         n = len(timeseries)

@@ -95,6 +95,12 @@
     ctx.restore();
   }
 
+  function zoomInUrl() {
+    var params = new URLSearchParams(location.search);
+    var from = parseFloat(params.get("from")), to = parseFloat(params.get("to"));
+    return isFinite(from) && isFinite(to) && to > from ? { min: from, max: to } : null;
+  }
+
   function TimeGroup(section) {
     this.section = section;
     this.grid = section.querySelector(".chart-grid");
@@ -105,10 +111,12 @@
     this.charts = {};
     this.syncKey = "time-" + Math.random().toString(36).slice(2);  // one cursor across the group's charts
     this.ts = null;
-    var params = new URLSearchParams(location.search);
-    var from = parseFloat(params.get("from")), to = parseFloat(params.get("to"));
-    this.zoom = isFinite(from) && isFinite(to) && to > from ? { min: from, max: to } : null;
+    this.zoom = zoomInUrl();
     var self = this;
+    window.addEventListener("popstate", function () {  // Back / Forward: the window and zoom of that URL
+      var w = new URLSearchParams(location.search).get("window") || "5m";
+      if (w !== self.windowName) { self.setWindow(w, false); } else { self.zoom = zoomInUrl(); self.applyScale(); }
+    });
     section.querySelectorAll(".windows a[data-window]").forEach(function (a) {
       a.addEventListener("click", function (e) { e.preventDefault(); self.setWindow(a.getAttribute("data-window")); });
     });
@@ -146,14 +154,14 @@
     }).catch(function () { self.section.classList.add("is-stale"); });
   };
 
-  TimeGroup.prototype.setWindow = function (w) {
+  TimeGroup.prototype.setWindow = function (w, push) {
     this.windowName = w;
-    this.zoom = null;
+    this.zoom = push === false ? zoomInUrl() : null;
     this.section.setAttribute("data-window", w);
     this.section.querySelectorAll(".windows a[data-window]").forEach(function (a) {
       a.classList.toggle("active", a.getAttribute("data-window") === w);
     });
-    this.pushUrl(true);
+    if (push !== false) { this.pushUrl(true); }
     this.ts = null;
     this.load(false);
   };
