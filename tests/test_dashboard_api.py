@@ -90,8 +90,10 @@ def test_pages_and_fragments_render(live_app, finished_run) -> None:  # type: ig
         body = run_page.text
         for needle in ('id="run-stats"', 'id="run-charts"', 'id="run-controls"', 'id="run-audit"',
                        "Review samples", f"/runs/{finished_run}/records", f"/runs/{finished_run}/export",
-                       'data-tile="timeouts"', "<svg", "time (server local)"):
+                       'data-tile="timeouts"', f'data-src="/api/runs/{finished_run}/timeseries"', 'id="lengths"',
+                       "vendor/uPlot.iife.min.js"):
             assert needle in body, needle
+        assert 'data-live="1"' not in body  # charts.js does not poll the charts or lengths of an ended run
         # the run has ended: nothing on the page polls any more
         assert 'hx-trigger="every' not in body
         for frag in ("stats", "charts?window=all", "audit"):
@@ -127,7 +129,7 @@ def test_live_fragments_poll_only_while_live(live_app, engine, sim, prompts) -> 
             state = f"{run_row(engine, bg.run_id)['status']}:run"
             assert 'id="run-controls"' not in c.get(f"/runs/{bg.run_id}/stats", params={"shown_state": state}).text
             assert 'id="run-controls"' in c.get(f"/runs/{bg.run_id}/stats", params={"shown_state": "paused:pause"}).text
-            assert 'hx-trigger="every 10000ms"' in c.get(f"/runs/{bg.run_id}/charts").text
+            assert 'data-poll-ms="10000"' in c.get(f"/runs/{bg.run_id}/charts").text  # charts.js polls the JSON
             listing = c.get("/api/runs").json()["runs"][0]
             assert listing["live"] and listing["req_s"] > 0
             r = c.post(f"/api/runs/{bg.run_id}/control", json={"action": "stop_now"})

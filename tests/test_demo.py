@@ -137,11 +137,30 @@ def test_demo_run_page_in_browser(demo: Demo, page: Any) -> None:
     # it shouts: the alarm names both fields in a red banner (the run is paused within seconds of the drift, so
     # the empty-reasoning tile may see only a handful of records)
     page.wait_for_selector('.alarm-banner[data-rule="field_mismatch"]', timeout=60_000)
-    page.wait_for_selector('#run-charts svg[data-chart="tokens"]')
+    page.wait_for_selector('#run-charts [data-chart="tokens"] canvas')
     page.wait_for_timeout(1500)
     if os.environ.get("UPDATE_SCREENSHOTS") == "1":
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOT), full_page=False)
+        # the healthy run's charts (the cursor on one shows every chart's values) and lengths, and the two runs
+        # compared (the drift's empty reasoning piles up at zero)
+        page.wait_for_timeout(25_000)
+        page.goto(f"{demo.url}/runs/{demo.runs['healthy']}")
+        over = page.locator('#run-charts [data-chart="requests"] .u-over')
+        over.wait_for()
+        page.locator("#lengths").screenshot(path=str(SCREENSHOT.parent / "lengths.png"))
+        page.evaluate("window.scrollTo(0, document.querySelector('#run-charts').getBoundingClientRect().top"
+                      " + window.scrollY - 70)")
+        box = over.bounding_box()
+        assert box
+        page.mouse.move(box["x"] + box["width"] * 0.8, box["y"] + box["height"] / 2)
+        page.wait_for_timeout(200)
+        page.screenshot(path=str(SCREENSHOT.parent / "charts.png"))
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.goto(f"{demo.url}/compare?run={demo.runs['healthy']}&run={demo.runs['drift']}")
+        page.wait_for_selector('#lengths [data-hist="output"] canvas')
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(SCREENSHOT.parent / "compare.png"), full_page=True)
     else:
         page.screenshot(path=str(demo.folder / "run-page.png"), full_page=True)
 

@@ -92,13 +92,13 @@ def test_worker_scrapes_and_the_run_page_shows_the_server(kind, page, live_app, 
         row.wait_for()
         if kind == "none":
             assert "no metrics" in row.inner_text()
-            assert page.locator('svg[data-chart="server"]').count() == 0
+            assert page.locator('#run-charts [data-chart="server"]').count() == 0
         else:
             assert f"{kind} 0.32.0" in row.inner_text()
             # the server's queue beside the client's in-flight requests, and its KV cache and tokens charted
-            page.locator('svg[data-chart="server"]').wait_for()
-            assert page.locator('svg[data-chart="server_tokens"]').count() == 1
-            assert "server: waiting (queue)" in page.locator('svg[data-chart="inflight"]').inner_html()
+            page.locator('#run-charts [data-chart="server"]').wait_for()
+            assert page.locator('#run-charts [data-chart="server_tokens"]').count() == 1
+            assert "server: waiting (queue)" in page.locator('#run-charts [data-chart="inflight"]').inner_html()
             ts = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/timeseries", params={"window": "5m"}).json()
             assert ts["server"] and any((p.get("server_waiting") or 0) > 0 for p in ts["points"])
     finally:
@@ -124,10 +124,10 @@ def test_two_endpoints_each_have_their_own_server_lines(page, live_app, engine, 
         per = [p["server_by_endpoint"] for p in ts["points"] if p.get("server_by_endpoint")]
         assert per and max(len(x) for x in per) == 2
         page.goto(f"{srv.url}/runs/{bg.run_id}")
-        page.locator('svg[data-chart="server"]').wait_for()
+        page.locator('#run-charts [data-chart="server"]').wait_for()
         for ep in per[-1]:
-            assert f"KV % @{ep}" in page.locator('svg[data-chart="server"]').inner_html()
-            assert f"waiting @{ep}" in page.locator('svg[data-chart="inflight"]').inner_html()
+            assert f"KV % @{ep}" in page.locator('#run-charts [data-chart="server"]').inner_html()
+            assert f"waiting @{ep}" in page.locator('#run-charts [data-chart="inflight"]').inner_html()
         assert page.locator("#run-server tr[data-endpoint]").count() == 2
     finally:
         from synthwatch.store import queue as store

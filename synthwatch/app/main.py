@@ -59,6 +59,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
         routes_alarms,
         routes_cost,
         routes_export,
+        routes_lengths,
         routes_repair,
         routes_review,
         routes_runs,
@@ -67,7 +68,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
     )
 
     for mod in (routes_runs, routes_review, routes_alarms, routes_repair, routes_export, routes_workers,
-                routes_server, routes_cost):
+                routes_server, routes_cost, routes_lengths):
         app.include_router(mod.router)
 
     @app.get("/", include_in_schema=False)

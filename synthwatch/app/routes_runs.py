@@ -6,6 +6,7 @@ Pages and their htmx fragments share one data function each (``_list_context``, 
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, HTTPException, Query, Request
@@ -17,8 +18,7 @@ from ..capture.reasoning import MODES as REASONING_MODES
 from ..store import queue as store
 from ..store import versions
 from . import launch, run_stats, stats, timeseries
-from .charts import run_charts
-from .deps import HX, ReadConn, WriteEngine, render
+from .deps import HX, ReadConn, WriteEngine, lean, render
 from .routes_cost import cost_context
 from .routes_server import server_context
 
@@ -77,14 +77,9 @@ def _stats_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str
 
 
 def _charts_context(request: Request, conn: Any, run: dict[str, Any], window: str) -> dict[str, Any]:
-    try:
-        with stats.time_limit(conn, _limit_ms(request)):
-            data = timeseries.timeseries(conn, run, window)
-        charts, stale = run_charts(data), None
-    except stats.StatsTimeout as exc:
-        data, charts, stale = None, [], str(exc)
-    return {"run": run, "charts": charts, "ts": data, "window": window, "windows": list(stats.WINDOWS),
-            "stale": stale, "chart_poll_ms": _slow_poll_ms(request)}
+    """The charts card: charts.js draws it from the time series API (and polls that while the run is live)."""
+    return {"run": run, "window": window, "windows": list(stats.WINDOWS), "chart_poll_ms": _slow_poll_ms(request),
+            "hist_poll_ms": _slow_poll_ms(request), "filter_form": None}
 
 
 def _audit_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
@@ -327,13 +322,23 @@ def api_run_stats(request: Request, conn: ReadConn, run_id: int) -> Any:
 @router.get("/api/runs/{run_id}/timeseries", tags=["runs"],
             summary="Chart data: per-bucket rates over 5m, 1h or the whole run (downsampled)")
 def api_run_timeseries(request: Request, conn: ReadConn, run_id: int,
-                       window: Annotated[Window, Query(description="5m | 1h | all")] = "5m") -> Any:
+                       window: Annotated[Window, Query(description="5m | 1h | all")] = "5m",
+                       since: Annotated[int | None, Query(description="only buckets from this time on (a poll "
+                                                          "passes the last answer's final_before)")] = None) -> Any:
     run = _run_or_404(conn, run_id)
     try:
         with stats.time_limit(conn, _limit_ms(request)):
-            return timeseries.timeseries(conn, run, window)
+            data = timeseries.timeseries(conn, run, window)
     except stats.StatsTimeout as exc:
         return JSONResponse({"detail": str(exc), "stale": True}, status_code=503)
+    # buckets before final_before never change again: a poll asks only for the ones after it
+    width = int(data["bucket_s"])
+    data["final_before"] = int((time.time() - stats.SERIES_FINAL_AFTER_S) // width * width)
+    data["live"] = run["live"]
+    if since is not None:
+        data["since"] = since
+        data["points"] = [p for p in data["points"] if p["t"] >= since]
+    return lean(request, JSONResponse(data))
 
 
 @router.get("/api/runs/{run_id}/errors", tags=["runs"], summary="Latest failed attempts (newest first)")

@@ -236,31 +236,7 @@ def page(
 def count(conn: Connection, run_id: int, f: Filters, *, cap: int | None = COUNT_CAP,
           max_id: int | None = None) -> tuple[int, bool]:
     """(matching records, whether the count stopped at `cap`)."""
-    params: dict[str, Any] = {"run": run_id}
-    if f.q and conn.dialect.name == "postgresql":
-        conds = ["run_id = :run", *_conditions(f, params), *_pg_search_conds(conn, f, params)]
-        if max_id is not None:
-            conds.append("id <= :max_id")
-        inner = f"SELECT 1 FROM record WHERE {' AND '.join(conds)}"
-    elif f.q:
-        if not _search_supported(conn):
-            raise ReviewError("q: full-text search needs SQLite or PostgreSQL")
-        conds = ["r.run_id = :run", *_conditions(f, params, "r.")]
-        params["match"] = fts_query(f.q, f.field)
-        inner = (
-            f"SELECT 1 FROM record_fts f CROSS JOIN record r{_hint(conn, 'ix_record_filter')}"
-            f" ON r.run_id = :run AND r.id = f.rowid WHERE f.record_fts MATCH :match AND {' AND '.join(conds)}"
-        )
-        if max_id is not None:
-            inner += " AND r.id <= :max_id"
-    else:
-        index, index_conds = _sparse_index(conn, run_id, f)
-        conds = ["run_id = :run", *index_conds, *_conditions(f, params)]
-        if max_id is not None:
-            conds.append("id <= :max_id")
-        inner = f"SELECT 1 FROM record{_hint(conn, index)} WHERE {' AND '.join(conds)}"
-    if max_id is not None:
-        params["max_id"] = max_id
+    inner, params = matching(conn, run_id, f, max_id=max_id)
     if cap is not None:
         inner += " LIMIT :cap"
         params["cap"] = cap + 1
@@ -268,6 +244,42 @@ def count(conn: Connection, run_id: int, f: Filters, *, cap: int | None = COUNT_
     if cap is not None and n > cap:
         return cap, True
     return n, False
+
+
+def matching(conn: Connection, run_id: int, f: Filters, columns: tuple[str, ...] = (),
+             max_id: int | None = None, where: str = "") -> tuple[str, dict[str, Any]]:
+    """(SELECT of the records a filter matches, its parameters): the records table's count and the length
+    histograms of a filter (synthwatch.lengths) read the same selection. ``columns`` are record columns
+    (none: ``1``); ``where`` is one more condition on them."""
+    params: dict[str, Any] = {"run": run_id}
+    alias = "r." if f.q and conn.dialect.name != "postgresql" else ""
+    cols = ", ".join(alias + c for c in columns) or "1"
+    extra = [where.format(p=alias)] if where else []
+    if f.q and conn.dialect.name == "postgresql":
+        conds = ["run_id = :run", *_conditions(f, params), *_pg_search_conds(conn, f, params), *extra]
+        if max_id is not None:
+            conds.append("id <= :max_id")
+        inner = f"SELECT {cols} FROM record WHERE {' AND '.join(conds)}"
+    elif f.q:
+        if not _search_supported(conn):
+            raise ReviewError("q: full-text search needs SQLite or PostgreSQL")
+        conds = ["r.run_id = :run", *_conditions(f, params, "r."), *extra]
+        params["match"] = fts_query(f.q, f.field)
+        inner = (
+            f"SELECT {cols} FROM record_fts f CROSS JOIN record r{_hint(conn, 'ix_record_filter')}"
+            f" ON r.run_id = :run AND r.id = f.rowid WHERE f.record_fts MATCH :match AND {' AND '.join(conds)}"
+        )
+        if max_id is not None:
+            inner += " AND r.id <= :max_id"
+    else:
+        index, index_conds = _sparse_index(conn, run_id, f)
+        conds = ["run_id = :run", *index_conds, *_conditions(f, params), *extra]
+        if max_id is not None:
+            conds.append("id <= :max_id")
+        inner = f"SELECT {cols} FROM record{_hint(conn, index)} WHERE {' AND '.join(conds)}"
+    if max_id is not None:
+        params["max_id"] = max_id
+    return inner, params
 
 
 def neighbours(conn: Connection, run_id: int, f: Filters, row: Mapping[str, Any]) -> tuple[int | None, int | None]:
