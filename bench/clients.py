@@ -275,7 +275,7 @@ def measure_worker(base_url: str, dataset: str, db: str, concurrency: int, strea
     hooks: list[Any] = []
     checks = "off (synthwatch.quality.checks.writer_hooks missing)"
     try:
-        from synthwatch.quality.checks import writer_hooks
+        from synthwatch.quality.live import writer_hooks
     except ImportError:
         pass
     else:

@@ -17,13 +17,12 @@ from synthwatch.quality.checks import (
     RecordChecker,
     RecordView,
     RunContext,
-    TokenJob,
-    Window,
     looping_period,
     parse_settings,
-    run_token_job,
     with_canaries,
 )
+from synthwatch.quality.live import Window
+from synthwatch.quality.token_checks import TokenJob, run_token_job
 
 REASONING = ("Let me work through this step by step. The question asks me to compute 2 + 2. "
              "First, 2 + 2 = 4. Let me double-check: 4 - 2 = 2, which matches. So the result is 4.")

@@ -8,7 +8,7 @@ from sqlalchemy import text
 from workerkit import Background
 
 from synthwatch.config import RunConfig
-from synthwatch.quality.checks import writer_hooks
+from synthwatch.quality.live import writer_hooks
 
 
 def run_checked(engine: Any, config: RunConfig, timeout_s: float = 60) -> tuple[int, str]:

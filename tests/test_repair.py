@@ -177,7 +177,7 @@ def test_rerun_truncated_keeps_history_and_the_cap(any_engine, sim, prompts) -> 
 def _resume(engine: Any, run_id: int, config: Any) -> str:
     from workerkit import Background
 
-    from synthwatch.quality.checks import writer_hooks
+    from synthwatch.quality.live import writer_hooks
 
     bg = Background(engine, config, run_id, hooks=lambda r: writer_hooks(engine, r, None)).start()
     return bg.join(60)

@@ -345,7 +345,7 @@ def test_real_faults_at_claim_build_and_send_are_recorded(engine: Any, sim: Any,
 
 
 def test_a_check_that_raises_flags_the_record_and_the_run_goes_on(engine: Any, sim: Any, tmp_path: Path) -> None:
-    from synthwatch.quality.checks import writer_hooks
+    from synthwatch.quality.live import writer_hooks
 
     config = make_config(sim(), _dataset(tmp_path), name="checks")
     made: list[Any] = []

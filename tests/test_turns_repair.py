@@ -11,7 +11,7 @@ from test_turns import write_conversations
 from workerkit import Background, make_config, records, run_row
 
 from synthwatch.capture import turns as turns_mod
-from synthwatch.quality.checks import writer_hooks
+from synthwatch.quality.live import writer_hooks
 from synthwatch.repair import actions as repair
 from synthwatch.repair import history as repair_history
 from synthwatch.store import versions

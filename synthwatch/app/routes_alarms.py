@@ -27,7 +27,8 @@ from ..quality.alarms import (
     list_alarms,
     list_overrides,
 )
-from ..quality.checks import ChecksConfigError, parse_settings, recompute, save_settings
+from ..quality.checks import ChecksConfigError, parse_settings
+from ..quality.recompute import recompute, save_settings
 from ..store import queue as store
 from ..store.models import LIVE_STATUSES
 from .deps import ReadConn, WriteEngine, render
@@ -70,7 +71,7 @@ def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
 
 
 def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
-    from ..quality.checks import check_rates
+    from ..quality.recompute import check_rates
 
     run = _run(conn, run_id)
     raw = _config(run).get("checks") or {}

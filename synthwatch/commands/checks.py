@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def handle(a: argparse.Namespace) -> int:
     from ..config import ConfigError, load_toml
     from ..quality.alarms import AlarmNotFound, acknowledge, banner_alarms
-    from ..quality.checks import ChecksConfigError, check_rates, recompute, save_settings
+    from ..quality.checks import ChecksConfigError
+    from ..quality.recompute import check_rates, recompute, save_settings
     engine, run = open_run(a.db, a.run)
     run_id = int(run["id"])
     out = sys.stdout

@@ -300,7 +300,8 @@ def handle(a: argparse.Namespace) -> int:
     print(f"{verb} run {config.name!r} (id {run_id}) in {safe_url(str(engine.url))}", file=out)
     print(f"dashboard: {dashboard_hint(a.db)}  then open http://127.0.0.1:8000/runs/{run_id}", file=out)
     progress = Progress(config.name, json_lines=a.log_json, quiet=a.quiet)
-    from ..quality.checks import ChecksConfigError, writer_hooks
+    from ..quality.checks import ChecksConfigError
+    from ..quality.live import writer_hooks
 
     try:
         hooks = writer_hooks(engine, run_id, config)

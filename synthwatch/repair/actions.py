@@ -32,7 +32,8 @@ from ..capture.reasoning import REASONING_FIELDS, rederive
 from ..capture.turns import load as load_turns
 from ..check_catalog import BIT, CHECK_NAMES
 from ..quality.alarms import AlarmKeeper, effective_rules
-from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turns, recent_windows, view_from_row
+from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turns, view_from_row
+from ..quality.live import recent_windows
 from ..review.filters import Filters, ReviewError, failed_checks
 from ..review.flags import max_record_id
 from ..review.queries import Cursor, _select_ids

@@ -98,7 +98,7 @@ def watch_config(name: str, path: str, *, model: str | None = None, expect_reaso
 
 def check_hooks(engine: Engine, run_id: int, config: Any) -> list[WriterHook]:
     """The same data-quality hooks a generation run gets."""
-    from ..quality.checks import writer_hooks
+    from ..quality.live import writer_hooks
 
     return list(writer_hooks(engine, run_id, config))
 

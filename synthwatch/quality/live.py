@@ -1,0 +1,412 @@
+"""The checks while a run is live: the writer hook (:class:`ChecksHook`) that checks every stored record in the
+worker's writer thread, keeps a rolling window per check in memory, adds whole-run counts to ``check_stat`` in the
+writer's transaction, and lets :class:`synthwatch.quality.alarms.AlarmKeeper` raise alarms and auto-pause the run."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+
+from ..check_catalog import BIT, CHECK_NAMES, CheckSettings, Rule
+from ..config import ConfigError
+from ..store import queue as store
+from .alarms import AlarmKeeper, effective_rules
+from .checks import (
+    ChecksConfigError,
+    RecordChecker,
+    RecordView,
+    RunContext,
+    applied_bits,
+    check_turns,
+    parse_settings,
+    view_from_outcome,
+)
+from .notify import Notifier
+from .token_checks import TokenJob, TokenThread, tokenizer_spec
+
+log = logging.getLogger("synthwatch.checks")
+
+# ------------------------------------------------------------------------------------ rolling windows
+
+
+class Window:
+    __slots__ = ("size", "buf", "fail")
+
+    def __init__(self, size: int, items: Iterable[bool] = ()) -> None:
+        self.size = size
+        self.buf: deque[bool] = deque(maxlen=size)
+        self.fail = 0
+        self.extend(list(items))
+
+    def add(self, failed: bool) -> None:
+        if len(self.buf) == self.size and self.buf[0]:
+            self.fail -= 1
+        self.buf.append(failed)
+        if failed:
+            self.fail += 1
+
+    def extend(self, items: list[bool]) -> None:
+        """add() for each item in order; one flush's records at once (counted in C, not per record)."""
+        if not items:
+            return
+        buf = self.buf
+        if len(items) >= self.size:
+            buf.clear()
+            self.fail = 0
+            items = items[-self.size:]
+        else:
+            overflow = len(buf) + len(items) - self.size
+            if overflow > 0:  # the oldest entries leave the window
+                self.fail -= sum(itertools.islice(buf, overflow))
+        buf.extend(items)
+        self.fail += sum(items)
+
+    @property
+    def total(self) -> int:
+        return len(self.buf)
+
+
+@functools.lru_cache(maxsize=64)
+def _stat_upsert(n_rows: int) -> Any:
+    """Add a flush's counts to check_stat for n_rows checks at once; returns each check's running totals."""
+    values = ", ".join(f"(:r, :c{i}, :f{i}, :n{i}, :wf{i}, :wn{i}, :ex{i}, :t)" for i in range(n_rows))
+    return text(
+        "INSERT INTO check_stat (run_id, check_name, n_fail, n_total, win_fail, win_total, example_record_id,"
+        f" updated_at) VALUES {values} ON CONFLICT (run_id, check_name) DO UPDATE SET"
+        " n_fail = check_stat.n_fail + excluded.n_fail, n_total = check_stat.n_total + excluded.n_total,"
+        " win_fail = excluded.win_fail, win_total = excluded.win_total,"
+        " example_record_id = COALESCE(excluded.example_record_id, check_stat.example_record_id),"
+        " updated_at = excluded.updated_at RETURNING check_name, n_fail, n_total, example_record_id"
+    )
+
+
+def recent_windows(conn: Connection, run_id: int, checker: RecordChecker, rules: dict[str, Rule]) -> dict[str, Window]:
+    """Each check's rolling window over the run's most recently finished records, from their stored results.
+
+    Which checks applied to a record is not stored: the cheap per-record rules decide it again (status,
+    expected reasoning, usage); what failed is the stored check_flags."""
+    size = max(rules[n].window for n in CHECK_NAMES)
+    rows = conn.execute(
+        text("SELECT status, reasoning_tokens, check_flags FROM record WHERE run_id = :r AND finished_at IS NOT NULL"
+             " AND status IN ('ok', 'error', 'timeout') ORDER BY finished_at DESC LIMIT :n"),
+        {"r": run_id, "n": size},
+    ).all()
+    windows = {n: Window(rules[n].window) for n in CHECK_NAMES}
+    en = checker.enabled
+    for status, reasoning_tokens, flags in reversed(rows):
+        applied = applied_bits(status, reasoning_tokens, checker.ctx.expects)
+        if status == "ok":
+            applied |= BIT["duplicate_output"] | BIT["server_drift"]
+        applied &= en
+        for name in CHECK_NAMES:
+            if applied & BIT[name]:
+                windows[name].add(bool((flags or 0) & BIT[name]))
+    return windows
+
+
+# ------------------------------------------------------------------------------------ the writer hook
+
+
+class ChecksHook:
+    """WriterHook: per-record checks before the write, rates + alarms inside the write transaction."""
+
+    RELOAD_S = 2.0
+
+    def __init__(self, engine: Engine, ctx: RunContext, *, notifier: Notifier | None = None,
+                 load: bool = True) -> None:
+        self.engine = engine
+        self.run_id = ctx.run_id
+        self.ctx = ctx
+        self.checker = RecordChecker(ctx)
+        self.rules: dict[str, Rule] = effective_rules(ctx.settings.rules)
+        self.windows: dict[str, Window] = {n: Window(self.rules[n].window) for n in CHECK_NAMES}
+        self.run_stats: dict[str, tuple[int, int, int | None]] = {}
+        self.details: dict[str, dict[str, Any]] = {}
+        self.mismatch_fields: set[str] = set()
+        self.notifier = notifier if notifier is not None else Notifier(
+            ctx.notify_url, timeout_s=ctx.settings.webhook.timeout_s)
+        self.keeper = AlarmKeeper(ctx.run_id, ctx.name, self.notifier, ctx.settings.webhook.dashboard_url)
+        self.tokens: TokenThread | None = None
+        self.template_done = False
+        self.ok_seen = 0
+        self.check_errors = 0
+        # record_id -> (record_id, applied, failed, new): checked, not written yet. The writer checks finished
+        # records as they arrive (so an auto-pause lands before its worker's next claim) and again at the flush;
+        # a record is staged once.
+        self._staged: dict[int, tuple[int, int, int, bool]] = {}
+        self._new_fail: dict[str, float] = {}  # check -> latest finish time of a failing staged record
+        self._seen_seq: tuple[int, int] | None = None  # (config_version, repair_seq) the state was loaded at
+        self._results: dict[int, tuple[int, int, dict[str, Any]]] = {}  # recent record -> result (retries)
+        self._sample_details: dict[int, dict[str, Any]] = {}
+        self._raw_checks = orjson.dumps(ctx.settings.model_dump(mode="json"))
+        self._last_reload = time.monotonic()
+        self._reevaluate_all = True
+        if load:
+            self._load()
+
+    # -- state on start / resume ----------------------------------------------------------------
+
+    def _load(self) -> None:
+        with self.engine.connect() as conn:
+            for name, n_fail, n_total, ex in conn.execute(
+                text("SELECT check_name, n_fail, n_total, example_record_id FROM check_stat WHERE run_id = :r"),
+                {"r": self.run_id},
+            ):
+                self.run_stats[name] = (n_fail, n_total, ex)
+            self.template_done = self.run_stats.get("template_drops_reasoning", (0, 0, None))[1] > 0
+            for ep, model, fp in conn.execute(
+                text("SELECT endpoint, model, system_fingerprint FROM record WHERE run_id = :r AND status = 'ok'"
+                     " AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT 200"), {"r": self.run_id},
+            ):
+                if model is not None or fp is not None:
+                    self.checker.baseline.setdefault(ep or "", (model, fp))
+            n = self.ctx.settings.duplicate_resume_records
+            if n and "duplicate_output" not in self.ctx.settings.disabled:
+                for rid, r, c in conn.execute(
+                    text("SELECT id, reasoning, content FROM record WHERE run_id = :r AND status = 'ok'"
+                         " AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT :n"), {"r": self.run_id, "n": n},
+                ):
+                    self.checker.remember(rid, r or "", c or "")
+            self.keeper.load(conn)
+            conn.rollback()
+        if self.ctx.tokenizer and self.ctx.tokenizer.get("name_or_path"):
+            self.tokens = TokenThread(tokenizer_spec(self.ctx))
+
+    # -- WriterHook ----------------------------------------------------------------------------
+
+    def on_outcomes(self, outcomes: list[Any]) -> None:
+        staged = self._staged
+        for o in outcomes:
+            if o.status == "pending" or o.record_id in staged:
+                continue
+            prev = self._results.get(o.record_id)
+            if prev is not None:  # the same outcome again: the previous write transaction failed
+                applied, failed, det = prev
+                o.check_flags = failed
+                o.check_json = orjson.dumps(det).decode() if det else None
+                staged[o.record_id] = (o.record_id, applied, failed, False)
+                continue
+            v = view_from_outcome(o)
+            try:
+                applied, failed, det = check_turns(self.checker, v, o.turns) if o.turns \
+                    else self.checker.check(v)
+            except Exception as exc:  # a checks bug must not stop data collection: flag the record instead
+                self.check_errors += 1
+                if self.check_errors <= 5:
+                    log.exception("checks failed on record %d", o.record_id)
+                applied, failed, det = 0, 0, {"check_error": f"{exc.__class__.__name__}: {exc}"[:500]}
+            o.check_flags = failed
+            o.check_json = orjson.dumps(det).decode() if det else None
+            self._results[o.record_id] = (applied, failed, det)
+            staged[o.record_id] = (o.record_id, applied, failed, True)
+            if failed:
+                fin = o.finished_at or time.time()
+                for name in CHECK_NAMES:
+                    if failed & BIT[name] and fin > self._new_fail.get(name, 0.0):
+                        self._new_fail[name] = fin
+            if v.status == "ok":
+                self.ok_seen += 1
+                self._maybe_tokenize(v, det)
+        if len(self._results) > 20_000:  # keep only what a retried flush can ask for again
+            for k in list(self._results)[: len(self._results) - 10_000]:
+                del self._results[k]
+
+    def _maybe_tokenize(self, v: RecordView, det: dict[str, Any]) -> None:
+        if self.tokens is None:
+            return
+        template = not self.template_done and bool(v.reasoning.strip()) \
+            and "template_drops_reasoning" not in self.ctx.settings.disabled
+        count = ("token_count_mismatch" not in self.ctx.settings.disabled and v.completion_tokens is not None
+                 and self.ok_seen % self.ctx.settings.token_sample_every == 0)
+        if not (template or count):
+            return
+        job = TokenJob(v.record_id, v.prompt_messages(), v.reasoning, v.content, v.completion_tokens, template, count)
+        if self.tokens.submit(job):
+            if template:
+                self.template_done = True
+            if len(self._sample_details) < 1000:
+                self._sample_details[v.record_id] = det
+
+    def pause_due(self) -> bool:
+        """Would the records checked but not yet written pause the run? (windows as they would be after them)"""
+        if not self._new_fail:
+            return False
+        windows = {n: (w.fail, w.total) for n, w in self.windows.items()}
+        for _rid, applied, failed, new in self._staged.values():
+            if not new:
+                continue
+            for name in self._new_fail:
+                b = BIT[name]
+                if applied & b:
+                    f, n = windows[name]
+                    w = self.windows[name]
+                    full = n >= w.size
+                    windows[name] = (f + bool(failed & b), n if full else n + 1)
+        return self.keeper.would_pause(self.rules, windows, self._new_fail)
+
+    def take_paused(self) -> bool:
+        """True once after a flush in which an alarm paused the run."""
+        paused, self.keeper.paused = self.keeper.paused, False
+        return paused
+
+    def on_flush(self, conn: Connection, t: float) -> None:
+        deltas: dict[str, list[Any]] = {}  # check -> [fail, total, example]
+        staged = list(self._staged.values())
+        any_applied = any_failed = 0
+        for _rid, applied, failed, _new in staged:
+            any_applied |= applied
+            any_failed |= failed
+        # per check rather than per record and check: a flush holds hundreds of records, a dozen checks apply
+        for name in CHECK_NAMES:
+            b = BIT[name]
+            if not any_applied & b:
+                continue
+            if not any_failed & b:  # the usual case: every record passed this check
+                deltas[name] = [0, sum(1 for s in staged if s[1] & b), None]
+                self.windows[name].extend([False] * sum(1 for s in staged if s[3] and s[1] & b))
+                continue
+            rows = [(s[0], bool(s[2] & b), s[3]) for s in staged if s[1] & b]
+            fails = [rid for rid, f, _new in rows if f]
+            deltas[name] = [len(fails), len(rows), fails[-1] if fails else None]
+            self.windows[name].extend([f for _rid, f, new in rows if new])
+        for rid, _applied, failed, new in staged:
+            if new and failed:
+                det = self._results[rid][2]
+                for name, d in det.items():
+                    if name not in BIT:
+                        continue
+                    self.details[name] = {**d, "record_id": rid}
+                    if name == "field_mismatch":
+                        self.mismatch_fields.update(d.get("fields") or ())
+        if self.tokens is not None:
+            self._apply_token_results(conn, deltas)
+        if time.monotonic() - self._last_reload >= self.RELOAD_S:
+            self._last_reload = time.monotonic()
+            self._reload(conn)
+        touched = set(deltas)
+        if deltas:
+            # one multi-row statement per flush (RETURNING does not combine with executemany everywhere,
+            # and a statement per check was a dozen round trips per flush)
+            params: dict[str, Any] = {"r": self.run_id, "t": t}
+            for i, (n, d) in enumerate(deltas.items()):
+                params.update({f"c{i}": n, f"f{i}": d[0], f"n{i}": d[1], f"wf{i}": self.windows[n].fail,
+                               f"wn{i}": self.windows[n].total, f"ex{i}": d[2]})
+            for name, n_fail, n_total, ex in conn.execute(_stat_upsert(len(deltas)), params):
+                self.run_stats[name] = (n_fail, n_total, ex)
+        if touched or self._reevaluate_all:
+            self._evaluate(conn, t, None if self._reevaluate_all else touched)
+            self._reevaluate_all = False
+        self._staged = {}
+        self._new_fail = {}
+
+    def _apply_token_results(self, conn: Connection, deltas: dict[str, list[Any]]) -> None:
+        assert self.tokens is not None
+        for rid, name, failed, det in self.tokens.drain():
+            d = deltas.setdefault(name, [0, 0, None])
+            d[1] += 1
+            self.windows[name].add(failed)
+            if not failed:
+                continue
+            d[0] += 1
+            d[2] = rid
+            self.details[name] = {**det, "record_id": rid}
+            merged = dict(self._sample_details.get(rid) or {})
+            merged[name] = det
+            conn.execute(text("UPDATE record SET check_flags = check_flags | :b, check_json = :j WHERE id = :i"),
+                         {"b": BIT[name], "j": orjson.dumps(merged).decode(), "i": rid})
+        if len(self._sample_details) >= 1000:
+            self._sample_details.clear()
+
+    def _evaluate(self, conn: Connection, t: float, only: set[str] | None) -> None:
+        windows = {n: (w.fail, w.total) for n, w in self.windows.items()}
+        details = dict(self.details)
+        if "field_mismatch" in details:
+            details["field_mismatch"] = {**details["field_mismatch"], "fields": sorted(self.mismatch_fields),
+                                         "mode": self.ctx.mode}
+        self.keeper.evaluate(conn, t, self.rules, windows, self.run_stats, details, only=only,
+                             new_fail=self._new_fail)
+
+    def _reload(self, conn: Connection) -> None:
+        """Pick up what changed while running: check settings, a new config version (reading settings), and
+        repairs (re-derive / re-run rewrote check results: whole-run counts, windows and alarms are re-read)."""
+        row = conn.execute(text("SELECT config_json, config_version, repair_seq FROM run WHERE id = :r"),
+                           {"r": self.run_id}).first()
+        if row is None:
+            return
+        seq = (int(row[1] or 1), int(row[2] or 0))
+        if self._seen_seq is None:
+            self._seen_seq = seq
+        elif seq != self._seen_seq:
+            self._seen_seq = seq
+            try:
+                cfg = orjson.loads(row[0]) or {}
+                fresh = RunContext.from_config(self.run_id, self.ctx.name, cfg)
+            except (orjson.JSONDecodeError, ConfigError) as exc:
+                log.warning("ignoring invalid config of run %d: %s", self.run_id, exc)
+            else:
+                self.ctx.mode, self.ctx.expects = fresh.mode, fresh.expects
+                self.ctx.think_open, self.ctx.think_close = fresh.think_open, fresh.think_close
+                self.checker.set_context(self.ctx)
+            self.reload_state(conn)
+        try:
+            raw = (orjson.loads(row[0]) or {}).get("checks") or {}
+            settings = parse_settings(raw)
+        except (orjson.JSONDecodeError, ChecksConfigError, AttributeError) as exc:
+            log.warning("ignoring invalid check settings of run %d: %s", self.run_id, exc)
+            return
+        dumped = orjson.dumps(settings.model_dump(mode="json"))
+        if dumped == self._raw_checks:
+            return
+        self._raw_checks = dumped
+        self.apply_settings(settings)
+
+    def reload_state(self, conn: Connection) -> None:
+        """Whole-run counts, rolling windows and active alarms as stored (after a repair changed them)."""
+        self.run_stats = {name: (n_fail, n_total, ex) for name, n_fail, n_total, ex in conn.execute(
+            text("SELECT check_name, n_fail, n_total, example_record_id FROM check_stat WHERE run_id = :r"),
+            {"r": self.run_id})}
+        self.windows = recent_windows(conn, self.run_id, self.checker, self.rules)
+        self.details = {}
+        self.mismatch_fields = set()
+        self.keeper.load(conn)
+        self._reevaluate_all = True
+
+    def apply_settings(self, settings: CheckSettings) -> None:
+        self.ctx.settings = settings
+        self.checker.set_context(self.ctx)
+        self.rules = effective_rules(settings.rules)
+        for name in CHECK_NAMES:
+            w = self.windows[name]
+            if w.size != self.rules[name].window:
+                self.windows[name] = Window(self.rules[name].window, list(w.buf))
+        self._reevaluate_all = True
+        log.info("run %d: check settings reloaded", self.run_id)
+
+
+def writer_hooks(engine: Engine, run_id: int, config: Any) -> list[Any]:
+    """The hooks a worker (or `synthwatch watch`) passes to its writer for this run.
+
+    config: a RunConfig, its snapshot dict, or None (the run's stored config). Raises ChecksConfigError
+    (a ConfigError) for a bad `[checks]` table."""
+    if config is None:  # use what the run stored
+        with engine.connect() as conn:
+            row = store.run_row(conn, run_id)
+            conn.rollback()
+        cfg = orjson.loads(row["config_json"] or "{}") or {}
+        cfg.setdefault("name", row["name"])
+    else:
+        cfg = config if isinstance(config, dict) else config.snapshot()
+    name = cfg.get("name") or str(run_id)
+    ctx = RunContext.from_config(run_id, name, cfg)
+    return [ChecksHook(engine, ctx)]
+
+
