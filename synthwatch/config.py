@@ -25,7 +25,12 @@ _NESTED_PROBLEM = re.compile(r"^[A-Za-z0-9_.\[\]]+: ")
 
 
 class ConfigError(Exception):
-    """Bad run configuration; the message names the key and the source."""
+    """Bad run configuration; the message names the key and the source. ``problems`` holds each problem as
+    (location, message) when the configuration failed validation (a form shows each beside its field)."""
+
+    def __init__(self, message: str, problems: list[tuple[tuple[str | int, ...], str]] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
 
 
 class _Strict(BaseModel):
@@ -318,20 +323,30 @@ class RunConfig(_Strict):
         return self.model_dump(mode="json")
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid run configuration ({source}):"]
+def validation_problems(exc: ValidationError) -> list[tuple[tuple[str | int, ...], str]]:
+    """(location, message) per problem, in words; a validator that checked a nested table and reported
+    "sub.path: problem; ..." gives one problem per part, located under it."""
+    out: list[tuple[tuple[str | int, ...], str]] = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = tuple(err["loc"])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         if err["type"] == "value_error" and msg.startswith("Value error, "):
             msg = msg.removeprefix("Value error, ")
             if _NESTED_PROBLEM.match(msg):
-                # a validator that checked a nested table reports "sub.path: problem; ..."
-                lines.extend(f"  {loc}.{part}" for part in msg.split("; "))
+                for part in msg.split("; "):
+                    sub, _, text = part.partition(": ")
+                    out.append(((*loc, *sub.split(".")), text))
                 continue
-        lines.append(f"  {loc}: {msg}")
+        out.append((loc, msg))
+    return out
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid run configuration ({source}):"]
+    for loc, msg in validation_problems(exc):
+        lines.append(f"  {'.'.join(str(p) for p in loc) or '(top level)'}: {msg}")
     return "\n".join(lines)
 
 
@@ -350,7 +365,7 @@ def build_config(data: dict[str, Any], source: str) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source)) from None
+        raise ConfigError(format_validation_error(exc, source), validation_problems(exc)) from None
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

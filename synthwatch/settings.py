@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     launch_dataset_dirs: str = Field(
         "data", description="Folders the start-a-run form may read datasets from, separated by ':'; relative "
         "folders are resolved against the dashboard's working directory.")
+    launch_tokenizer_dirs: str = Field(
+        "tokenizers", description="Folders the start-a-run form and a run's settings may load tokenizers (and chat "
+        "templates) from, besides the packaged 'deepseek-v4', separated by ':'; relative folders are resolved "
+        "against the dashboard's working directory.")
 
 
 @lru_cache(maxsize=1)

@@ -152,7 +152,7 @@ def test_without_a_tokenizer_the_view_says_how(engine: Any, live_app: Any, tmp_p
     rid = add_record(engine, run_id, 0)
     template = tmp_path / "try.jinja"
     template.write_text(KEEPING, encoding="utf-8")
-    srv = live_app()
+    srv = live_app(launch_tokenizer_dirs=str(tmp_path))
     with httpx.Client(base_url=srv.url, timeout=60) as c:
         html = c.get(f"/runs/{run_id}/records/{rid}/tokens").text
         assert 'id="token-hint"' in html and "name_or_path" in html and 'name="tokenizer"' in html
@@ -161,8 +161,14 @@ def test_without_a_tokenizer_the_view_says_how(engine: Any, live_app: Any, tmp_p
         tried = c.get(f"/runs/{run_id}/records/{rid}/tokens",
                       params={"tokenizer": "deepseek-v4", "chat_template": str(template)}).text
         assert "k-think" in tried and 'id="token-hint"' not in tried
-        missing = c.get(f"/runs/{run_id}/records/{rid}/tokens", params={"tokenizer": "no-org/no-model-xyz"}).text
-        assert 'id="token-error"' in missing and "not in the HF cache" in missing
+        missing = c.get(f"/runs/{run_id}/records/{rid}/tokens", params={"tokenizer": str(tmp_path / "none")}).text
+        assert 'id="token-error"' in missing and "no such folder" in missing
+        # what it may read is limited like the start form's tokenizer: no folder or template file elsewhere
+        for params in ({"tokenizer": "no-org/no-model-xyz"}, {"tokenizer": "/etc"},
+                       {"tokenizer": "deepseek-v4", "chat_template": "/etc/passwd"}):
+            out = c.get(f"/runs/{run_id}/records/{rid}/tokens", params=params).text
+            assert 'id="token-error"' in out and "SYNTHWATCH_LAUNCH_TOKENIZER_DIRS" in out, params
+            assert "root:" not in out
         r = c.get(f"/runs/{run_id}/records/{rid}/tokens", params={"tokenizer": "deepseek-v4"},
                   headers={"Sec-Fetch-Site": "cross-site"})
         assert r.status_code == 403

@@ -24,12 +24,10 @@ from ..capture.reasoning import MODES as REASONING_MODES
 from ..config import ConfigError, DatasetConfig, RunConfig, build_config, option_kind, options
 from ..settings import Settings, get_settings
 from ..store import queue as store
+from .folders import LaunchError, allowed_dirs
+from .form_errors import FormErrors
 
 KEY_ENV_PREFIX = "SYNTHWATCH_KEY_"
-
-
-class LaunchError(Exception):
-    """Bad input or a worker that would not start; the message says what and where."""
 
 
 @dataclass
@@ -55,24 +53,54 @@ def dataset_form_fields() -> list[dict[str, Any]]:
 
 FORM_FIELDS = ("name", *(opt.form for _, _, opt in options(DatasetConfig)), "endpoints", "api_key_env", "model", "temperature", "top_p", "max_tokens",
                "concurrency", "cap", "timeout_s", "idle_timeout_s", "connect_timeout_s", "max_attempts",
-               "reasoning_mode", "stream", "turns", "history_reasoning")
+               "reasoning_mode", "stream", "turns", "history_reasoning", "tokenizer")
 
 
-def _num(form: dict[str, str], key: str, kind: type[int] | type[float], label: str) -> Any:
+class LaunchErrors(FormErrors, LaunchError):
+    """Every problem of a start-a-run form, by field (a LaunchError whose message lists them all)."""
+
+
+# RunConfig location -> the start form's field
+_FIELD_OF = {("sampling", "temperature"): "temperature",
+             ("sampling", "top_p"): "top_p", ("sampling", "max_tokens"): "max_tokens",
+             ("timeouts", "total_s"): "timeout_s", ("timeouts", "idle_s"): "idle_timeout_s",
+             ("timeouts", "connect_s"): "connect_timeout_s", ("retries", "max_attempts"): "max_attempts",
+             ("reasoning", "mode"): "reasoning_mode"}
+
+
+def form_field(loc: tuple[str | int, ...], msg: str) -> str | None:
+    """The start form's field a RunConfig validation problem belongs to (None: the form as a whole)."""
+    if not loc:  # a check across fields: today only the endpoints' ones
+        return "endpoints" if "endpoint" in msg else None
+    if loc[0] == "endpoints":
+        return "api_key_env" if "api_key_env" in loc else "endpoints"
+    if loc[0] == "tokenizer":
+        return "tokenizer"
+    if loc[0] == "dataset" and len(loc) > 1:
+        return next((opt.form for name, _, opt in options(DatasetConfig) if name == loc[1]), "dataset")
+    if loc[:2] in _FIELD_OF:
+        return _FIELD_OF[loc[:2]]  # type: ignore[index]
+    return str(loc[0]) if len(loc) == 1 and loc[0] in FORM_FIELDS else None
+
+
+def _num(form: dict[str, str], key: str, kind: type[int] | type[float], label: str, errors: FormErrors) -> Any:
     raw = (form.get(key) or "").strip()
     if not raw:
         return None
     try:
         v = kind(raw)
     except ValueError:
-        raise LaunchError(f"{label}: expected a {'whole number' if kind is int else 'number'}, got {raw!r}") from None
+        errors.add(key, label, f"expected a {'whole number' if kind is int else 'number'}, got {raw[:40]!r}")
+        return None
     if isinstance(v, float) and not math.isfinite(v):
-        raise LaunchError(f"{label}: expected a finite number, got {raw!r}")
+        errors.add(key, label, f"expected a finite number, got {raw[:40]!r}")
+        return None
     return v
 
 
-def form_to_data(form: dict[str, str]) -> dict[str, Any]:
-    """Form fields -> a RunConfig-shaped dict (only what the user filled in)."""
+def form_to_data(form: dict[str, str], errors: FormErrors) -> dict[str, Any]:
+    """Form fields -> a RunConfig-shaped dict (only what the user filled in); each problem goes to ``errors``
+    and the parsing goes on, so that the form can show them all at once."""
     data: dict[str, Any] = {}
     name = (form.get("name") or "").strip()
     if name:
@@ -84,33 +112,33 @@ def form_to_data(form: dict[str, str]) -> dict[str, Any]:
             if raw:
                 dataset[f["name"]] = True
         elif f["kind"] == "int":
-            if raw:
-                dataset[f["name"]] = _num(form, f["form"], int, f["name"].replace("_", " "))
+            v = _num(form, f["form"], int, f["label"].lower(), errors)
+            if v is not None:
+                dataset[f["name"]] = v
         elif raw:
             dataset[f["name"]] = raw
     if "path" not in dataset:
-        raise LaunchError("dataset path: required (a JSONL or Parquet file on the machine running the dashboard)")
+        errors.add("dataset", "dataset path", "required (a JSONL or Parquet file on the machine running the "
+                   "dashboard)")
+        dataset["path"] = ""
     data["dataset"] = dataset
     urls = [u.strip() for u in (form.get("endpoints") or "").replace(",", "\n").splitlines() if u.strip()]
     if not urls:
-        raise LaunchError("endpoints: give at least one base URL, e.g. http://127.0.0.1:8001/v1")
+        errors.add("endpoints", "endpoints", "give at least one base URL, e.g. http://127.0.0.1:8001/v1")
     key_env = (form.get("api_key_env") or "").strip() or None
     data["endpoints"] = [{"base_url": u, **({"api_key_env": key_env} if key_env else {})} for u in urls]
     model = (form.get("model") or "").strip()
     if not model:
-        raise LaunchError("model: required (the model name the endpoint serves)")
+        errors.add("model", "model", "required (the model name the endpoint serves)")
     data["model"] = model
     data["stream"] = (form.get("stream") or "on") in ("on", "true", "1", "yes")
-    for key, path, kind, label in (
-        ("concurrency", "concurrency", int, "concurrency"),
-        ("cap", "cap", int, "cap"),
-    ):
-        v = _num(form, key, kind, label)
+    for key in ("concurrency", "cap"):
+        v = _num(form, key, int, key, errors)
         if v is not None:
-            data[path] = v
+            data[key] = v
     sampling: dict[str, Any] = {}
     for key, skind in (("temperature", float), ("top_p", float), ("max_tokens", int)):
-        v = _num(form, key, skind, key)
+        v = _num(form, key, skind, key, errors)
         if v is not None:
             sampling[key] = v
     if sampling:
@@ -118,23 +146,28 @@ def form_to_data(form: dict[str, str]) -> dict[str, Any]:
     timeouts: dict[str, Any] = {}
     for key, field, label in (("timeout_s", "total_s", "total timeout"), ("idle_timeout_s", "idle_s", "idle timeout"),
                               ("connect_timeout_s", "connect_s", "connect timeout")):
-        v = _num(form, key, float, label)
+        v = _num(form, key, float, label, errors)
         if v is not None:
             timeouts[field] = v
     if timeouts:
         data["timeouts"] = timeouts
-    attempts = _num(form, "max_attempts", int, "max attempts")
+    attempts = _num(form, "max_attempts", int, "max attempts", errors)
     if attempts is not None:
         data["retries"] = {"max_attempts": attempts}
     mode = (form.get("reasoning_mode") or "auto").strip()
     if mode not in REASONING_MODES:
-        raise LaunchError(f"reasoning mode: expected one of {', '.join(REASONING_MODES)}, got {mode!r}")
+        errors.add("reasoning_mode", "reasoning mode", f"expected one of {', '.join(REASONING_MODES)}, got {mode[:40]!r}")
+        mode = "auto"
     data["reasoning"] = {"mode": mode}
     for key, allowed in (("turns", ("last", "all")), ("history_reasoning", ("strip", "keep"))):
         value = (form.get(key) or allowed[0]).strip()
         if value not in allowed:
-            raise LaunchError(f"{key}: expected one of {', '.join(allowed)}, got {value!r}")
+            errors.add(key, key, f"expected one of {', '.join(allowed)}, got {value[:40]!r}")
+            value = allowed[0]
         data[key] = value
+    tokenizer = (form.get("tokenizer") or "").strip()
+    if tokenizer:
+        data["tokenizer"] = {"name_or_path": tokenizer}
     return data
 
 
@@ -174,6 +207,7 @@ def config_to_form(config: dict[str, Any]) -> dict[str, str]:
         "max_attempts": s((config.get("retries") or {}).get("max_attempts")),
         "reasoning_mode": s((config.get("reasoning") or {}).get("mode") or "auto"),
         "stream": "on" if config.get("stream", True) else "",
+        "tokenizer": s((config.get("tokenizer") or {}).get("name_or_path")),
     }
 
 
@@ -193,13 +227,7 @@ def check_key_env(name: str, settings: Settings) -> None:
 
 
 def dataset_dirs(settings: Settings, base_dir: Path | None = None) -> list[Path]:
-    base = base_dir or Path.cwd()
-    out = []
-    for d in settings.launch_dataset_dirs.split(os.pathsep):
-        if d.strip():
-            p = Path(d.strip()).expanduser()
-            out.append((p if p.is_absolute() else base / p).resolve())
-    return out
+    return allowed_dirs(settings.launch_dataset_dirs, base_dir)
 
 
 def check_dataset_path(path: Path, settings: Settings, base_dir: Path | None = None) -> Path:
@@ -214,34 +242,65 @@ def check_dataset_path(path: Path, settings: Settings, base_dir: Path | None = N
     return real
 
 
+def _message(exc: LaunchError, label: str) -> str:
+    return str(exc).removeprefix(f"{label}: ")
+
+
 def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None = None,
-             settings: Settings | None = None) -> RunConfig:
+             settings: Settings | None = None, errors: FormErrors | None = None) -> RunConfig:
+    """The run configuration of a start form; every problem (``errors`` holds the form's own) is raised at
+    once as LaunchErrors, each with its field."""
+    from .tokenizer_limits import check_tokenizer
+
     settings = settings or get_settings()
+    errs = LaunchErrors(errors.problems if errors is not None else ())
+    for ep in data.get("endpoints") or []:
+        name = ep.get("api_key_env")
+        if name and not errs.has("api_key_env"):
+            try:
+                check_key_env(name, settings)
+            except LaunchError as exc:
+                errs.add("api_key_env", "api_key_env", _message(exc, "api_key_env"))
+    raw_path = (data.get("dataset") or {}).get("path") or ""
+    if raw_path:
+        path = Path(raw_path).expanduser()
+        if not path.is_absolute():
+            path = (base_dir or Path.cwd()) / path
+        try:
+            path = check_dataset_path(path, settings, base_dir)  # before any look at the file: no existence oracle
+            if not path.exists():
+                errs.add("dataset", "dataset path", f"{raw_path!r} does not exist on the machine running the "
+                         f"dashboard (looked at {path})")
+            data["dataset"]["path"] = str(path)
+        except LaunchError as exc:
+            errs.add("dataset", "dataset path", _message(exc, "dataset path"))
+    tok = data.get("tokenizer") or {}
+    if tok.get("name_or_path"):
+        try:
+            tok["name_or_path"] = check_tokenizer(tok["name_or_path"], settings, base_dir)
+        except LaunchError as exc:
+            errs.add("tokenizer", "tokenizer", str(exc))
+    config: RunConfig | None = None
     try:
         config = build_config(data, "the start-a-run form")
     except ConfigError as exc:
-        raise LaunchError(str(exc)) from None
-    for ep in config.endpoints:
-        if ep.api_key_env:
-            check_key_env(ep.api_key_env, settings)
-        if ep.headers_env:
-            raise LaunchError("endpoints: extra headers cannot be set from the dashboard")
-    path = Path(config.dataset.path).expanduser()
-    if not path.is_absolute():
-        path = (base_dir or Path.cwd()) / path
-    path = check_dataset_path(path, settings, base_dir)  # before any look at the file: no existence oracle
-    if not path.exists():
-        raise LaunchError(f"dataset path: {config.dataset.path!r} does not exist on the machine running the "
-                          f"dashboard (looked at {path})")
-    config.dataset.path = str(path)
-    if not config.name:
+        errs.add_validation(exc.problems, form_field, skip=[p.field for p in errs.problems if p.field])
+        if not exc.problems:
+            errs.add(None, "configuration", str(exc))
+    if config is not None and any(ep.headers_env for ep in config.endpoints):
+        errs.add("endpoints", "endpoints", "extra headers cannot be set from the dashboard")
+    if config is not None and not config.name and not errs:
         from ..sources.load import default_name
 
         config.name = default_name(config)
-    with read_engine.connect() as conn:
-        if store.find_run_id(conn, config.name) is not None:
-            raise LaunchError(f"name: a run named {config.name!r} already exists; choose another name "
-                              "(or resume it from the command line with the same name)")
+    name = config.name if config is not None else data.get("name")
+    if name:
+        with read_engine.connect() as conn:
+            if store.find_run_id(conn, name) is not None:
+                errs.add("name", "name", f"a run named {name!r} already exists; choose another name "
+                         "(or resume it from the command line with the same name)")
+    if errs or config is None:
+        raise errs
     return config
 
 

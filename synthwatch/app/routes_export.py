@@ -27,13 +27,14 @@ from ..export.plan import (
 )
 from ..store import queue as store
 from .deps import render
+from .export_guard import CONFIRM_FIELD, OpenAlarms, open_alarms
 
 router = APIRouter()
 log = logging.getLogger("synthwatch.export")
 
 PROGRESS_WRITE_INTERVAL_S = 0.5
 _FORM_BOOLS = ("think_inline", "from_value", "only_good", "include_flagged", "parquet", "template_drops_past_reasoning",
-               "all_turns")
+               "all_turns", CONFIRM_FIELD)
 _FORMAT_HELP = {
     "messages": "OpenAI-style messages; the answer carries reasoning_content and content (HF chat templates).",
     "sharegpt": "SpecForge/EAGLE {id, conversations}; reasoning as reasoning_content or inline.",
@@ -46,6 +47,14 @@ _FORMAT_HELP = {
     "speculators": "For speculators (checked against speculators 0.9.0): pre-tokenized rows {id, input_ids, "
                    "loss_mask, metadata} that its prepare-data passes through.",
 }
+class OpenAlarmsError(ExportError):
+    """The run has an open data-quality alarm and the export was not confirmed (allow_open_alarms)."""
+
+    def __init__(self, guard: OpenAlarms) -> None:
+        super().__init__(guard.message(cli=False))
+        self.guard = guard
+
+
 # ------------------------------------------------------------------------------------------ helpers
 
 
@@ -99,7 +108,10 @@ def _form_context(request: Request, run_id: int, values: dict[str, Any] | None =
     except orjson.JSONDecodeError:
         config = {}
     tok = (config.get("tokenizer") or {}) if isinstance(config, dict) else {}
+    with request.app.state.read_engine.connect() as conn:
+        guard = open_alarms(conn, run_id)
     return {
+        "open_alarms": guard,
         **data,
         "formats": FORMATS,
         "format_help": _FORMAT_HELP,
@@ -143,6 +155,9 @@ def start_export(request: Request, run_id: int, values: dict[str, Any]) -> dict[
     """Validate (ExportError on bad input, nothing written), then start the job."""
     with request.app.state.read_engine.connect() as conn:
         run = _run_or_404(conn, run_id)
+        guard = open_alarms(conn, run_id)
+    if guard is not None and values.get(CONFIRM_FIELD) is not True:
+        raise OpenAlarmsError(guard)
     jobs = _jobs(request)
     out = jobs.out_path(run["name"], str(values.get("format") or ""), bool(values.get("parquet")))
     job_id = jobs.start(run_id, _options_from(values, out))
@@ -233,7 +248,8 @@ def api_list_exports(request: Request, run_id: int) -> dict[str, Any]:
 async def api_start_export(request: Request, run_id: int) -> Response:
     """Start an export. Body: {"format": "messages|sharegpt|tokens|raw|specforge|speculators", "think_inline",
     "only_good", "include_flagged", "default_exclusions", "exclude_checks": [...], "parquet", "retokenize",
-    "template_drops_past_reasoning", "all_turns" (conversations regenerated turn by turn: one row per turn)}."""
+    "template_drops_past_reasoning", "all_turns" (conversations regenerated turn by turn: one row per turn),
+    "allow_open_alarms" (needed when the run has an open data-quality alarm: 409 naming them otherwise)}."""
     try:
         body = orjson.loads(await request.body() or b"{}")
     except orjson.JSONDecodeError as exc:
@@ -249,6 +265,9 @@ async def api_start_export(request: Request, run_id: int) -> Response:
 
     try:
         started = await run_in_threadpool(start_export, request, run_id, body)
+    except OpenAlarmsError as exc:  # told what is wrong and how to export anyway
+        return JSONResponse({"detail": str(exc), "open_alarms": exc.guard.as_dict(), "confirm": CONFIRM_FIELD},
+                            status_code=409)
     except ExportError as exc:
         return JSONResponse({"detail": str(exc)}, status_code=400)
     job = await run_in_threadpool(job_data, request, run_id, started["id"])

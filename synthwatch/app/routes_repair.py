@@ -28,6 +28,8 @@ from ..repair import history as repair_history
 from ..store import queue as store
 from ..store import versions
 from .deps import ReadConn, ReadEngine, WriteEngine, render
+from .form_errors import FormErrors
+from .launch import LaunchError
 
 log = logging.getLogger("synthwatch.app.repair")
 router = APIRouter()
@@ -131,12 +133,31 @@ def _back(run_id: int, **q: str) -> RedirectResponse:
     return RedirectResponse(f"/runs/{run_id}/repair?{urlencode({k: v for k, v in q.items() if v})}", status_code=303)
 
 
+def _settings_field(posted: set[str]) -> Any:
+    """RunConfig location -> the settings form's field (``set.`` + its dotted path), for the fields it has."""
+    def field(loc: tuple[str | int, ...], msg: str) -> str | None:
+        if not loc:
+            return "set.endpoints" if "endpoint" in msg and "set.endpoints" in posted else None
+        top = str(loc[0])
+        if top in ("endpoints", "tokenizer"):
+            name = "set.endpoints" if top == "endpoints" else "set.tokenizer.name_or_path"
+            return name if name in posted else None
+        name = "set." + ".".join(str(p) for p in loc)
+        return name if name in posted else None
+    return field
+
+
 @router.post("/runs/{run_id}/settings", include_in_schema=False)
 async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
+    """Every problem of the form at once, each beside its field, with what was entered kept; a valid change
+    is a new config version."""
+    from .tokenizer_limits import limit_tokenizer_change
+
     form = await request.form()
-    _run(conn, run_id)
+    run = _run(conn, run_id)
+    errors = FormErrors()
+    entered = {k: str(v) for k, v in form.multi_items() if k.startswith("set.") or k == "reason"}
     changes: dict[str, Any] = {}
-    errors: list[str] = []
     for key, raw in form.multi_items():
         if not key.startswith("set.") or not str(raw).strip():
             continue
@@ -148,20 +169,20 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
             try:
                 value = int(value)
             except ValueError:
-                errors.append(f"{path}: not a whole number: {value[:40]!r}")
+                errors.add(key, path, f"not a whole number: {value[:40]!r}")
                 continue
         elif path in ("sampling.temperature", "sampling.top_p", "timeouts.total_s", "timeouts.idle_s",
                       "timeouts.connect_s"):
             try:
                 value = float(value)
             except ValueError:
-                errors.append(f"{path}: not a number: {value[:40]!r}")
+                errors.add(key, path, f"not a number: {value[:40]!r}")
                 continue
         elif path == "sampling.extra_body":
             try:
                 value = orjson.loads(value)
             except orjson.JSONDecodeError as exc:
-                errors.append(f"{path}: not valid JSON ({exc})")
+                errors.add(key, path, f"not valid JSON ({exc})")
                 continue
         elif path == "endpoints":
             value = _endpoint_lines(value, versions.current(conn, run_id)[1].get("endpoints") or [])
@@ -170,13 +191,37 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
     cur = versions.current(conn, run_id)[1]
     conn.rollback()
     changes = {k: v for k, v in changes.items() if _get(cur, k) != v}
-    if errors:
-        return _back(run_id, error="; ".join(errors))
+    settings = request.app.state.settings
+    patch = versions.nest(changes)
     try:
-        _check_secret_envs(changes, request.app.state.settings)
-        res = versions.change_settings(engine, run_id, changes, actor="ui", reason=str(form.get("reason") or ""))
-    except (versions.VersionError, store.NotFound) as exc:
-        return _back(run_id, error=str(exc))
+        _check_secret_envs(changes, settings)
+    except versions.VersionError as exc:
+        errors.add("set.endpoints", "endpoints", str(exc))
+    try:
+        patch = limit_tokenizer_change(patch, settings)
+    except LaunchError as exc:
+        errors.add("set.tokenizer.name_or_path", "tokenizer", str(exc))
+    if patch:  # the whole new config validated, also when some fields above could not be read
+        try:
+            versions.changed_config(cur, patch, run["kind"])
+        except versions.VersionError as exc:
+            if exc.problems:
+                errors.add_validation(exc.problems, _settings_field(set(entered)),
+                                      skip=[p.field for p in errors.problems if p.field])
+            elif not errors:
+                errors.add(None, "settings", str(exc))
+    elif not errors:
+        errors.add(None, "settings", "nothing changes: the run already has these settings")
+    if not errors:
+        try:
+            res = versions.change_settings(engine, run_id, patch, actor="ui", reason=str(form.get("reason") or ""))
+        except (versions.VersionError, store.NotFound) as exc:
+            errors.add(None, "settings", str(exc))
+    if errors:
+        ctx = repair_context(conn, run_id)
+        ctx.update(prefill={k: "" for k in (*SELECT_KEYS, "filter", "kind")}, message=None, error=None, preview=None,
+                   errors=errors, entered=entered)
+        return render(request, "repair.html", ctx, status_code=400)
     said = "; ".join(f"{c['path']}: {c['old']} → {c['new']}" for c in res["changes"])
     return _back(run_id, message=f"Config version {res['version']}: {said}")
 
@@ -203,7 +248,7 @@ def _endpoint_lines(value: str, current: list[dict[str, Any]]) -> list[dict[str,
 def _check_secret_envs(changes: dict[str, Any], settings: Any) -> None:
     """Endpoints changed from the dashboard may name only the key variables meant for it (as the start-a-run
     form): the worker sends that variable's value to the endpoint's URL."""
-    from .launch import LaunchError, check_key_env
+    from .launch import check_key_env
 
     patch = versions.nest(changes)
     endpoints = patch.get("endpoints")
@@ -364,11 +409,14 @@ def api_versions(run_id: int, conn: ReadConn) -> Any:
 @router.post("/api/runs/{run_id}/settings", tags=["repair"],
              summary="Change a run's settings: a new config version (reading and generation settings)")
 def api_settings(request: Request, run_id: int, body: SettingsBody, engine: WriteEngine, conn: ReadConn) -> Any:
+    from .tokenizer_limits import limit_tokenizer_change
+
     _run(conn, run_id)
     try:
         _check_secret_envs(body.changes, request.app.state.settings)
-        return versions.change_settings(engine, run_id, body.changes, actor="api", reason=body.reason)
-    except versions.VersionError as exc:
+        patch = limit_tokenizer_change(versions.nest(body.changes), request.app.state.settings)
+        return versions.change_settings(engine, run_id, patch, actor="api", reason=body.reason)
+    except (versions.VersionError, LaunchError) as exc:
         return JSONResponse({"detail": str(exc)}, status_code=400)
 
 

@@ -28,6 +28,7 @@ from ..store import queue as store
 from ..store.models import LIVE_STATUSES
 from . import snippets
 from .deps import HX, ReadConn, ReadEngine, SearchBacklog, WriteEngine, catch_up_search, render
+from .tokenizer_limits import tried_spec
 
 router = APIRouter()
 
@@ -577,14 +578,11 @@ def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
     ctx: dict[str, Any] = {"run": run, "rec": rec, "configured": bool(tk.get("name_or_path")), "tried": tried,
                            "tried_template": tried_template or "", "error": None, "r": None,
                            "tokens_url": f"/runs/{run['id']}/records/{rec['id']}/tokens"}
-    if tried:
-        site = request.headers.get("sec-fetch-site")
-        if site not in (None, "same-origin", "none"):
-            raise HTTPException(403, "a tokenizer to try can be given from this dashboard's own pages only")
-        # Trying one never runs its code: trust_remote_code comes only from the run's own configuration.
-        spec = tokens.TokenizerSpec(tried, chat_template=tried_template,
-                                    think_open=rs.get("think_open") or "<think>",
-                                    think_close=rs.get("think_close") or "</think>")
+    if tried:  # within the dashboard's tokenizer folders, never running its code
+        spec = tried_spec(request, tried, tried_template, rs)
+        if isinstance(spec, str):
+            ctx["error"] = spec
+            return ctx
     elif tk.get("name_or_path"):
         spec = tokens.TokenizerSpec(str(tk["name_or_path"]), chat_template=tk.get("chat_template") or None,
                                     trust_remote_code=bool(tk.get("trust_remote_code")),

@@ -19,6 +19,7 @@ from ..store import queue as store
 from ..store import versions
 from . import launch, run_stats, stats, timeseries
 from .deps import HX, ReadConn, WriteEngine, lean, render
+from .form_errors import FormErrors
 from .routes_cost import cost_context
 from .routes_server import server_context
 
@@ -102,7 +103,8 @@ def runs_table(request: Request, conn: ReadConn) -> Response:
 def _new_run_defaults() -> dict[str, str]:
     return {"name": "", **{f["form"]: f["default"] for f in launch.dataset_form_fields()}, "endpoints": "", "api_key_env": "", "model": "", "temperature": "",
             "top_p": "", "max_tokens": "", "concurrency": "16", "cap": "", "timeout_s": "600", "idle_timeout_s": "60",
-            "connect_timeout_s": "10", "max_attempts": "4", "reasoning_mode": "auto", "stream": "on"}
+            "connect_timeout_s": "10", "max_attempts": "4", "reasoning_mode": "auto", "stream": "on",
+            "tokenizer": ""}
 
 
 @router.get("/runs/new", include_in_schema=False)
@@ -161,18 +163,21 @@ async def new_run_submit(request: Request) -> Response:
     form = await _posted_form(request)
     try:
         launched = await run_in_threadpool(_launch, request, form)
-    except launch.LaunchError as exc:
-        return render(request, "new_run.html", {"form": form, "error": str(exc), "modes": REASONING_MODES,
-                                                "dataset_fields": launch.dataset_form_fields(),
-                                                "like_run": None}, status_code=400)
+    except launch.LaunchError as exc:  # every problem of the form at once, each beside its field
+        errors = exc if isinstance(exc, FormErrors) else None
+        return render(request, "new_run.html", {"form": form, "error": None if errors else str(exc),
+                                                "errors": errors, "modes": REASONING_MODES,
+                                                "dataset_fields": launch.dataset_form_fields(), "like_run": None},
+                      status_code=400)
     if launched.run_id is None:
         return RedirectResponse(f"/runs?started={launched.name}", status_code=303)
     return RedirectResponse(f"/runs/{launched.run_id}", status_code=303)
 
 
 def _launch(request: Request, form: dict[str, str]) -> launch.Launched:
-    data = launch.form_to_data(form)
-    config = launch.validate(data, request.app.state.read_engine, settings=request.app.state.settings)
+    errors = FormErrors()
+    data = launch.form_to_data(form, errors)
+    config = launch.validate(data, request.app.state.read_engine, settings=request.app.state.settings, errors=errors)
     launched = launch.start_worker(config, request.app.state.db_url)
     launch.wait_for_run(launched, request.app.state.read_engine)
     return launched
@@ -279,6 +284,8 @@ class StartBody(BaseModel):
     reasoning_mode: str = "auto"
     stream: bool = True
     limit: int | None = None
+    tokenizer: str | None = Field(None, description="'deepseek-v4' (packaged) or a tokenizer folder inside "
+                                  "SYNTHWATCH_LAUNCH_TOKENIZER_DIRS")
 
 
 @router.get("/api/runs", tags=["runs"], summary="All runs with progress, current rates and problem badges")
@@ -298,7 +305,8 @@ async def api_start_run(request: Request, body: StartBody) -> Any:
     try:
         launched = await run_in_threadpool(_launch, request, form)
     except launch.LaunchError as exc:
-        return JSONResponse({"detail": str(exc)}, status_code=400)
+        return JSONResponse({"detail": str(exc), **({"errors": exc.as_list()} if isinstance(exc, FormErrors) else {})},
+                            status_code=400)
     return {"name": launched.name, "run_id": launched.run_id, "pid": launched.pid,
             "config_path": str(launched.config_path), "log_path": str(launched.log_path)}
 

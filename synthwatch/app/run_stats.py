@@ -14,16 +14,13 @@ from sqlalchemy.exc import OperationalError
 
 from ..store.models import LIVE_STATUSES
 from ..workers.sketch import TPS_MIN, Sketch
+from .quality_tiles import quality_tiles
 from .stats import (
     _CACHE,
     _CACHE_LOCK,
     _SUM_COLS,
-    EMPTY_REASONING_BAD,
-    EMPTY_REASONING_SUDDEN,
-    EMPTY_REASONING_WARN,
     ERROR_BAD,
     ERROR_WARN,
-    LENGTH_WARN,
     RECENT_S,
     TIMEOUT_BAD,
     TIMEOUT_WARN,
@@ -128,7 +125,7 @@ def run_stats(conn: Connection, run: dict[str, Any], window_s: int = RECENT_S) -
     st.endpoints = _endpoints(conn, rid, now, window_s, recent["working"])
     st.workers = _workers(conn, rid, now)
     st.errors = latest_errors(conn, rid, 8)
-    st.tiles = _tiles(st)
+    st.tiles = _tiles(st) + [Tile(**t) for t in quality_tiles(conn, run, st.checks)]
     return st
 
 
@@ -313,7 +310,6 @@ def _quality(conn: Connection, rid: int, recent: dict[str, Any], total: dict[str
     sources, sources_complete = _cached_final(conn, rid, "sources", now, _sources, _add_counts, dict)
     ok_r = recent["ok"]
     return {
-        "last_active": _last_active(conn, rid, recent, now),
         "empty_reasoning_recent": _rate(recent["empty_reasoning"], ok_r),
         "empty_reasoning_all": _rate(empty_all, ok_all),
         "length_recent": _rate(recent["finish_length"], ok_r),
@@ -389,45 +385,12 @@ def control_events(conn: Connection, rid: int, n: int = 30) -> list[dict[str, An
         " ORDER BY id DESC LIMIT :n"), {"r": rid, "n": n}).mappings()]
 
 
-def _hms(t: float | None) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(t).strftime("%H:%M:%S") if t else "–"
-
-
-def _last_active(conn: Connection, rid: int, recent: dict[str, Any], now: float) -> dict[str, Any]:
-    """Sums over the recent window, or over the last minute that had ok records when it had none."""
-    # ORDER BY ... LIMIT 1 walks the (run_id, t) index backwards and stops at the first hit (MAX() would scan)
-    last = conn.execute(text("SELECT t FROM series WHERE run_id = :r AND ok > 0 ORDER BY t DESC LIMIT 1"),
-                        {"r": rid}).scalar()
-    if last is None:
-        return {"ok": 0, "empty_reasoning": 0, "finish_length": 0, "is_recent": True, "until": now,
-                "last_ok": 0, "last_empty": 0}
-    # the latest bucket with completions: a sudden change (a server upgraded mid-run) shows at once
-    lrow = conn.execute(text(
-        "SELECT COALESCE(SUM(ok), 0), COALESCE(SUM(empty_reasoning), 0) FROM series WHERE run_id = :r AND t = :t"),
-        {"r": rid, "t": int(last)}).first()
-    last_ok, last_empty = lrow if lrow else (0, 0)
-    if recent["ok"]:
-        return {"ok": recent["ok"], "empty_reasoning": recent["empty_reasoning"],
-                "finish_length": recent["finish_length"], "is_recent": True, "until": now,
-                "last_ok": last_ok, "last_empty": last_empty}
-    row = conn.execute(text(
-        "SELECT COALESCE(SUM(ok), 0), COALESCE(SUM(empty_reasoning), 0), COALESCE(SUM(finish_length), 0)"
-        " FROM series WHERE run_id = :r AND t > :since AND t <= :last"),
-        {"r": rid, "since": int(last) - RECENT_S, "last": int(last)}).first()
-    ok, empty, length = row if row else (0, 0, 0)
-    return {"ok": ok, "empty_reasoning": empty, "finish_length": length, "is_recent": False, "until": last + 5,
-            "last_ok": last_ok, "last_empty": last_empty}
-
-
 def _level(share: float, bad: float, warn: float) -> str:
     return "bad" if share >= bad else ("warn" if share >= warn else "ok")
 
 
 def _tiles(st: RunStats) -> list[Tile]:
     r = st.recent
-    q = st.quality
     fin = r["finished"]
     tiles: list[Tile] = []
     span_txt = f"last {int(r['span_s'])} s"
@@ -447,29 +410,4 @@ def _tiles(st: RunStats) -> list[Tile]:
                       f"{plural(r['errors'], 'record')} failed ({span_txt}); {plural(att, 'failed attempt')},"
                       f" {r['retries']:,} retried; {st.whole['errors']:,} in the whole run"))
 
-    # quality looks at the last minute of *activity*: a paused run keeps showing what made it stop
-    a = q["last_active"]
-    a_txt = span_txt if a["is_recent"] else f"last minute of activity, to {_hms(a['until'])}"
-    expects = bool(st.run.get("expects_reasoning", True))
-    if not a["ok"]:
-        tiles.append(Tile("empty_reasoning", "ok", check_label("empty_reasoning"), "–", "no completed records yet"))
-    else:
-        er = a["empty_reasoning"] / a["ok"]
-        latest = a["last_empty"] / a["last_ok"] if a["last_ok"] else 0.0
-        sudden = a["last_ok"] >= 3 and latest >= EMPTY_REASONING_SUDDEN
-        level = "ok"
-        if expects:
-            level = "bad" if er >= EMPTY_REASONING_BAD or sudden else (
-                "warn" if er >= EMPTY_REASONING_WARN else "ok")
-        value = er if not sudden or er >= latest else latest
-        tiles.append(Tile("empty_reasoning", level, check_label("empty_reasoning"), f"{value * 100:.1f}%",
-                          (f"{a['last_empty']:,} of the {a['last_ok']:,} ok records in the latest 5 s with"
-                           " completions have no reasoning; " if sudden else "")
-                          + f"{a['empty_reasoning']:,} of {a['ok']:,} ok records have no reasoning ({a_txt});"
-                          f" {q['n_empty_all']:,} in the whole run"
-                          + ("" if expects else " (this run does not expect reasoning)")))
-        lr = a["finish_length"] / a["ok"]
-        level = "warn" if lr >= LENGTH_WARN else "ok"
-        tiles.append(Tile("length", level, check_label("truncated"), f"{lr * 100:.1f}%",
-                          f"finish_reason=length on {a['finish_length']:,} of {a['ok']:,} ok records ({a_txt})"))
     return tiles

@@ -41,10 +41,7 @@ TIMEOUT_BAD = 0.05
 TIMEOUT_WARN = 0.01
 ERROR_BAD = 0.05
 ERROR_WARN = 0.01
-EMPTY_REASONING_BAD = 0.20
-EMPTY_REASONING_WARN = 0.02
-EMPTY_REASONING_SUDDEN = 0.5  # share in the latest 5-s bucket (at least 3 ok records) that is red at once
-LENGTH_WARN = 0.10
+# the quality tiles (empty reasoning, cut at max_tokens) use their alarm's window and rule: quality_tiles.py
 
 
 class StatsTimeout(Exception):

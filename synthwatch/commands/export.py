@@ -58,6 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--template-drops-past-reasoning", action="store_true",
                    help="the chat template drops the reasoning of past turns by design (DeepSeek-R1 style): "
                         "append the answer as generated instead of rendering it (else such records are left out)")
+    p.add_argument("--allow-open-alarms", action="store_true",
+                   help="export although the run has an open data-quality alarm (it is refused otherwise, naming "
+                        "each alarm and its failing records; see docs/export.md)")
     p.add_argument("--page-size", type=positive_int, default=5000, help=argparse.SUPPRESS)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=handle)
@@ -107,6 +110,7 @@ def _clock(seconds: float) -> str:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from ..app.export_guard import open_alarms
     from ..export.plan import ExportError, ExportOptions
     from ..export.stream import manifest_path, prepare_export, run_export, sqlite_path
     from ..store.db import DatabaseError, is_sqlite, open_engine, resolve_url
@@ -143,6 +147,12 @@ def handle(args: argparse.Namespace) -> int:
             plan = prepare_export(engine, args.run, options)
         except ExportError as exc:
             raise CliError(str(exc)) from None
+        with engine.connect() as conn:
+            guard = open_alarms(conn, int(plan.run["id"]))
+        if guard is not None and not args.allow_open_alarms:
+            raise CliError(guard.message(cli=True))
+        if guard is not None:
+            print("warning: exporting with open alarms: " + "; ".join(guard.lines()), file=sys.stderr)
         bar = None if args.quiet else ProgressBar(f"export {plan.run['name']} ({fmt})")
         try:
             manifest = run_export(engine, plan, bar)

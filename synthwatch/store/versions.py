@@ -44,7 +44,12 @@ _ADDED_LATER = {"turns": "last", "history_reasoning": "strip"}
 
 
 class VersionError(ValueError):
-    """A settings change that cannot be made; the message says what and why."""
+    """A settings change that cannot be made; the message says what and why (``problems``: each validation
+    problem as (location, message), for a form to show beside its field)."""
+
+    def __init__(self, message: str, problems: list[tuple[tuple[str | int, ...], str]] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,12 +199,9 @@ def create_version(conn: Connection, run_id: int, new_cfg: dict[str, Any], *, ac
     return nxt, changes
 
 
-def change_settings(engine: Engine, run_id: int, changes: dict[str, Any], *, actor: str,
-                    reason: str | None = None) -> dict[str, Any]:
-    """Apply changes (dotted or nested keys) to the run's current config as a new version.
-
-    The whole new config is validated like a config file; a change to the dataset, the run's name or a
-    control is refused with the place to change it instead. Returns the new version and its changes."""
+def changed_config(old: dict[str, Any], changes: dict[str, Any], run_kind: str) -> dict[str, Any]:
+    """The run's config with ``changes`` (dotted or nested keys) applied and validated, writing nothing;
+    VersionError (with each validation problem) when it cannot be a new version."""
     if not changes:
         raise VersionError("no settings given to change")
     patch = nest(changes)
@@ -212,6 +214,26 @@ def change_settings(engine: Engine, run_id: int, changes: dict[str, Any], *, act
             raise VersionError(f"{key}: change it with the run's controls (synthwatch control RUN {key} N)")
         if key == "name":
             raise VersionError("name: a run's name cannot change")
+    merged = deep_merge(old, patch)
+    if run_kind == "generate":
+        try:
+            new_cfg = build_config(merged, "settings change").snapshot()
+        except ConfigError as exc:
+            raise VersionError(str(exc), exc.problems) from None
+    else:  # a watched / imported run keeps a free-form snapshot; only its reading settings matter
+        new_cfg = merged
+        _validate_reading(new_cfg)
+    if not versioned_changes(old, new_cfg):
+        raise VersionError("nothing changes: the run already has these settings")
+    return new_cfg
+
+
+def change_settings(engine: Engine, run_id: int, changes: dict[str, Any], *, actor: str,
+                    reason: str | None = None) -> dict[str, Any]:
+    """Apply changes (dotted or nested keys) to the run's current config as a new version.
+
+    The whole new config is validated like a config file; a change to the dataset, the run's name or a
+    control is refused with the place to change it instead. Returns the new version and its changes."""
     if reason is not None:
         reason = reason.strip()[:1000] or None
     with engine.connect() as conn, store.write_begin(conn):
@@ -220,18 +242,7 @@ def change_settings(engine: Engine, run_id: int, changes: dict[str, Any], *, act
         if kind_row is None:
             raise store.NotFound(f"no run {run_id}")
         _version, old = current(conn, run_id)
-        merged = deep_merge(old, patch)
-        if kind_row[0] == "generate":
-            try:
-                new_cfg = build_config(merged, "settings change").snapshot()
-            except ConfigError as exc:
-                raise VersionError(str(exc)) from None
-        else:  # a watched / imported run keeps a free-form snapshot; only its reading settings matter
-            new_cfg = merged
-            _validate_reading(new_cfg)
-        diffs = versioned_changes(old, new_cfg)
-        if not diffs:
-            raise VersionError("nothing changes: the run already has these settings")
+        new_cfg = changed_config(old, changes, kind_row[0])
         version, diffs = create_version(conn, run_id, new_cfg, actor=actor, reason=reason)
     return {"run_id": run_id, "version": version, "changes": [{**c.as_dict(), "kind": kind_of(c.path)}
                                                                 for c in diffs]}
@@ -240,13 +251,13 @@ def change_settings(engine: Engine, run_id: int, changes: dict[str, Any], *, act
 def _validate_reading(cfg: dict[str, Any]) -> None:
     from pydantic import ValidationError
 
-    from ..config import ReasoningConfig, format_validation_error
+    from ..config import ReasoningConfig, format_validation_error, validation_problems
 
     try:
         ReasoningConfig.model_validate(cfg.get("reasoning") or {})
     except ValidationError as exc:
-        raise VersionError(format_validation_error(exc, "settings change").replace("\n  ", "\n  reasoning.")) \
-            from None
+        raise VersionError(format_validation_error(exc, "settings change").replace("\n  ", "\n  reasoning."),
+                           [(("reasoning", *loc), msg) for loc, msg in validation_problems(exc)]) from None
 
 
 # ------------------------------------------------------------------------------------------ resume

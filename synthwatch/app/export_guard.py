@@ -1,0 +1,71 @@
+"""Exporting a run with an open data-quality alarm needs an explicit yes (#19).
+
+A run paused by an alarm, or still carrying one, holds records the alarm says are bad; exporting it
+"as is" is how a team trains on empty reasoning without noticing. The dashboard's export page, the
+export API and ``synthwatch export`` therefore name each open alarm (its label, the records failing its
+check, where to repair them) and export only once told to anyway: a ticked box, ``allow_open_alarms``,
+``--allow-open-alarms``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+from ..quality.alarms import TRANSPORT_RULES
+from .words import check_label, plural
+
+CONFIRM_FLAG = "--allow-open-alarms"
+CONFIRM_FIELD = "allow_open_alarms"
+
+
+@dataclass
+class OpenAlarms:
+    run_id: int
+    run_name: str
+    status: str
+    alarms: list[dict[str, Any]] = field(default_factory=list)
+    """id, rule, label, title, n_fail (records failing its check, whole run), acked, auto_paused, repair_url"""
+
+    @property
+    def paused(self) -> bool:
+        return self.status == "paused"
+
+    def lines(self) -> list[str]:
+        return [f"{a['label']} (alarm #{a['id']}{', acknowledged' if a['acked'] else ''}): "
+                f"{plural(a['n_fail'], 'record')} failing {a['rule']}" for a in self.alarms]
+
+    def message(self, *, cli: bool) -> str:
+        state = " and is paused" if self.paused else ""
+        head = (f"run {self.run_name!r} has {plural(len(self.alarms), 'open data-quality alarm')}{state}; "
+                "an export now includes the records it names unless the selection leaves them out:")
+        fix = (f"Repair them first (synthwatch rederive / rerun, docs/repair.md; or the dashboard's "
+               f"{self.alarms[0]['repair_url']}), or export anyway with {CONFIRM_FLAG}." if cli else
+               "Repair them first, or tick \"export anyway\".")
+        return "\n".join([head, *(f"  - {line}" for line in self.lines()), fix])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "status": self.status, "paused": self.paused, "alarms": self.alarms}
+
+
+def open_alarms(conn: Connection, run_id: int) -> OpenAlarms | None:
+    """The run's open (active) data-quality alarms, most failing records first; None when there are none."""
+    run = conn.execute(text("SELECT name, status FROM run WHERE id = :r"), {"r": run_id}).first()
+    if run is None:
+        return None
+    rows = conn.execute(text(
+        "SELECT a.id, a.rule, a.title, a.acked_at, a.auto_paused, COALESCE(s.n_fail, a.count) AS n_fail"
+        " FROM alarm a LEFT JOIN check_stat s ON s.run_id = a.run_id AND s.check_name = a.rule"
+        " WHERE a.run_id = :r AND a.active ORDER BY a.id"), {"r": run_id}).mappings().all()
+    alarms = [{"id": r["id"], "rule": r["rule"], "label": check_label(r["rule"]), "title": r["title"],
+               "n_fail": int(r["n_fail"] or 0), "acked": r["acked_at"] is not None,
+               "auto_paused": bool(r["auto_paused"]),
+               "repair_url": f"/runs/{run_id}/repair?alarm={r['id']}#repair"}
+              for r in rows if r["rule"] not in TRANSPORT_RULES]
+    if not alarms:
+        return None
+    alarms.sort(key=lambda a: -a["n_fail"])
+    return OpenAlarms(run_id, str(run[0]), str(run[1]), alarms)
