@@ -12,6 +12,7 @@ import httpx
 from pydantic import Field
 
 from synthwatch.app import launch
+from synthwatch.app.form_errors import FormErrors
 from synthwatch.commands._common import add_option_flags, option_values
 from synthwatch.commands.run import _flags_to_config
 from synthwatch.config import DatasetConfig, Option, option_kind, options
@@ -66,9 +67,10 @@ def test_an_added_option_shows_up_in_the_flags_and_the_form(monkeypatch: Any) ->
     assert field == {"name": "max_chars", "form": "dataset_max_chars", "label": "Longest prompt (characters)",
                      "kind": "int", "choices": None, "min": 1, "required": False, "hint": "Skip longer prompts.",
                      "default": ""}
+    errors = FormErrors()
     data = launch.form_to_data({"dataset": "p.jsonl", "dataset_max_chars": "900", "endpoints": "http://h:1/v1",
-                                "model": "m"})
-    assert data["dataset"] == {"path": "p.jsonl", "max_chars": 900}
+                                "model": "m"}, errors)
+    assert data["dataset"] == {"path": "p.jsonl", "max_chars": 900} and not errors.problems
 
 
 def test_the_form_round_trips_a_config_and_the_loader_reads_it(tmp_path: Path, live_app: Any) -> None:
@@ -77,8 +79,9 @@ def test_the_form_round_trips_a_config_and_the_loader_reads_it(tmp_path: Path, l
     stored = {"path": str(path), "format": "jsonl", "prompt_field": "prompt", "id_field": "id", "shuffle": True,
               "seed": 3, "limit": 2, "on_bad_line": "skip", "system_prompt": "Be brief."}
     form = launch.config_to_form({"dataset": stored})
-    back = launch.form_to_data({**form, "endpoints": "http://h:1/v1", "model": "m"})["dataset"]
-    assert back == stored
+    errors = FormErrors()
+    back = launch.form_to_data({**form, "endpoints": "http://h:1/v1", "model": "m"}, errors)["dataset"]
+    assert back == stored and not errors.problems
     loaded = load_dataset(DatasetConfig.model_validate(back))
     assert len(loaded.prompts) == 2 and loaded.prompts[0].messages[0] == {"role": "system", "content": "Be brief."}
     html = httpx.get(live_app().url + "/runs/new").text
