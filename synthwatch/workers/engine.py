@@ -24,20 +24,17 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from ..capture import turns as turns_mod
 from ..config import RunConfig
 from ..quality.alarms import completion_message
-from ..redact import redact
 from ..settings import get_settings
 from ..store import queue as store
 from ..store.versions import versioned_changes
-from . import faults
 from .autotune import Interval, Tuner, median
 from .client import Requester
 from .endpoints import EndpointPool
 from .gc_tuning import tuned_for_worker
-from .results import RETRYABLE_KINDS, TIMEOUT_KINDS, AttemptFailure, AttemptResult, LiveStats, Outcome
-from .series import record_columns
+from .record import RecordTasks
+from .results import LiveStats
 from .server_metrics import Scraper, insert_rows
 from .writer import Writer, WriterHook
 
@@ -54,7 +51,7 @@ RESERVE_MIN = 32
 RESERVE_MAX = 1024
 
 
-class RunWorker:
+class RunWorker(RecordTasks):
     def __init__(
         self,
         engine: Engine,
@@ -555,167 +552,3 @@ class RunWorker:
         assert self.writer is not None
         fut = self.writer.call(lambda conn: store.set_status(conn, self.run_id, status, message))
         await asyncio.wrap_future(fut)
-
-    # ------------------------------------------------------------ one record
-
-    def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        r = self.config.retries
-        delay = min(r.backoff_max_s, r.backoff_base_s * (2**attempt))
-        delay = delay * (0.5 + self._rng.random())  # jitter: spread retries of a burst of failures
-        if retry_after is not None:
-            delay = max(delay, retry_after)
-        return delay
-
-    def _count_ok(self, ex: Any, latency_s: float, ep: Any) -> None:
-        tokens = self.stats.count_ok(ex, latency_s)
-        if ep is not None and self.config.autotune.enabled:  # what this endpoint's concurrency tuner looks at
-            ep.done.append((time.monotonic(), tokens, latency_s / tokens if tokens else None))
-
-    async def _attempts(self, body: bytes, attempts: list[dict[str, Any]], record_id: int,
-                        where: dict[str, Any]) -> AttemptResult:
-        """One request with its retries; each attempt is appended to ``attempts``; the last one is returned.
-        ``where`` carries the stage and the endpoint out, for the caller's error path."""
-        assert self.writer is not None
-        max_attempts = self.config.retries.max_attempts
-        last: AttemptResult | None = None
-        for n in range(max_attempts):
-            where["stage"] = "send"
-            while (wait := self.pool.wait_s()) > 0:  # every endpoint is backing off from rate limits
-                await asyncio.sleep(min(wait, 0.5))
-            ep = where["ep"] = self.pool.pick()
-            ep.outstanding += 1
-            if ep.outstanding > ep.outstanding_max:
-                ep.outstanding_max = ep.outstanding
-            where["started"] = started = time.time()
-            try:
-                faults.hit("send")
-                res = await self.requester.attempt(ep, body, self.config.stream)
-            finally:
-                ep.outstanding -= 1
-            where["stage"] = "capture"
-            faults.hit("capture")
-            last = res
-            attempts.append(res.attempt_dict(len(attempts) + 1, started))
-            if res.ok:
-                self.pool.success(ep)
-                break
-            retryable = res.kind in RETRYABLE_KINDS
-            limited = res.kind == "http_429" or res.status_code == 503
-            st = self.stats
-            if res.kind in TIMEOUT_KINDS:
-                st.attempt_timeouts += 1
-                ep.n_timeouts += 1
-            elif limited:
-                st.rate_limited += 1
-            elif res.kind == "http_5xx":
-                st.server_errors += 1
-                ep.n_server_errors += 1
-            if limited:  # rate limiting: this endpoint backs off; the record may go on elsewhere at once
-                ep.failed += 1
-                ep.last_error = res.message
-                self.pool.rate_limited(ep, res.retry_after_s)
-            else:
-                self.pool.failure(ep, res.message, server_fault=retryable)
-            retry = retryable and n + 1 < max_attempts and self.local_stop != "stop_now"
-            self.writer.submit_failure(AttemptFailure(
-                record_id, ep.label, res.kind, res.status_code, res.message, time.time(), not retry, retry))
-            if not retry:
-                break
-            self.stats.retries += 1
-            # after a rate limit the endpoint's own backoff (and the wait above) honours Retry-After
-            await asyncio.sleep(self._backoff(n, None if limited else res.retry_after_s))
-        assert last is not None
-        return last
-
-    async def _process(self, claimed: store.Claimed) -> None:
-        """One record: its request (with retries), or with ``turns = "all"`` each of its turns in order, every
-        finished turn written before the next turn's request is sent (synthwatch.capture.turns)."""
-        assert self.writer is not None
-        writer = self.writer
-        attempts: list[dict[str, Any]] = []  # the current turn's
-        version = self.config_version
-        where: dict[str, Any] = {"stage": "claim", "ep": None, "started": time.time()}
-        multi = claimed.n_turns > 1
-        done_turns: list[dict[str, Any]] = turns_mod.load(claimed.turns_json) if multi else []
-        prior = sum(len(t.get("attempts") or ()) for t in done_turns)
-        try:
-            faults.hit("claim")
-            if claimed.attempts_json:
-                attempts = orjson.loads(claimed.attempts_json)
-            while True:
-                where["stage"] = "request build"
-                faults.hit("request build")
-                k = len(done_turns)
-                messages = turns_mod.history(claimed.messages, done_turns, k, self.config.history_reasoning) \
-                    if multi else claimed.messages
-                last = await self._attempts(self.body_for(messages), attempts, claimed.id, where)
-                if not (last.ok and multi and k + 1 < claimed.n_turns):
-                    break
-                # a finished turn that is not the last: stored (the record stays claimed) before the next request
-                where["stage"] = "turn write"
-                turn = turns_mod.stored_turn(
-                    record_columns(last.extracted), attempts=attempts, endpoint=last.endpoint,
-                    latency_s=last.latency_s, ttft_s=last.ttft_s, n_chunks=last.n_chunks, finished_at=time.time(),
-                    gen_version=version)
-                done_turns.append(turn)
-                prior += len(attempts)
-                if not await asyncio.wrap_future(writer.write_turn(claimed.id, done_turns, prior)):
-                    log.warning("record %d: its claim was taken over; turn %d is not written", claimed.id, k + 1)
-                    return
-                self._count_ok(last.extracted, last.latency_s, where.get("ep"))
-                writer.submit_turn(Outcome(
-                    claimed.id, claimed.idx, "turn", messages, extracted=last.extracted, endpoint=last.endpoint,
-                    latency_s=last.latency_s, ttft_s=last.ttft_s, n_chunks=last.n_chunks, finished_at=time.time()))
-                attempts = []
-            where["stage"] = "write"
-            faults.hit("write")
-            if last.ok:
-                status = "ok"
-            elif last.kind in TIMEOUT_KINDS:
-                status = "timeout"
-            else:
-                status = "error"
-            ex = last.extracted
-            outcome = Outcome(
-                claimed.id, claimed.idx, status, messages, extracted=ex, attempts=attempts, prior_attempts=prior,
-                error_kind=None if last.ok else last.kind, error=None if last.ok else last.message,
-                endpoint=last.endpoint, latency_s=last.latency_s, ttft_s=last.ttft_s, n_chunks=last.n_chunks,
-                finished_at=time.time(), config_version=version, rerun=claimed.rerun,
-                turns=done_turns if multi else None,
-            )
-            if status == "ok":
-                self._count_ok(ex, last.latency_s, where.get("ep"))
-            elif status == "timeout":
-                self.stats.timeouts += 1
-                self.stats.record(False, 0)
-            else:
-                self.stats.errors += 1
-                self.stats.record(False, 0)
-        except asyncio.CancelledError:
-            ep, started = where["ep"], where["started"]
-            if ep is not None:
-                self.pool.abandon(ep)
-            attempts.append({"n": len(attempts) + 1, "t": round(started, 3), "endpoint": ep.label if ep else None,
-                             "ok": False, "kind": "cancelled", "status": None,
-                             "error": "cancelled by an immediate stop; the record went back to pending",
-                             "latency_s": round(time.time() - started, 4)})
-            writer.submit(Outcome(claimed.id, claimed.idx, "pending", claimed.messages, attempts=attempts,
-                                  prior_attempts=prior, error_kind="cancelled", error="cancelled by an immediate stop",
-                                  finished_at=time.time(), endpoint=ep.label if ep else None))
-            raise
-        except Exception as exc:  # nothing escapes a record: the exception is its recorded error
-            ep, started, stage = where["ep"], where["started"], where["stage"]
-            message = redact(f"{exc.__class__.__name__} during {stage}: {exc}")[:2000]
-            log.error("record %d: %s", claimed.id, message)
-            if stage == "send" and ep is not None:
-                self.pool.abandon(ep)
-            attempts.append({"n": len(attempts) + 1, "t": round(started, 3), "endpoint": ep.label if ep else None,
-                             "ok": False, "kind": "internal_error", "status": None, "error": message,
-                             "latency_s": round(time.time() - started, 4)})
-            self.stats.errors += 1
-            self.stats.record(False, 0)
-            outcome = Outcome(claimed.id, claimed.idx, "error", claimed.messages, attempts=attempts,
-                              prior_attempts=prior, error_kind="internal_error", error=message,
-                              endpoint=ep.label if ep else None, finished_at=time.time(), config_version=version,
-                              rerun=claimed.rerun, turns=done_turns if multi else None)
-        writer.submit(outcome)
