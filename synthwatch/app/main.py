@@ -59,6 +59,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
         routes_alarms,
         routes_cost,
         routes_export,
+        routes_flags,
         routes_lengths,
         routes_repair,
         routes_review,
@@ -67,7 +68,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
         routes_workers,
     )
 
-    for mod in (routes_runs, routes_review, routes_alarms, routes_repair, routes_export, routes_workers,
+    for mod in (routes_runs, routes_review, routes_flags, routes_alarms, routes_repair, routes_export, routes_workers,
                 routes_server, routes_cost, routes_lengths):
         app.include_router(mod.router)
 

@@ -1,0 +1,165 @@
+"""Routes: flagging records (one, undo, bulk over a filter), as forms (htmx) and as JSON API.
+
+A flag answered to htmx is the record viewer's flag fragment, from the same data function as the viewer
+(routes_review._flag_context)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Form, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import RedirectResponse, Response
+
+from ..review import filters as review_filters
+from ..review import flags as review_flags
+from ..review.filters import ReviewError
+from .deps import HX, ReadConn, ReadEngine, WriteEngine, catch_up_search, render
+from .routes_review import _bad, _filters, _flag_context, _record_or_404, _run_or_404
+
+router = APIRouter()
+
+
+# --------------------------------------------------------------------------------------------- flags
+
+
+def _form_or_json(data: dict[str, Any], name: str) -> str | None:
+    value = data.get(name)
+    return None if value in (None, "") else str(value)
+
+
+@router.post("/runs/{run_id}/records/{record_id:int}/flag", include_in_schema=False)
+def flag_form(request: Request, run_id: int, record_id: int, conn: ReadConn, write: WriteEngine, hx: HX,
+              verdict: Annotated[str, Form()] = "", reason: Annotated[str, Form()] = "",
+              note: Annotated[str, Form()] = "") -> Response:
+    run = _run_or_404(conn, run_id)
+    try:
+        review_flags.flag(write, run_id, record_id, verdict, reason or None, note or None)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    except review_filters.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    return _after_flag(request, conn, run, record_id, hx)
+
+
+@router.post("/runs/{run_id}/records/{record_id:int}/undo", include_in_schema=False)
+def undo_form(request: Request, run_id: int, record_id: int, conn: ReadConn, write: WriteEngine,
+              hx: HX) -> Response:
+    run = _run_or_404(conn, run_id)
+    _record_or_404(conn, run_id, record_id)
+    try:
+        review_flags.undo(write, run_id, record_id)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    return _after_flag(request, conn, run, record_id, hx)
+
+
+def _after_flag(request: Request, conn: Any, run: dict[str, Any], record_id: int, hx: bool) -> Response:
+    conn.rollback()  # a fresh read snapshot that sees the write
+    rec = _record_or_404(conn, run["id"], record_id)
+    if hx:
+        return render(request, "_viewer_flag.html", _flag_context(conn, run, rec))
+    return RedirectResponse(f"/runs/{run['id']}/records/{record_id}", status_code=303)
+
+
+@router.post("/api/runs/{run_id}/records/{record_id:int}/flag", tags=["review"])
+def flag_api(run_id: int, record_id: int, conn: ReadConn, write: WriteEngine,
+             body: dict[str, Any] = Body(..., examples=[{"verdict": "bad", "reason": "truncated", "note": ""}])
+             ) -> Any:
+    """Flag a record good or bad (reason: empty_reasoning, truncated, wrong_format, wrong_answer,
+    wrong_language, repetition, other; optional note)."""
+    _run_or_404(conn, run_id)
+    try:
+        return review_flags.flag(write, run_id, record_id, str(body.get("verdict", "")), _form_or_json(body, "reason"),
+                           _form_or_json(body, "note"))
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    except review_filters.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+@router.post("/api/runs/{run_id}/records/{record_id:int}/undo", tags=["review"])
+def undo_api(run_id: int, record_id: int, conn: ReadConn, write: WriteEngine) -> Any:
+    """Undo the latest flag on a record; it gets its previous verdict back."""
+    _run_or_404(conn, run_id)
+    _record_or_404(conn, run_id, record_id)
+    try:
+        return review_flags.undo(write, run_id, record_id)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+
+
+@router.post("/api/runs/{run_id}/flags/undo", tags=["review"])
+def undo_last_api(run_id: int, conn: ReadConn, write: WriteEngine) -> Any:
+    """Undo the run's latest flag action (a bulk flag is one action)."""
+    _run_or_404(conn, run_id)
+    try:
+        return review_flags.undo(write, run_id, None)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+
+
+def _bulk_args(data: dict[str, Any]) -> tuple[str, str | None, str | None]:
+    verdict = str(data.get("verdict") or "")
+    reason, note = _form_or_json(data, "reason"), _form_or_json(data, "note")
+    try:
+        review_flags._validate_flag(verdict, reason, note)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    return verdict, reason, note
+
+
+@router.post("/runs/{run_id}/flags/bulk", include_in_schema=False)
+async def bulk_form(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine) -> Response:
+    """Preview (no max_id) or apply (max_id from the preview) a bulk flag; the filter comes as form fields."""
+    form = {k: str(v) for k, v in (await request.form()).items()}
+    run = _run_or_404(conn, run_id)
+    f = _filters(form)  # the filter's own fields; the verdict comes as flag_* (a filter has a reason field too)
+    backlog = await run_in_threadpool(catch_up_search, request, f.q)
+    verdict, reason, note = _bulk_args({k.removeprefix("flag_"): v for k, v in form.items() if k.startswith("flag_")})
+    ctx: dict[str, Any] = {"run": run, "f": f, "verdict": verdict, "reason": reason, "note": note,
+                           "reason_labels": review_filters.REASON_LABELS, "search_backlog": backlog}
+    try:  # database work off the event loop
+        if form.get("undo_bulk"):
+            ctx["undone"] = await run_in_threadpool(review_flags.undo_bulk, write, run_id, form["undo_bulk"])
+        elif not form.get("max_id"):
+            ctx["preview"] = await run_in_threadpool(review_flags.bulk_preview, conn, run_id, f)
+        else:
+            ctx["result"] = await run_in_threadpool(review_flags.bulk_flag, read, write, run_id, f, verdict, reason, note,
+                                                    _to_int(form["max_id"], "max_id"))
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    response = render(request, "_records_bulk.html", ctx)
+    if "undone" in ctx or "result" in ctx:  # the table below redraws itself with the new flags
+        response.headers["HX-Trigger"] = "records-changed"
+    return response
+
+
+def _to_int(raw: Any, name: str) -> int:
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        raise HTTPException(400, f"{name}: not a whole number: {str(raw)[:40]!r}") from None
+
+
+@router.post("/api/runs/{run_id}/flags/bulk", tags=["review"])
+def bulk_api(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine,
+             body: dict[str, Any] = Body(..., examples=[{"filters": {"finish_reason": "length"}, "verdict": "bad",
+                                                         "reason": "truncated"}])) -> Any:
+    """Flag every record matching `filters` (the records-table query parameters). Without `max_id` it only
+    previews: {count, max_id}; send the same request with that max_id to apply it."""
+    _run_or_404(conn, run_id)
+    filters = body.get("filters") or {}
+    if not isinstance(filters, dict):
+        raise HTTPException(400, "filters: must be an object of records-table query parameters")
+    f = _filters(filters)
+    verdict, reason, note = _bulk_args(body)
+    backlog = catch_up_search(request, f.q)
+    try:
+        if body.get("max_id") is None:
+            return {"preview": review_flags.bulk_preview(conn, run_id, f), "search_backlog": backlog}
+        return review_flags.bulk_flag(read, write, run_id, f, verdict, reason, note, _to_int(body["max_id"], "max_id"))
+    except ReviewError as exc:
+        raise _bad(exc) from None
+
+
