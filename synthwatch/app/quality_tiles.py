@@ -29,7 +29,7 @@ TILE_CHECKS = (("empty_reasoning", "empty_reasoning"), ("length", "truncated")) 
 
 
 def _rules(run: dict[str, Any]) -> dict[str, Rule]:
-    from .checks import ChecksConfigError, parse_settings
+    from ..quality.checks import ChecksConfigError, parse_settings
 
     try:
         return effective_rules(parse_settings((run.get("config") or {}).get("checks") or {}).rules)
