@@ -301,6 +301,8 @@ class RunWorker(RecordTasks):
                                 f"self-tuning concurrency starts at {start} per endpoint (min {at.min}, max {at.max})"
                                 + (f", {len(eps)} endpoints" if len(eps) > 1 else ""))
         last = {ep.label: (ep.n_timeouts, ep.limited, ep.n_server_errors) for ep in eps}
+        scraped = self.scraper.preemptions if self.scraper is not None else {}
+        preempted = dict(scraped)  # each server's preemption counter at the previous step
         while True:
             t0 = time.monotonic()
             for ep in eps:
@@ -308,6 +310,7 @@ class RunWorker(RecordTasks):
             await asyncio.sleep(at.interval_s)
             if self.state != "running":
                 last = {ep.label: (ep.n_timeouts, ep.limited, ep.n_server_errors) for ep in eps}
+                preempted = dict(scraped)
                 continue
             dt = time.monotonic() - t0
             changes = []
@@ -322,7 +325,16 @@ class RunWorker(RecordTasks):
                 row = self.scraper.latest.get(ep.label) if self.scraper is not None else None
                 if row and not row.get("error") and row.get("t", 0) >= time.time() - 2 * at.interval_s:
                     waiting, running = row.get("waiting") or 0.0, row.get("running") or 0.0
-                    preempt = (row.get("preemptions_s") or 0.0) * dt
+                    # the counter's change over the whole step: one scrape's rate misses earlier bursts
+                    counter = scraped.get(ep.label)
+                    before = preempted.get(ep.label)
+                    if before is None and self.scraper is not None:  # no scrape had come when tuning began
+                        before = self.scraper.preemptions_first.get(ep.label)
+                    if counter is not None and before is not None:
+                        preempt = counter - before if counter >= before else counter  # a restarted server
+                    else:
+                        preempt = (row.get("preemptions_s") or 0.0) * dt
+                preempted[ep.label] = scraped.get(ep.label, preempted.get(ep.label, 0.0))
                 iv = Interval(sum(tk for tk, _ in done) / dt, median(lat) if len(lat) >= 10 else None,
                               ep.outstanding_max, now[0] - prev[0], now[1] - prev[1], now[2] - prev[2], preempt,
                               waiting, running, in_flight_now=ep.outstanding)

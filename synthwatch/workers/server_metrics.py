@@ -150,6 +150,10 @@ class Scraper:
         self.write = write
         self.prev: dict[str, Snapshot | None] = {}
         self.latest: dict[str, dict[str, Any]] = {}  # label -> the newest row (the concurrency tuner reads it)
+        # label -> the server's preemption counter as last scraped: the tuner takes its change over a whole step,
+        # where one scrape's rate (0.25 s) can miss preemptions that came in bursts earlier in the step
+        self.preemptions: dict[str, float] = {}
+        self.preemptions_first: dict[str, float] = {}  # ... and at the first scrape (before this worker's requests)
         self.version: dict[str, tuple[str | None, str | None]] = {}  # label -> (kind, version)
 
     async def run(self) -> None:
@@ -195,6 +199,9 @@ class Scraper:
             return row
         vals = interval_row(self.prev.get(label), snap)
         self.prev[label] = snap
+        if "preemptions" in snap.counters:
+            self.preemptions[label] = snap.counters["preemptions"]
+            self.preemptions_first.setdefault(label, snap.counters["preemptions"])
         if snap.kind == "unknown":
             row["error"] = "no metrics: /metrics has no vLLM or SGLang names"
             return row
