@@ -185,6 +185,7 @@ def test_failed_canary_raises_an_alarm(engine, sim, prompts) -> None:  # type: i
     assert len(canaries) == 4 and all(r["source_id"].startswith("synthwatch-canary:") for r in canaries)
 
 
+@pytest.mark.slow
 def test_recompute_after_settings_change_cli(engine, db_path, sim, prompts, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from conftest import run_cli
 
@@ -277,6 +278,7 @@ def test_timeouts_raise_an_alarm(engine, sim, prompts) -> None:  # type: ignore[
     assert not any(a["rule"] == "empty_reasoning" for a in alarms(engine, run_id))
 
 
+@pytest.mark.slow
 def test_cli_worker_prints_the_alarm_and_pauses(db_path, sim, prompts, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import signal
     import subprocess

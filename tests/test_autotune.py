@@ -69,6 +69,7 @@ def test_worker_finds_the_knee_without_timeouts(engine, sim, prompts) -> None:  
         bg.join(30)
 
 
+@pytest.mark.slow
 def test_each_endpoint_is_tuned_to_its_own_knee(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     """Two servers with different knees (4 and 12): each endpoint gets its own limit, each step names its endpoint,
     and the run's concurrency is the sum."""

@@ -13,6 +13,7 @@ import pytest
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_repair_benchmark_quick() -> None:
     from bench import bench_repair
 

@@ -19,6 +19,7 @@ def _cpu_ok() -> bool:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_worker_benchmark_quick() -> None:
     require(_cpu_ok(), "os.sched_setaffinity (Linux) is needed to pin the simulator and the clients")
     from bench import bench_worker

@@ -51,6 +51,7 @@ idle_s = 5
     assert snap["sampling"]["max_tokens"] == 512 and snap["cap"] == 15
 
 
+@pytest.mark.slow
 def test_flags_override_config_and_name_resumes(tmp_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=1)
     db = tmp_path / "x.db"
@@ -170,6 +171,7 @@ def test_kill_9_at_random_moments_then_resume(tmp_path, sim, prompts) -> None:  
         assert conn.execute(text("SELECT COUNT(*) FROM record WHERE run_id = :r"), {"r": run["id"]}).scalar() == 500
 
 
+@pytest.mark.slow
 def test_dashboard_restart_mid_run_leaves_the_run_unaffected(tmp_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     import socket
 

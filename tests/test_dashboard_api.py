@@ -187,6 +187,7 @@ def test_cli_control(db_path, engine, finished_run) -> None:  # type: ignore[no-
     assert tuple(last) == ("concurrency", "5", "cli")
 
 
+@pytest.mark.slow
 def test_start_run_form(live_app, engine, sim, prompts, tmp_path) -> None:  # type: ignore[no-untyped-def]
     srv = live_app(launch_dataset_dirs=str(tmp_path))
     url = sim(seed=9)

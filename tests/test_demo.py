@@ -80,6 +80,7 @@ def demo(tmp_path_factory: Any) -> Iterator[Demo]:
                 proc.wait()
 
 
+@pytest.mark.slow
 def test_demo_banner_within_15_s_of_the_url(demo: Demo) -> None:
     """The story in 15 seconds: from the printed URL to the drifting run's red banner naming both fields."""
     with httpx.Client(base_url=demo.url, timeout=10) as c:
@@ -165,6 +166,7 @@ def test_demo_run_page_in_browser(demo: Demo, page: Any) -> None:
         page.screenshot(path=str(demo.folder / "run-page.png"), full_page=True)
 
 
+@pytest.mark.slow
 def test_demo_stops_cleanly_on_ctrl_c(demo: Demo) -> None:
     demo.proc.send_signal(signal.SIGINT)
     assert demo.proc.wait(timeout=60) == 0

@@ -252,6 +252,7 @@ def test_speculators_preset_from_a_simulator_run(engine, sim, prompts, tmp_path)
         assert retok["input_ids"][-1] == EOS and retok["loss_mask"] == [0] * m + [1] * (len(retok["loss_mask"]) - m)
 
 
+@pytest.mark.slow
 def test_export_cli_for_a_trainer_prints_the_settings(engine, db_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from conftest import run_cli
 

@@ -71,6 +71,7 @@ def test_form_accepts_prefixed_and_listed_key_variables(live_app: Any, sim: Any,
             assert run_row(engine, run_id)["n_ok"] == 3
 
 
+@pytest.mark.slow
 def test_form_refuses_datasets_outside_the_allowed_folders(live_app: Any, sim: Any, dirs: dict[str, Path],
                                                            engine: Any) -> None:
     srv = live_app(launch_dataset_dirs=f"{dirs['allowed']}{os.pathsep}{dirs['tmp'] / 'alias'}")

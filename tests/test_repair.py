@@ -230,6 +230,7 @@ def test_autopause_off_is_recorded_and_completion_names_the_failures(engine, sim
     assert run["status_message"].startswith("completed with 60 records failing field_mismatch"), run["status_message"]
 
 
+@pytest.mark.slow
 def test_resume_with_changed_flags_is_refused_then_versioned(db_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     from conftest import run_cli
 

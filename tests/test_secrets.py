@@ -92,6 +92,7 @@ def keyed_run(request: Any, tmp_path: Path, sim: Any, prompts: Any) -> Iterator[
     yield {"key": key, "rand": rand, "db": db, "proc": proc, "sent": bytes(relay.sent), "tmp": tmp_path}
 
 
+@pytest.mark.slow
 def test_api_key_is_used_and_never_stored_or_shown(keyed_run: dict[str, Any], live_app: Any, db_path: Path) -> None:
     key, db = keyed_run["key"], keyed_run["db"]
     # the whole key in each encoding and escape it could be written in, and its random part alone

@@ -33,6 +33,7 @@ def _unsafe_routes(db: str) -> list[tuple[str, str]]:
     return _walk(create_app(db, Settings(db=db)).routes)
 
 
+@pytest.mark.slow
 def test_every_state_changing_endpoint_refuses_cross_site_requests(live_app, db_path) -> None:  # type: ignore[no-untyped-def]
     srv = live_app()
     routes = _unsafe_routes(str(db_path))

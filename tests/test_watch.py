@@ -212,6 +212,7 @@ def _ok_count(client: httpx.Client, run_id: int) -> int:
     return int(r.json()["progress"]["ok"])
 
 
+@pytest.mark.slow
 def test_dashboard_shows_appended_lines_within_2s_and_kill_restart_is_exact(
         tmp_path: Path, db_path: Path, live_app: Any, engine: Any) -> None:
     srv = live_app()

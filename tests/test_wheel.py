@@ -16,9 +16,11 @@ import zipfile
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import ROOT, require
 
 
+@pytest.mark.slow
 def test_wheel_installs_and_works_away_from_checkout(tmp_path: Path, prompts) -> None:  # type: ignore[no-untyped-def]
     require((ROOT / "synthwatch/static/vendor/htmx.min.js").exists(), "run ./dev setup (htmx from npm) first")
     dist = tmp_path / "dist"

@@ -148,6 +148,7 @@ def test_cap_lowered_while_running(any_engine, sim, prompts) -> None:  # type: i
     assert run_row(any_engine, bg.run_id)["n_ok"] == 20
 
 
+@pytest.mark.slow
 def test_pause_stops_new_requests_and_resume_continues(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=2, tokens_per_s=100, reasoning_tokens="20", content_tokens="10")
     config = make_config(url, prompts(60), concurrency=4)
