@@ -16,6 +16,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# Property-based tests (Hypothesis). "ci" keeps every suite's example count bounded so that the whole suite stays
+# well inside CI's time; "fuzz" (./dev fuzz) runs many more. No deadline: a generated case that takes long because
+# the machine is loaded is not a failure (what a case may cost is asserted by the tests themselves).
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "ci", max_examples=25, deadline=None, derandomize=IN_CI, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "fuzz", max_examples=500, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile(os.environ.get("SYNTHWATCH_HYPOTHESIS_PROFILE", "ci"))
+
 
 def run_async(coro: Any) -> Any:
     """asyncio.run in a fresh thread: Playwright's sync API leaves a loop running in the main thread."""
