@@ -278,7 +278,7 @@ class AlarmKeeper:
 # ------------------------------------------------------------------------------------ web side
 
 _ALARM_COLS = ("id, run_id, rule, severity, title, message, fix, count, example_record_id, raised_at, updated_at,"
-               " acked_at, acked_by, active, auto_paused, reraised_from")
+               " acked_at, acked_by, active, auto_paused, reraised_from, evidence_json")
 
 
 def banner_alarms(conn: Connection, run_id: int) -> list[dict[str, Any]]:
