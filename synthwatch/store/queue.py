@@ -400,8 +400,9 @@ def pause_reason(conn: Connection, run_id: int) -> tuple[str, tuple[str, ...]]:
         ev = orjson.loads(a["evidence_json"]) if a["evidence_json"] else {}
     except orjson.JSONDecodeError:
         ev = {}
-    if isinstance(ev, dict) and ev.get("server_said"):
-        said = f"; the server said: {str(ev['server_said'])[:300]}"
+    ctx = ev.get("ctx") if isinstance(ev, dict) else None
+    if isinstance(ctx, dict) and ctx.get("server_said"):
+        said = f"; the server said: {str(ctx['server_said'])[:300]}"
     more = f" (and {len(blocked) - 1} more)" if len(blocked) > 1 else ""
     rule = DEFAULT_RULES.get(a["rule"])
     title = a["title"] or (rule.title if rule else a["rule"])
