@@ -258,3 +258,53 @@ def test_completed_message_counts_from_one_snapshot(engine, sim, prompts) -> Non
     assert r["status"] == "completed" and r["n_ok"] == 120
     assert r["status_message"].startswith("completed with 120 records failing field_mismatch"), r["status_message"]
     assert "all prompts processed: 120 ok" in r["status_message"], r["status_message"]
+
+
+def test_the_claim_gate_on_both_backends(any_engine, prompts) -> None:  # type: ignore[no-untyped-def]
+    """The gate itself, on SQLite and PostgreSQL: an open pausing alarm refuses every claim and pauses the run; a
+    snooze for N records lets exactly N through, read in the claim's own transaction; when it is over, the claim
+    pauses again if the check failed since the acknowledgement, and lets claims go on if it did not."""
+    from workerkit import create
+
+    from synthwatch.check_catalog import BIT
+
+    engine = any_engine
+    run_id = create(engine, make_config("http://127.0.0.1:9/v1", prompts(50)))
+    with engine.begin() as conn:
+        wid = store.register_worker(conn, run_id)
+        aid = conn.execute(text(
+            "INSERT INTO alarm (run_id, rule, severity, title, message, count, raised_at, updated_at, active,"
+            " auto_paused) VALUES (:r, 'field_mismatch', 'error', 'Reasoning is in a field this run does not read',"
+            " 'm', 1, :t, :t, true, true) RETURNING id"), {"r": run_id, "t": time.time()}).scalar_one()
+
+    def claim(n: int) -> tuple[int, str]:
+        with engine.connect() as conn, store.write_begin(conn):
+            store.lock_run(conn, run_id)
+            got, why = store.claim(conn, run_id, wid, n, 60)
+        return len(got), why
+
+    assert claim(10) == (0, "alarm")
+    assert run_row(engine, run_id)["desired"] == "pause"
+    assert "not acknowledged" in [e for e in events(engine, run_id) if e["action"] == "pause"][-1]["detail"]
+    with pytest.raises(store.AlarmOpen):
+        store.apply_control(engine, run_id, "resume")
+    out = store.apply_control(engine, run_id, "resume", ack_records=3)
+    assert out["acknowledged"][0]["id"] == aid and out["acknowledged"][0]["snooze_records"] == 3
+    assert claim(10) == (3, "snooze")
+    # nothing failed since the acknowledgement: the snooze became a plain acknowledgement, claims go on
+    assert run_row(engine, run_id)["desired"] == "run"
+    n, _ = claim(5)
+    assert n == 5
+    # a failing record finished after a second bounded acknowledgement: over, the run pauses again
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alarm SET acked_at = NULL WHERE id = :i"), {"i": aid})
+    store.apply_control(engine, run_id, "pause")
+    store.apply_control(engine, run_id, "resume", ack_records=2)
+    assert claim(10) == (2, "snooze")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE record SET status = 'ok', finished_at = :t, check_flags = :b WHERE id ="
+                          " (SELECT MIN(id) FROM record WHERE run_id = :r AND status = 'in_flight')"),
+                     {"t": time.time() + 1, "b": BIT["field_mismatch"], "r": run_id})
+    assert claim(10) == (0, "alarm")
+    a = alarms(engine, run_id)[0]
+    assert a["acked_at"] is None and a["snooze_records"] is None and run_row(engine, run_id)["desired"] == "pause"

@@ -1,7 +1,9 @@
 """A stateful property test of the pausing-alarm state (#26 item 7): random sequences of pause, resume (plain:
 refused while an alarm holds the run), acknowledge and resume for N records, fault injection on the server
-(it switches its reasoning field: every record then fails field_mismatch), a cap change, and a stop followed by
-a restart of the worker, with the real in-process worker against the simulator over a real SQLite file.
+(it switches its reasoning field: every record then fails field_mismatch), the fix (the reading set to what the
+server sends, a new config version), re-derive, re-run and undo of the field-mismatch records, a cap change, and
+an immediate stop followed by a restart of the worker, with the real in-process worker against the simulator over
+a real SQLite file.
 
 Invariants, checked after every step:
 - no claim while a pausing alarm is open and not snoozed: once a check saw an alarm holding the run, no record
@@ -11,12 +13,15 @@ Invariants, checked after every step:
 
 Examples and steps: the "ci" profile runs 3 examples of at most 8 steps (about a minute on one core); the
 "fuzz" profile (SYNTHWATCH_HYPOTHESIS_PROFILE=fuzz, `./dev fuzz`) takes its max_examples and 20 steps.
-Not covered yet: settings fixes, re-derive, re-run and undo as rules (they change alarms through recompute)."""
+Not covered: a kill -9 of a worker process (an immediate stop and a restart stand in for it here; the lease
+return after a kill -9 has tests of its own in test_worker.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -29,11 +34,19 @@ from test_checks_kit import writer_hooks
 from workerkit import Background, make_config, run_row, wait_for
 
 from synthwatch.quality.alarms import completion_message
+from synthwatch.repair.actions import RepairError, rederive_records, rerun_records, select
+from synthwatch.repair.history import list_repairs, undo
 from synthwatch.store import queue as store
+from synthwatch.store.versions import change_settings
 
 FUZZ = os.environ.get("SYNTHWATCH_HYPOTHESIS_PROFILE") == "fuzz"
 EXAMPLES = settings.default.max_examples if FUZZ else 3
 STEPS = 20 if FUZZ else 8
+
+
+def _sim_config(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/sim/config", timeout=5) as resp:
+        return resp.read().decode()
 
 
 def _gate(engine: Any, run_id: int) -> list[dict[str, Any]]:
@@ -88,6 +101,40 @@ class AlarmMachine(RuleBasedStateMachine):
         self.bg.join(30)
         self.bg = Background(self.engine, self.config, run_id=self.run_id,
                              hooks=lambda rid: writer_hooks(self.engine, rid, self.config)).start()
+
+    @rule()
+    def fix_reading(self) -> None:
+        """The person sets the reading to the field the server sends now (a new config version)."""
+        field = json.loads(_sim_config(self.url))["reasoning_field"]
+        change_settings(self.engine, self.run_id, {"reasoning.mode": field}, actor="test")
+
+    @rule()
+    def rederive(self) -> None:
+        try:
+            with self.engine.connect() as conn:
+                sel = select(conn, self.run_id, check="field_mismatch")
+            rederive_records(self.engine, self.run_id, sel, actor="test")
+        except RepairError:
+            pass  # nothing to re-derive: a clear refusal, not a fault
+
+    @rule()
+    def rerun(self) -> None:
+        try:
+            with self.engine.connect() as conn:
+                sel = select(conn, self.run_id, check="field_mismatch")
+            rerun_records(self.engine, self.run_id, sel, actor="test")
+        except RepairError:
+            pass
+
+    @rule()
+    def undo_last_repair(self) -> None:
+        with self.engine.connect() as conn:
+            done = [r for r in list_repairs(conn, self.run_id) if r["can_undo"]]
+        if done:
+            try:
+                undo(self.engine, self.run_id, done[0]["id"], actor="test")
+            except RepairError:
+                pass
 
     @rule()
     def let_it_run(self) -> None:
