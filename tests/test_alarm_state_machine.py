@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from sqlalchemy import text
 from test_alarms import patch_sim
 from test_checks_kit import writer_hooks
@@ -37,10 +37,10 @@ from synthwatch.quality.alarms import completion_message
 from synthwatch.repair.actions import RepairError, rederive_records, rerun_records, select
 from synthwatch.repair.history import list_repairs, undo
 from synthwatch.store import queue as store
-from synthwatch.store.versions import change_settings
+from synthwatch.store.versions import VersionError, change_settings
 
 FUZZ = os.environ.get("SYNTHWATCH_HYPOTHESIS_PROFILE") == "fuzz"
-EXAMPLES = settings.default.max_examples if FUZZ else 3
+EXAMPLES = settings.default.max_examples if FUZZ else 6
 STEPS = 20 if FUZZ else 8
 
 
@@ -59,11 +59,24 @@ class AlarmMachine(RuleBasedStateMachine):
     def __init__(self, engine: Any, url: str, dataset: Any, n: int) -> None:
         super().__init__()
         self.engine, self.url = engine, url
-        patch_sim(url, reasoning_field="reasoning")
-        self.config = make_config(url, dataset, concurrency=4, reasoning={"mode": "reasoning"}, name=f"sm-{n}")
-        self.bg = Background(engine, self.config, hooks=lambda rid: writer_hooks(engine, rid, self.config)).start()
-        self.run_id = self.bg.run_id
+        self.dataset, self.n = dataset, n
         self.held: tuple[frozenset[int], float] | None = None  # alarms seen holding the run, and when
+
+    @initialize(sends=st.sampled_from(["reasoning", "reasoning_content"]))
+    def start(self, sends: str) -> None:
+        """The run reads `reasoning`; the server sends that (healthy) or `reasoning_content` (a mismatch from the
+        first record)."""
+        patch_sim(self.url, reasoning_field=sends)
+        self.config = make_config(self.url, self.dataset, concurrency=4, reasoning={"mode": "reasoning"},
+                                  name=f"sm-{self.n}")
+        self.bg = Background(self.engine, self.config,
+                             hooks=lambda rid: writer_hooks(self.engine, rid, self.config)).start()
+        self.run_id = self.bg.run_id
+        self._registered()
+
+    def _registered(self) -> None:
+        # a control written before the worker registered would be overwritten by its start (desired = 'run')
+        wait_for(lambda: getattr(self.bg.worker, "writer", None) is not None, timeout_s=20, what="worker started")
 
     def _acked(self) -> None:
         self.held = None  # an acknowledgement (or a new worker's view of it) starts a new observation
@@ -85,6 +98,13 @@ class AlarmMachine(RuleBasedStateMachine):
         except store.AlarmOpen:
             assert _gate(self.engine, self.run_id), "refused without an alarm holding the run"
 
+    @rule()
+    def resume_behind_the_back(self) -> None:
+        """Any path that sets the run going without asking (an old client, a script): the claim must hold."""
+        with self.engine.begin() as conn:
+            conn.execute(text("UPDATE run SET desired = 'run' WHERE id = :r AND desired = 'pause'"),
+                         {"r": self.run_id})
+
     @rule(n=st.integers(1, 30))
     def ack_and_resume(self, n: int) -> None:
         store.apply_control(self.engine, self.run_id, "resume", actor="test", ack_records=n)
@@ -101,12 +121,16 @@ class AlarmMachine(RuleBasedStateMachine):
         self.bg.join(30)
         self.bg = Background(self.engine, self.config, run_id=self.run_id,
                              hooks=lambda rid: writer_hooks(self.engine, rid, self.config)).start()
+        self._registered()
 
     @rule()
     def fix_reading(self) -> None:
         """The person sets the reading to the field the server sends now (a new config version)."""
         field = json.loads(_sim_config(self.url))["reasoning_field"]
-        change_settings(self.engine, self.run_id, {"reasoning.mode": field}, actor="test")
+        try:
+            change_settings(self.engine, self.run_id, {"reasoning.mode": field}, actor="test")
+        except VersionError:
+            pass  # it reads that field already: a clear refusal
 
     @rule()
     def rederive(self) -> None:
@@ -182,7 +206,10 @@ class AlarmMachine(RuleBasedStateMachine):
         assert row["n_pending"] + row["n_in_flight"] == got["pending"] + got["in_flight"], (row, got)
 
     def teardown(self) -> None:
-        store.apply_control(self.engine, self.run_id, "stop_now", actor="test")
+        if not hasattr(self, "bg"):
+            return
+        self.bg.worker.local_stop = "stop_now"
+        self.bg.worker._wake.set()
         self.bg.join(30)
 
 
