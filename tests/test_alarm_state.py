@@ -308,3 +308,24 @@ def test_the_claim_gate_on_both_backends(any_engine, prompts) -> None:  # type: 
     assert claim(10) == (0, "alarm")
     a = alarms(engine, run_id)[0]
     assert a["acked_at"] is None and a["snooze_records"] is None and run_row(engine, run_id)["desired"] == "pause"
+
+
+@pytest.mark.parametrize(("ctx", "says", "never"), [
+    ({"fields": ["reasoning"], "mode": "reasoning_content"}, 'Set reasoning.mode = "reasoning" (or "auto")', None),
+    # after `fix --reasoning-mode reasoning`, before the re-derive: the fix left is the re-derive
+    ({"fields": ["reasoning"], "mode": "reasoning_content", "current_mode": "reasoning"},
+     "The reading setting is fixed: re-derive", 'Set reasoning.mode = "reasoning"'),
+    # a repair's reload lost what the run read when the records were made (after `repairs --undo`)
+    ({"fields": ["reasoning"], "current_mode": "reasoning"}, "it reads `reasoning` now", "reads `auto`"),
+    ({"fields": ["reasoning"], "current_mode": "auto"}, "The reading setting is fixed", 'Set reasoning.mode = "auto"'),
+    ({"current_mode": "auto"}, "Open the example record", 'Set reasoning.mode = "auto"'),
+])
+def test_the_proposed_fix_is_never_the_current_value(ctx: dict[str, Any], says: str, never: str | None) -> None:
+    from synthwatch.check_catalog import DEFAULT_RULES
+    from synthwatch.quality.alarm_text import describe
+
+    msg, fix = describe(DEFAULT_RULES["field_mismatch"], 3, 4, 3, 4, ctx)
+    assert says in msg + " " + fix, (msg, fix)
+    assert "auto (or" not in fix and '"auto" (or "auto")' not in fix
+    if never:
+        assert never not in msg + " " + fix, (msg, fix)

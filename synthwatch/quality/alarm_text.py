@@ -91,19 +91,25 @@ def describe(rule: Rule, fail: int, total: int, run_fail: int, run_total: int, c
     if name == "field_mismatch":
         fields = sorted(ctx.get("fields") or [])
         where = _fields_text(fields)
-        now = ctx.get("current_mode") or mode
+        made = ctx.get("mode")  # what the run read when these records were made (unknown after a repair's reload)
+        now = ctx.get("current_mode") or made or "auto"
+        mode = made or ("another field" if fields and (now == "auto" or now in fields) else now)
         rederive = ("re-derive the affected records: their reasoning is in the raw unread field, so no new request "
                     "is needed (`synthwatch rederive RUN --check field_mismatch`).")
-        if now != mode and (now == "auto" or now in fields):
+        if fields and now != mode and (now == "auto" or now in fields):
             # the settings were fixed after these records were made: the fix left is the re-derive, never
             # "set the mode to what it already is"
+            was = _reads(mode) if made else mode
             msg = (f"The endpoint sent reasoning in {where}, which this run did not read when {share}{whole} were "
-                   f"made (it read {_reads(mode)}); it reads {_reads(now)} now.")
+                   f"made (it read {was}); it reads {_reads(now)} now.")
             return msg, "The reading setting is fixed: " + rederive
         msg = (f"The endpoint sends reasoning in {where}; this run reads {_reads(now)}. {share}{whole} have it "
                "there (so their stored reasoning is empty).")
         targets = [f for f in fields if f != now] or ["auto"]
         target = targets[0]
+        if target == now:  # no evidence of the field: never propose the value the run already has
+            return msg, ("Open the example record to see which raw field holds the reasoning, set reasoning.mode to "
+                         "it (Settings & repairs, or `synthwatch fix RUN --reasoning-mode FIELD`), then " + rederive)
         other = "" if target == "auto" or now == "auto" else " (or \"auto\")"
         fix = (f"Set reasoning.mode = \"{target}\"{other}: Settings & repairs, or `synthwatch fix RUN "
                f"--reasoning-mode {target}`. Then " + rederive)

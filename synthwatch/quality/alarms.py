@@ -168,6 +168,8 @@ class AlarmKeeper:
                     ctx["server_said"] = said
             # without the evidence (a reload after a settings change or a repair dropped the latest details) a
             # field mismatch keeps the words it has: describing it from nothing proposed "auto (or auto)"
+            if name == "field_mismatch" and not ctx.get("fields") and example is not None:
+                ctx = {"fields": self._example_fields(conn, example)} if cur is None else ctx
             keep = name == "field_mismatch" and not ctx.get("fields")
             message, fix = describe(rule, fail, total, n_fail, n_total, ctx)
             ev = None if keep else orjson.dumps(
@@ -246,6 +248,17 @@ class AlarmKeeper:
             if not cur.bounded and new_fail[name] > cur.acked_at:
                 return True
         return False
+
+    def _example_fields(self, conn: Connection, record_id: int) -> list[str]:
+        """The fields a field mismatch found in its example record (the evidence, when a repair's reload has none)."""
+        row = conn.execute(text("SELECT check_json FROM record WHERE id = :i"), {"i": record_id}).first()
+        try:
+            det = orjson.loads(row[0]) if row is not None and row[0] else {}
+        except orjson.JSONDecodeError:
+            return []
+        fm = det.get("field_mismatch") if isinstance(det, dict) else None
+        fields = fm.get("fields") if isinstance(fm, dict) else None
+        return sorted(str(f) for f in fields) if isinstance(fields, list) else []
 
     def _server_said(self, conn: Connection, name: str) -> str:
         """The latest final failure's own text (HTTP status and the server's message), redacted and bounded."""
