@@ -241,7 +241,11 @@ class RecordChecker:
         if self.tags and c and any(t[0] in c and t in c for t in self.tags):
             failed |= BIT["think_tags_in_content"]
             det["think_tags_in_content"] = {"tags": [t for t in self.tags if t in c]}
-        unread = {k: len(t) for k, t in v.unread_fields.items() if isinstance(t, str) and t.strip()}
+        # A mismatch is reasoning the run did not store: a record whose read field holds reasoning never counts,
+        # whatever else the response carries (a `</think>` the model sampled in its content, OpenRouter's
+        # reasoning_details summary next to its reasoning). The alarm's advice (read `inline`, read another
+        # field) would corrupt such a run.
+        unread = {k: len(t) for k, t in v.unread_fields.items() if isinstance(t, str) and t.strip()} if r_empty else {}
         if unread:
             failed |= BIT["field_mismatch"]
             det["field_mismatch"] = {"fields": sorted(unread), "chars": unread, "mode": self.ctx.mode}
