@@ -209,8 +209,10 @@ def looks_inline(content: str, source: str, think_open: str, think_close: str) -
 
     A content that starts with the opening tag (``source == "inline"``) is inline reasoning. Without the
     opening tag (``inline-no-open``: a template that prefilled it), the closing tag must be a delimiter:
-    not quoted (a backtick, a quote or a bracket right before or after it) and not preceded by an opening
-    tag further in (``wrap it in <think> ... </think>`` is prose about tags).
+    not quoted (a backtick, a quote or a bracket right before or after it), not a word between spaces in a
+    sentence, and not preceded by an opening tag further in (``wrap it in <think> ... </think>`` is prose
+    about tags). Models close their reasoning with ``</think>`` at a line break or right after the last
+    word (``...so 42.</think>The answer``), which all count.
     """
     if source == "inline":
         return True
@@ -224,6 +226,8 @@ def looks_inline(content: str, source: str, think_open: str, think_close: str) -
     before = content[i - 1]
     j = i + len(think_close)
     after = content[j] if j < len(content) else ""
+    if before in (" ", "\t") and after in (" ", "\t"):  # a word in a sentence ("until it emits </think> and then")
+        return False
     return before not in _QUOTE_BEFORE and after not in _QUOTE_AFTER
 
 

@@ -221,6 +221,8 @@ class RecordChecker:
         # what `not x.strip()` says, without copying a long text that ends in a newline
         r_empty, c_empty = not r or r.isspace(), not c or c.isspace()
         truncated = v.finish_reason == "length"
+        # an answer that is a tool call has no content by design (vLLM: content null, finish_reason tool_calls)
+        tool_call = v.finish_reason == "tool_calls"
         ct = v.completion_tokens
         if self.ctx.expects:
             applied |= BIT["empty_reasoning"]
@@ -228,9 +230,9 @@ class RecordChecker:
                 failed |= BIT["empty_reasoning"]
         applied |= BIT["empty_content"] | BIT["both_empty_with_tokens"] | BIT["truncated"] | BIT[
             "truncated_in_reasoning"] | BIT["think_tags_in_content"] | BIT["field_mismatch"] | BIT["repetition"]
-        if c_empty and not truncated:
+        if c_empty and not truncated and not tool_call:
             failed |= BIT["empty_content"]
-        if r_empty and c_empty and ct:
+        if r_empty and c_empty and ct and not tool_call:
             failed |= BIT["both_empty_with_tokens"]
             det["both_empty_with_tokens"] = {"completion_tokens": ct}
         if truncated:
