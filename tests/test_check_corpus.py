@@ -138,10 +138,10 @@ def _checked(mode: str, message: dict[str, Any], stream_pieces: int | None) -> t
         acc.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
         ex = acc.result()
 
-    class O:
-        record_id, idx, status, extracted, messages, endpoint = 1, 0, "ok", ex, None, None
+    from types import SimpleNamespace
 
-    view = view_from_outcome(O())
+    view = view_from_outcome(SimpleNamespace(record_id=1, idx=0, status="ok", extracted=ex, messages=None,
+                                             endpoint=None))
     _a, failed, _d = RecordChecker(ctx).check(view)
     return view.reasoning, {n for n in CHECK_NAMES if failed & BIT[n]}
 

@@ -311,7 +311,7 @@ def build() -> Corpus:  # noqa: PLR0915  (one scenario after the other reads bes
         c.add(a, "looping-content", "the answer degenerates into one sentence repeated", ["repetition"],
               response=completion({"content": loop_ans, "reasoning": r}, completion_tokens=est_tokens(r, loop_ans),
                                   reasoning_tokens=0), question=q)
-    for i, (q, ans) in enumerate([
+    for q, ans in ([
         ("Write the word 'hello' 120 times separated by spaces.", "hello " * 120),
         ("Print a row of 100 asterisk-space pairs.", "* " * 100 + "\n" + "* " * 100),
         ("Give me a 12-line table of zeros with five columns, markdown.",
@@ -406,22 +406,22 @@ def build() -> Corpus:  # noqa: PLR0915  (one scenario after the other reads bes
     # ---- D: a model that may skip its reasoning (reasoning.expect = false), mode `reasoning`
     d = c.run("may-skip-reasoning", mode="reasoning", expect=False,
               story="a hybrid model that answers short prompts without reasoning; reasoning.expect = false")
-    for i, (q, ans) in enumerate(SHORT):
+    for q, ans in SHORT:
         c.add(d, "short-answer-no-reasoning", "a short answer without reasoning, which this model may do", [],
               response=completion({"content": ans, "reasoning": None}, completion_tokens=est_tokens(ans)),
               question=q)
-    for i, prose in enumerate(TAG_PROSE_QUOTED):
+    for prose in TAG_PROSE_QUOTED:
         c.add(d, "answer-quotes-close-tag",
               "no reasoning; the answer quotes `</think>` in prose (a question about reasoning models)",
               ["think_tags_in_content"],
               response=completion({"content": prose, "reasoning": None}, completion_tokens=est_tokens(prose)),
               question="How do I separate a reasoning model's thoughts from its answer?")
-    for i, prose in enumerate(TAG_PROSE_PAIRED):
+    for prose in TAG_PROSE_PAIRED:
         c.add(d, "answer-names-both-tags", "no reasoning; the answer names both tags in prose",
               ["think_tags_in_content"],
               response=completion({"content": prose, "reasoning": None}, completion_tokens=est_tokens(prose)),
               question="What format do reasoning traces use?")
-    for i, prose in enumerate(TAG_PROSE_BARE):
+    for prose in TAG_PROSE_BARE:
         c.add(d, "answer-mentions-close-tag-bare",
               "no reasoning; the answer mentions `</think>` mid-sentence, unquoted", ["think_tags_in_content"],
               response=completion({"content": prose, "reasoning": None}, completion_tokens=est_tokens(prose)),
