@@ -163,3 +163,31 @@ def test_specforge_warns_and_counts_truncated_rows_its_template_closes(engine, s
                  timeout_s=60, what="the export to finish")
         page = client.get(f"/runs/{run_id}/exports/{job_id}").text
         assert "data-export-warning" in page and "the model did not write" in page
+
+
+def test_the_token_view_puts_the_same_tokens_under_loss(engine, sim, prompts, lt) -> None:  # type: ignore[no-untyped-def]
+    """The record's token view (tokens/render.py) follows the same rule as the export: a truncated record's
+    assistant span ends at the model's last word, and a reply that stopped inside its reasoning is flagged."""
+    from synthwatch.tokens.render import render_record
+
+    run_id = sim_run(engine, sim, prompts, 16, DEEPSEEK_V4, sampling={"max_tokens": 70}, unclosed_reasoning=0.4,
+                     reasoning_tokens="20-60", content_tokens="10-40")
+    seen = {"length": 0, "unclosed": 0}
+    for s in server_ids(engine, run_id).values():
+        r = s["record"]
+        msgs = orjson.loads(r["prompt_json"])
+        view = render_record(lt, msgs, r["reasoning"] or "", r["content"] or "", finish_reason=r["finish_reason"],
+                             server_completion_ids=s["completion"])
+        completion = view.input_ids[view.prompt_len:]
+        assert view.loss_mask == [0] * view.prompt_len + [1] * len(completion)
+        codes = {w.code for w in view.warnings}
+        if r["finish_reason"] == "length":
+            seen["length"] += 1
+            assert specials(lt, completion) == specials(lt, s["completion"])
+            assert lt.decode(completion).rstrip() == lt.decode(s["completion"]).lstrip("\n").rstrip()
+        elif not r["content"]:
+            seen["unclosed"] += 1
+            assert "unwritten_close" in codes and END_THINK not in s["completion"]
+        else:
+            assert "unwritten_close" not in codes and completion[-1] == EOS
+    assert seen["length"] and seen["unclosed"]

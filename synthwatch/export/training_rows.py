@@ -38,7 +38,6 @@ R_DROPS_REASONING = "template_drops_reasoning"
 R_NOT_PREFIX = "prompt_not_prefix"
 R_NOT_CLOSED = "reasoning_not_closed"
 R_TAIL = "template_tail_not_found"
-_MAX_TEMPLATE_TAIL = 8  # the tokens a chat template writes after the answer: end of turn, a newline or two
 
 
 class Unusable(Exception):
@@ -133,16 +132,12 @@ def retokenized_row(
 
 
 def _cut_after(lt: LoadedTokenizer, ids: list[int], text: str) -> list[int]:
-    """``ids`` up to the end of ``text`` (the model's last words): the chat template's closing tokens after it
-    (``</think>``, end of turn, newlines) dropped. The largest cut whose decoded text ends with ``text`` (exactly,
-    else ignoring trailing whitespace the template may strip)."""
-    for exact in (True, False):
-        want = text if exact else text.rstrip()
-        for k in range(len(ids), max(len(ids) - _MAX_TEMPLATE_TAIL, 0) - 1, -1):
-            got = lt.decode(ids[:k])
-            if (got if exact else got.rstrip()).endswith(want):
-                return ids[:k]
-    raise Unusable(R_TAIL, "the end of the model's text was not found among the template's last tokens")
+    from ..tokens.render import cut_after_text
+
+    cut = cut_after_text(lt, ids, text)
+    if cut is None:
+        raise Unusable(R_TAIL, "the end of the model's text was not found among the template's last tokens")
+    return cut
 
 
 def _as_generated(
