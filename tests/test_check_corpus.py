@@ -94,7 +94,6 @@ def test_the_docs_table_is_the_corpus_result(results) -> None:  # type: ignore[n
         "docs/checks.md is out of date: run .venv/bin/python -m tests.check_corpus --write-docs")
 
 
-@pytest.mark.slow
 def test_the_generator_writes_the_checked_in_corpus() -> None:
     import importlib.util
 
@@ -175,7 +174,6 @@ def test_property_reasoning_left_inline_with_an_empty_read_field_is_a_mismatch(m
 ECHOED = "The total is 12 apples.</think>\n\nThe total is 12 apples."
 
 
-@pytest.mark.slow
 def test_a_model_sampling_close_tags_does_not_pause_a_healthy_run(engine, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Issue #26's reproduction through the real worker and the simulator: vLLM >= 0.16 (`reasoning` field), the
     run reads `reasoning`, and every answer holds a `</think>` the model sampled (the simulator echoes `ECHO:` prompts

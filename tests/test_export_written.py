@@ -127,6 +127,7 @@ def test_retokenized_truncated_rows_end_where_the_model_stopped(engine, sim, pro
             assert row["input_ids"][-1] != EOS
 
 
+@pytest.mark.slow  # a CLI subprocess and a dashboard
 def test_specforge_warns_and_counts_truncated_rows_its_template_closes(engine, sim, prompts, tmp_path, db_path,
                                                                       live_app) -> None:  # type: ignore[no-untyped-def]
     """Issue #26: `--for specforge --no-default-exclusions` wrote truncated rows that SpecForge's template closes with
