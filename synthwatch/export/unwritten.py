@@ -26,6 +26,10 @@ def added_by_template(rec: Mapping[str, Any], think_close: str, think_inline: bo
     """Which tokens a trainer's template adds to this exported row that the model did not write."""
     from .tokens import shown_by
 
+    truncated = rec.get("finish_reason") == "length"
+    in_reasoning = bool((rec.get("reasoning") or "").strip()) and not rec.get("content")
+    if not truncated and not in_reasoning:  # the usual row: nothing to parse
+        return []
     shown = shown_by(rec, think_close)
     out = []
     if not shown.eos and rec.get("finish_reason") == "length":
