@@ -192,3 +192,27 @@ def test_the_token_view_puts_the_same_tokens_under_loss(engine, sim, prompts, lt
         else:
             assert "unwritten_close" not in codes and completion[-1] == EOS
     assert seen["length"] and seen["unclosed"]
+
+
+def test_a_stop_string_is_no_eos(engine, sim, prompts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """finish_reason "stop" because a stop string matched (vLLM's stop_reason names it): the model wrote no EOS, and
+    the re-tokenized row has none either; a reply that stopped by itself keeps its EOS."""
+    run_id = sim_run(engine, sim, prompts, 12, str(R1_TEMPLATE), sampling={"stop": ["**"]})
+    server = server_ids(engine, run_id)
+    by_string = {k for k, s in server.items()
+                 if orjson.loads(s["record"]["extra_json"] or "{}").get("choice", {}).get("stop_reason")}
+    assert len(by_string) >= 6
+    assert all(server[k]["completion"][-1] != EOS and server[k]["record"]["finish_reason"] == "stop" for k in by_string)
+    r1 = load_tokenizer(TokenizerSpec(DEEPSEEK_V4, chat_template=str(R1_TEMPLATE)))
+    out = tmp_path / "spec.jsonl"
+    export_run(engine, run_id, ExportOptions(format="speculators", out=out, retokenize=True))
+    rows = read_jsonl(out)
+    assert len(rows) == 12
+    for row in rows:
+        # (the text is not compared: the simulator's ids keep the whole token a stop string starts in, while the
+        # text stops before the string)
+        ids, mask, s = row["input_ids"], row["loss_mask"], server[row["primary_id"]]
+        n = mask.index(1)
+        assert mask == [0] * n + [1] * (len(ids) - n)
+        assert specials(r1, ids[n:]) == specials(r1, s["completion"])
+        assert (ids[-1] == EOS) == (row["primary_id"] not in by_string)
