@@ -11,6 +11,8 @@ import httpx
 import orjson
 import pytest
 from conftest import ROOT
+from hypothesis import given
+from hypothesis import strategies as st
 from test_export import read_jsonl, read_manifest
 from workerkit import make_config, records, run_to_end, wait_for
 
@@ -216,3 +218,33 @@ def test_a_stop_string_is_no_eos(engine, sim, prompts, tmp_path) -> None:  # typ
         assert mask == [0] * n + [1] * (len(ids) - n)
         assert specials(r1, ids[n:]) == specials(r1, s["completion"])
         assert (ids[-1] == EOS) == (row["primary_id"] not in by_string)
+
+
+WORDS = st.text(alphabet=st.sampled_from(list("abcdefghij KLMN.,;:!?\n*-_0123456789")), max_size=40)
+
+
+@given(reasoning=WORDS, content=WORDS, finish=st.sampled_from(["stop", "length", None]),
+       stop_string=st.booleans(), as_generated=st.booleans())
+def test_property_close_tag_and_eos_only_where_the_record_shows_them(lt, reasoning, content, finish, stop_string,
+                                                                      as_generated) -> None:  # type: ignore[no-untyped-def]
+    """Any reply the deepseek-v4 template renders (it prefills `<think>`): the row's completion holds a `</think>`
+    only when an answer follows the reasoning, and an EOS only when the model stopped by itself."""
+    from synthwatch.export.training_rows import Unusable, retokenized_row, written
+
+    shown = written(content, finish, stop_reason="*" if stop_string else None)
+    msgs = [{"role": "user", "content": "Explain it."}]
+    try:
+        row = retokenized_row(lt, msgs, reasoning, content, as_generated=as_generated, finish_reason=finish,
+                              shown=shown)
+    except Unusable as exc:
+        if exc.reason == "nothing_written":  # no text, no EOS: nothing to train
+            assert not (reasoning + content).strip() and not shown.eos
+        else:
+            assert exc.reason == "reasoning_not_closed" and not as_generated and not content and shown.eos
+        return
+    completion = row.completion_ids
+    assert row.loss_mask == [0] * len(row.prompt_ids) + [1] * len(completion)
+    assert (EOS in completion) == shown.eos
+    if EOS in completion:
+        assert completion.index(EOS) == len(completion) - 1
+    assert completion.count(END_THINK) == (1 if content else 0)

@@ -38,6 +38,7 @@ R_DROPS_REASONING = "template_drops_reasoning"
 R_NOT_PREFIX = "prompt_not_prefix"
 R_NOT_CLOSED = "reasoning_not_closed"
 R_TAIL = "template_tail_not_found"
+R_NOTHING = "nothing_written"
 
 
 class Unusable(Exception):
@@ -98,15 +99,23 @@ def retokenized_row(
     reasoning = reasoning or ""
     content = content or ""
     w = shown or written(content, finish_reason, think_close=lt.spec.think_close)
-    if as_generated:
-        return _as_generated(lt, messages, reasoning, content, w)
+    row = _as_generated(lt, messages, reasoning, content, w) if as_generated else _rendered(
+        lt, messages, reasoning, content, w)
+    if not row.completion_ids:
+        raise Unusable(R_NOTHING, "the model wrote nothing the row could train (no text, no end of turn)")
+    return row
+
+
+def _rendered(
+    lt: LoadedTokenizer, messages: list[dict[str, Any]] | dict[str, Any], reasoning: str, content: str, w: Written
+) -> TrainingRow:
     from ..tokens.render import assemble
 
-    if reasoning.strip() and not w.closed and w.eos:
+    if not w.closed and w.eos:
         raise Unusable(
             R_NOT_CLOSED,
-            "the model stopped without closing its reasoning (as far as the stored text shows): the chat template "
-            f"would put a {lt.spec.think_close!r} it never wrote under loss",
+            "the model stopped without an answer after its reasoning (as far as the stored text shows): the chat "
+            f"template would put a {lt.spec.think_close!r} it never wrote under loss",
         )
     asm = assemble(lt, messages, reasoning, content)
     wanted = reasoning.strip()
@@ -127,7 +136,11 @@ def retokenized_row(
     completion = asm.completion_ids
     if not w.eos:
         # Cut by max_tokens (or a stop string): the model wrote no end of turn, and with no answer no closing tag.
-        completion = _cut_after(lt, completion, content if w.closed else reasoning)
+        if w.closed and not content.strip() and lt.think_close_id in completion:
+            # an answer of whitespace only (which a template may strip): the row ends with the closing tag
+            completion = completion[: len(completion) - completion[::-1].index(lt.think_close_id)]
+        else:
+            completion = _cut_after(lt, completion, content if w.closed else reasoning)
     return TrainingRow(asm.prompt_ids, completion)
 
 

@@ -195,6 +195,8 @@ def cut_after_text(lt: LoadedTokenizer, ids: list[int], text: str) -> list[int] 
     """``ids`` up to the end of ``text`` (the model's last words), the chat template's closing tokens after it
     (``</think>``, end of turn, newlines) dropped: the largest cut whose decoded text ends with ``text`` (exactly,
     else ignoring trailing whitespace the template may strip). None when the text is not found there."""
+    if not text.strip():
+        return []  # the model wrote nothing the template renders
     for exact in (True, False):
         want = text if exact else text.rstrip()
         for k in range(len(ids), max(len(ids) - MAX_TEMPLATE_TAIL, 0) - 1, -1):
