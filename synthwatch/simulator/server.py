@@ -120,6 +120,7 @@ class Simulator:
                                    config.max_model_len)
         else:  # counters and the queue carry on: a server whose settings changed is still the same server
             view.capacity, view.version = config.capacity, config.server_version
+        self.view.kv_max_concurrency = config.kv_max_concurrency or config.capacity
 
     def update_config(self, **changes: Any) -> SimConfig:
         """Change config fields at run time (what ``PATCH /sim/config`` does)."""
@@ -408,7 +409,7 @@ class Simulator:
             return
         conn.respond(200, payload, req.keep_alive)
         self.view.observe(prompt_tokens=reply.prompt_tokens, completion_tokens=self._tokens(reply)[1], queued_s=0.0,
-                          ttft_s=0.0, e2e_s=0.0)
+                          ttft_s=0.0, e2e_s=0.0, finish=reply.finish)
         self._finished()
 
     def _send_stream(
@@ -425,6 +426,7 @@ class Simulator:
             conn.write(b"%s%x\r\n%s\r\n0\r\n\r\n" % (head, len(body), body))
             if not keep_alive:
                 conn.close()
+            self._observe_unpaced(reply)
             self._finished()
             return
         chunks = _StreamChunks(prefix, parts, reply.chat.include_usage)
@@ -434,18 +436,25 @@ class Simulator:
             if cfg.rate_preempt and self._preempt_rng.random() < cfg.rate_preempt:
                 chunks.preempt_at = len(chunks) // 2
             conn.start_task(self._paced_stream(conn, head, chunks, stall_at, drop_at, chunked, keep_alive,
-                                               self._tokens(reply)))
+                                               self._tokens(reply), reply.finish))
             return
         if drop_at >= 0:
             conn.write(head + _frame(chunks.join(0, drop_at), chunked))
             conn.close()
+            self._observe_unpaced(reply, finish="abort")
         else:
             conn.write(
                 head + _frame(chunks.join(0, len(chunks)), chunked) + (b"0\r\n\r\n" if chunked else b"")
             )
             if not keep_alive:
                 conn.close()
+            self._observe_unpaced(reply)
         self._finished()
+
+    def _observe_unpaced(self, reply: _Reply, finish: str | None = None) -> None:
+        """/metrics counts a reply sent at once like any other (it had no queue and no time to first token)."""
+        self.view.observe(prompt_tokens=reply.prompt_tokens, completion_tokens=self._tokens(reply)[1], queued_s=0.0,
+                          ttft_s=0.0, e2e_s=0.0, finish=finish or reply.finish)
 
     def _stream_parts(self, reply: _Reply) -> list[bytes]:
         """The stream's SSE events without their common ``data: {"id":…,"model":…,`` prefix.
@@ -532,19 +541,24 @@ class Simulator:
         chunked: bool,
         keep_alive: bool,
         tokens: tuple[int, int] = (0, 0),
+        finish: str = "stop",
     ) -> None:
         """Send one chunk per token at tokens_per_s after ttft_ms; one task per stream, not per token."""
         loop = asyncio.get_running_loop()
         cfg = self.config
-        interval = 1.0 / cfg.tokens_per_s if cfg.tokens_per_s > 0 else 0.0
         end = drop_at if drop_at >= 0 else len(chunks)
         t0 = time.monotonic()
         try:
             conn.write(head)
             async with self.view.slot() as queued:
+                tps = cfg.tokens_per_s
+                if tps > 0 and cfg.batch_slowdown > 0:  # a bigger batch makes every token slower
+                    tps /= 1 + self.view.running / cfg.batch_slowdown
+                interval = 1.0 / tps if tps > 0 else 0.0
                 await self._paced_body(conn, chunks, stall_at, drop_at, chunked, keep_alive, loop, interval, end)
             self.view.observe(prompt_tokens=tokens[0], completion_tokens=tokens[1], queued_s=queued,
-                              ttft_s=queued + cfg.ttft_ms / 1000, e2e_s=time.monotonic() - t0)
+                              ttft_s=queued + cfg.ttft_ms / 1000, e2e_s=time.monotonic() - t0,
+                              finish="abort" if drop_at >= 0 or conn.closed else finish)
         finally:
             self._finished()
 
