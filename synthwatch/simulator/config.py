@@ -35,7 +35,7 @@ THINK_OPEN_ID = 128821
 THINK_CLOSE_ID = 128822
 EOS_ID = 1
 """``<｜end▁of▁sentence｜>`` of the DeepSeek-V4 tokenizer: the last completion id of a reply that stopped."""
-_PARSER_MODES = ("reasoning", "reasoning_content", "both")
+PARSER_MODES = ("reasoning", "reasoning_content", "both")
 
 
 # --------------------------------------------------------------------------------------------
