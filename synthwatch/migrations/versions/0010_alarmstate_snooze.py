@@ -1,7 +1,7 @@
 """an alarm's snooze and its evidence (#26)
 
-Revision ID: 0009_alarmstate_snooze
-Revises: 0008_turns
+Revision ID: 0010_alarmstate_snooze
+Revises: 0009_server_numbers
 Create Date: 2026-12-02 04:30:00
 
 - alarm.snooze_until: an acknowledgement "for M minutes" ends at this time (NULL: no time bound);
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0009_alarmstate_snooze"
-down_revision: str | None = "0008_turns"
+revision: str = "0010_alarmstate_snooze"
+down_revision: str | None = "0009_server_numbers"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
