@@ -11,7 +11,7 @@ Invariants, checked after every step:
 - a run never reaches ``completed`` without naming every open data-quality alarm in its status message;
 - the run's counters (what the status line prints) equal the records in the database.
 
-Examples and steps: the "ci" profile runs 3 examples of at most 8 steps (about a minute on one core); the
+Examples and steps: the "ci" profile runs 6 examples of at most 8 steps (10-60 s here on one shared core); the
 "fuzz" profile (SYNTHWATCH_HYPOTHESIS_PROFILE=fuzz, `./dev fuzz`) takes its max_examples and 20 steps.
 Not covered: a kill -9 of a worker process (an immediate stop and a restart stand in for it here; the lease
 return after a kill -9 has tests of its own in test_worker.py)."""
