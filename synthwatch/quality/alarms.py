@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride
 from ..store import queue as store
+from ..store.dashboards import dashboard_url
 
 log = logging.getLogger("synthwatch.alarms")
 
@@ -175,6 +176,7 @@ class AlarmKeeper:
         self.run_name = run_name
         self.notifier = notifier
         self.dashboard_url = dashboard_url.rstrip("/")
+        self.found_url = ""  # without a configured base: the running dashboard's (store.dashboards), at refresh
         self.active: dict[str, ActiveAlarm] = {}
         self.no_pause: set[str] = set()  # checks whose auto-pause a person turned off (pause_override)
         self.loaded = False
@@ -188,6 +190,7 @@ class AlarmKeeper:
         ):
             self.active[rule] = ActiveAlarm(aid, count, bool(paused), msg, acked)
         self.no_pause = active_overrides(conn, self.run_id)
+        self.found_url = "" if self.dashboard_url else (dashboard_url(conn) or "")
         self.loaded = True
 
     def refresh(self, conn: Connection) -> None:
@@ -197,6 +200,7 @@ class AlarmKeeper:
         for cur in self.active.values():
             cur.acked_at = acked.get(cur.id, cur.acked_at)
         self.no_pause = active_overrides(conn, self.run_id)
+        self.found_url = "" if self.dashboard_url else (dashboard_url(conn) or "")
 
     def evaluate(
         self,
@@ -307,7 +311,8 @@ class AlarmKeeper:
 
     def _notify(self, event: str, rule: Rule, alarm_id: int, message: str, fix: str, fail: int, total: int,
                 n_fail: int, n_total: int, example: int | None) -> None:
-        link = f"{self.dashboard_url}/runs/{self.run_id}" if self.dashboard_url else f"/runs/{self.run_id}"
+        base = self.dashboard_url or self.found_url
+        link = f"{base}/runs/{self.run_id}" if base else f"/runs/{self.run_id}"
         payload = {
             "event": event,
             "run": {"id": self.run_id, "name": self.run_name},

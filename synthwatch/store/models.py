@@ -425,3 +425,15 @@ class ServerMetric(SQLModel, table=True):
     ttft_p50_s: float | None = None
     ttft_p95_s: float | None = None
     error: str | None = Field(default=None, sa_column=_text())
+
+
+class Dashboard(SQLModel, table=True):
+    """A running dashboard's address (synthwatch.store.dashboards): the CLI's links point at it."""
+
+    __tablename__ = "dashboard"
+
+    id: int | None = Field(default=None, primary_key=True)
+    url: str = Field(sa_column=_text(False))
+    host: str
+    pid: int
+    started_at: float
