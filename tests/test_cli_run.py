@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cli_env, kill_9_repeatedly, popen_cli, run_cli
+from conftest import HTTP_TIMEOUT_S, cli_env, kill_9_repeatedly, popen_cli, run_cli, wait_http_ready
 from sqlalchemy import text
 from workerkit import answer_ok, counts, records, run_row, wait_for
 
@@ -188,16 +188,9 @@ def test_dashboard_restart_mid_run_leaves_the_run_unaffected(tmp_path, sim, prom
     def serve_once() -> None:
         web = popen_cli("serve", "--db", str(db), "--port", str(port))
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    r = httpx.get(f"http://127.0.0.1:{port}/api/runs", timeout=2)
-                    if r.status_code == 200 and "web-restart" in r.text:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline and web.poll() is None, "dashboard did not come up"
-                time.sleep(0.2)
+            wait_http_ready(f"http://127.0.0.1:{port}", web)
+            wait_for(lambda: "web-restart" in httpx.get(f"http://127.0.0.1:{port}/api/runs",
+                                                        timeout=HTTP_TIMEOUT_S).text, 60, what="the run listed")
         finally:
             web.kill()  # an abrupt end, as a crash would be
             web.wait()
