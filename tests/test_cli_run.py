@@ -74,7 +74,7 @@ def test_malformed_dataset_lines_are_reported_with_file_and_line(tmp_path) -> No
         '{"question": "no known field"}\n'  # line 4
     )
     proc = run_cli("run", "--dataset", str(data), "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
-                   "--db", str(tmp_path / "x.db"))
+                   "--db", str(tmp_path / "x.db"), "--no-preflight")  # (no endpoint: the dataset is the subject)
     assert proc.returncode == 2
     assert f"{data}:2:" in proc.stderr and f"{data}:4:" in proc.stderr
     assert "Traceback" not in proc.stderr
