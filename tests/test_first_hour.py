@@ -257,12 +257,14 @@ def test_exit_on_pause_exits_4_and_leaves_the_run_paused(tmp_path: Path, sim: An
                    str(db), "--name", "story", "--reasoning-mode", "reasoning_content", "--concurrency", "4",
                    "--exit-on-pause", timeout=180)
     assert proc.returncode == 4, proc.stderr
-    paused = [ln for ln in proc.stderr.splitlines() if "PAUSED" in ln]
+    paused = [ln for ln in proc.stderr.splitlines() if ln.startswith("story PAUSED")]
     assert len(paused) == 1, proc.stderr  # not a TTY: one plain line, not one a second
-    assert paused[0].startswith("story PAUSED (")
+    assert paused[0].startswith("story PAUSED (Reasoning is in a field this run does not read: "), paused[0]
     assert f"resume from another terminal: synthwatch control story --db {db} resume" in paused[0]
     assert "dashboard: none running; start one with" in paused[0]
     assert _runs(db)[0][2] == "paused"
+    assert proc.stderr.rstrip().endswith("resume with `synthwatch control story resume`, then run again "
+                                         "(`synthwatch run --name story`)")
 
 
 @pytest.mark.slow

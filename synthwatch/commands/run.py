@@ -244,6 +244,7 @@ class Progress:
         self._db: dict[str, Any] = {}
         self._db_at = -1e9
         self._said_pause = ""
+        self._was_paused = False
 
     def _read_db(self) -> dict[str, Any]:
         if self.engine is None or time.monotonic() - self._db_at < self.STATE_EVERY_S:
@@ -274,8 +275,11 @@ class Progress:
 
     def tick(self, w: Any) -> None:
         ctl = w.writer.control if w.writer else {}
-        db = self._read_db()
         paused = w.state == "paused"
+        if paused and not self._was_paused:
+            self._db_at = -1e9  # the pause's reason now, not the one read up to STATE_EVERY_S ago
+        self._was_paused = paused
+        db = self._read_db()
         if paused and self.exit_on_pause and not w.tasks and w.local_stop is None:
             self.exited_paused = True
             w.local_stop = "stop"  # in-flight requests are done: this worker exits, the run stays paused
@@ -477,7 +481,7 @@ def handle(a: argparse.Namespace) -> int:
         message = row.get("status_message") or ""
         if progress.exited_paused and final == "stopped":
             final = "paused"
-            message = _keep_paused(engine, run_id, row)
+            message = _keep_paused(engine, run_id, row, config.name)
         head = final
         if final == "completed" and message.startswith("completed with "):
             head, _, rest = message.partition(" (")
@@ -502,12 +506,13 @@ def _find(engine: Any, name: str) -> int | None:
     return found
 
 
-def _keep_paused(engine: Any, run_id: int, row: dict[str, Any]) -> str:
+def _keep_paused(engine: Any, run_id: int, row: dict[str, Any], name: str) -> str:
     """--exit-on-pause: this worker left a paused run; the run stays paused (its status said "stopped" when this
     was its last worker), so that `synthwatch control RUN resume` and the dashboard's resume still apply."""
     from ..store.queue import set_status, write_begin
 
-    message = "paused; the worker exited (--exit-on-pause): resume with `synthwatch control RUN resume`, then run again"
+    message = (f"paused; the worker exited (--exit-on-pause): resume with `synthwatch control {name} resume`, then "
+               f"run again (`synthwatch run --name {name}`)")
     if row.get("status") == "stopped":
         with engine.connect() as conn, write_begin(conn):
             set_status(conn, run_id, "paused", message)
