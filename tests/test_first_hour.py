@@ -372,3 +372,12 @@ def test_ctrl_c_stops_a_server_command_with_exit_0(command: str, tmp_path: Path)
             proc.wait()
     assert proc.returncode == 0, err
     assert "Traceback" not in out + err
+
+
+def test_runs_list_timeout_badge_labels_whole_run_and_recent_shares() -> None:
+    from synthwatch.app.stats import run_badges
+
+    whole = {"n_timeout": 1, "n_error": 0, "timeout_share": 1 / 200, "recent_timeout_share": 0.0}
+    assert run_badges(whole) == [("warn", "1 timeout (0.5% of the run; 0.0% in the last 60 s)")]
+    ended = {"n_timeout": 3, "n_error": 0, "timeout_share": 0.03, "recent_timeout_share": None}
+    assert run_badges(ended) == [("warn", "3 timeouts (3.0% of the run)")]
