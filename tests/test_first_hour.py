@@ -178,7 +178,7 @@ def test_toml_with_unset_key_variable_fails_before_starting(tmp_path: Path, sim:
     assert "starting run" not in proc.stderr and not db.exists()
 
 
-@pytest.mark.parametrize("case", ["bad_toml", "missing_dataset"])
+@pytest.mark.parametrize("case", ["bad_toml", "missing_dataset", "bad_settings"])
 def test_config_problems_are_reported_before_the_database_is_written(case: str, tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     if case == "bad_toml":
@@ -186,6 +186,18 @@ def test_config_problems_are_reported_before_the_database_is_written(case: str, 
         cfg.write_text("model = \n")
         args: tuple[str, ...] = ("--config", str(cfg))
         expect = "broken.toml: not valid TOML"
+    elif case == "bad_settings":  # each key its flag too
+        cfg = tmp_path / "bad.toml"
+        cfg.write_text('model = "m"\ncap = -1\n[dataset]\npath = "p.jsonl"\nlimit = 0\n[[endpoints]]\n'
+                       'base_url = "ftp://x"\n')
+        args = ("--config", str(cfg))
+        expect = "bad.toml + command line)"
+        proc = run_cli("run", *args, "--db", str(db))
+        assert proc.returncode == 2 and not db.exists()
+        for line in ("  dataset.limit: Input should be greater than or equal to 1 (--limit)",
+                     "  endpoints.0.base_url: not an http(s) URL: 'ftp://x' (expected e.g. http://127.0.0.1:8000/v1) "
+                     "(--base-url)", "  cap: Input should be greater than or equal to 1 (--cap)"):
+            assert line in proc.stderr.splitlines(), proc.stderr
     else:
         args = ("--dataset", str(tmp_path / "nope.jsonl"), "--base-url", "http://127.0.0.1:9/v1", "--model", "m")
         expect = "nope.jsonl: no such file or directory (--dataset, or path under [dataset] in --config)"

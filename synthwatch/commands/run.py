@@ -189,7 +189,45 @@ def resolve_config(a: argparse.Namespace, stored: dict[str, Any] | None = None, 
     try:
         return build_config(merged, source)
     except ConfigError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(with_flags(exc)) from None
+
+
+# run settings (TOML keys, docs/configuration.md) and the `synthwatch run` flag that sets each: an error naming a
+# key names its flag too (the dataset's flags come from DatasetConfig's Options)
+KEY_FLAGS = {
+    "endpoints.base_url": "--base-url", "endpoints.api_key_env": "--api-key-env", "model": "--model",
+    "stream": "--no-stream", "request_token_ids": "--request-token-ids", "concurrency": "--concurrency",
+    "cap": "--cap", "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature",
+    "sampling.top_p": "--top-p", "sampling.seed": "--seed", "sampling.stop": "--stop",
+    "sampling.extra_body": "--extra-body", "turns": "--turns", "history_reasoning": "--history-reasoning",
+    "timeouts.connect_s": "--connect-timeout-s", "timeouts.total_s": "--timeout-s",
+    "timeouts.idle_s": "--idle-timeout-s", "retries.max_attempts": "--max-attempts",
+    "reasoning.mode": "--reasoning-mode", "reasoning.expect": "--no-expect-reasoning",
+    "reasoning.prefilled_open": "--prefilled-think", "tokenizer.name_or_path": "--tokenizer",
+    "tokenizer.chat_template": "--chat-template", "tokenizer.trust_remote_code": "--trust-remote-code",
+    "autotune.min": "--concurrency-min", "autotune.max": "--concurrency-max",
+}
+
+
+def flag_for(loc: tuple[str | int, ...]) -> str | None:
+    from ..config import options
+
+    key = ".".join(str(p) for p in loc if not isinstance(p, int))
+    if key.startswith("dataset."):
+        return next((opt.flag for name, _i, opt in options(DatasetConfig) if f"dataset.{name}" == key), None)
+    return KEY_FLAGS.get(key)
+
+
+def with_flags(exc: Any) -> str:
+    """A ConfigError's message with each problem's flag after its key ("  cap: … (--cap)")."""
+    lines = str(exc).splitlines()
+    for loc, _msg in exc.problems:
+        flag = flag_for(loc)
+        if flag is None:
+            continue
+        head = "  " + ".".join(str(p) for p in loc) + ": "
+        lines = [ln + f" ({flag})" if ln.startswith(head) and not ln.endswith(f"({flag})") else ln for ln in lines]
+    return "\n".join(lines)
 
 
 def check_before_writing(config: Any, *, dataset: bool, preflight: bool) -> None:
