@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -393,3 +394,71 @@ def test_runs_list_timeout_badge_labels_whole_run_and_recent_shares() -> None:
     assert run_badges(whole) == [("warn", "1 timeout (0.5% of the run; 0.0% in the last 60 s)")]
     ended = {"n_timeout": 3, "n_error": 0, "timeout_share": 0.03, "recent_timeout_share": None}
     assert run_badges(ended) == [("warn", "3 timeouts (3.0% of the run)")]
+
+
+def test_alarm_links_use_the_running_dashboard_and_skip_a_dead_ones_row(tmp_path: Path, monkeypatch: Any) -> None:
+    from sqlalchemy import text
+
+    from synthwatch.quality.alarms import AlarmKeeper
+    from synthwatch.settings import get_settings
+    from synthwatch.store.dashboards import dashboard_url, forget_dashboard, record_dashboard
+
+    monkeypatch.delenv("SYNTHWATCH_DASHBOARD_URL", raising=False)
+    get_settings.cache_clear()
+    engine = open_engine(str(tmp_path / "a.db"))
+    try:
+        assert dashboard_url(engine) is None
+        row = record_dashboard(engine, "http://127.0.0.1:8080/")
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        with engine.begin() as conn:  # a newer row from a dashboard that was killed: its process is gone
+            conn.execute(text("INSERT INTO dashboard (url, host, pid, started_at) VALUES "
+                              "('http://127.0.0.1:9999', :h, :p, 1e12)"), {"h": socket.gethostname(), "p": gone.pid})
+        assert dashboard_url(engine) == "http://127.0.0.1:8080"
+        keeper = AlarmKeeper(1, "r")
+        with engine.connect() as conn:
+            keeper.load(conn)
+        assert keeper.found_url == "http://127.0.0.1:8080"
+        configured = AlarmKeeper(1, "r", dashboard_url="https://dash.example")
+        with engine.connect() as conn:
+            configured.load(conn)
+        assert configured.found_url == ""  # a configured base wins
+        forget_dashboard(engine, row)
+        assert dashboard_url(engine) is None
+        monkeypatch.setenv("SYNTHWATCH_DASHBOARD_URL", "https://proxy.example/sw/")
+        get_settings.cache_clear()
+        assert dashboard_url(engine) == "https://proxy.example/sw"
+    finally:
+        get_settings.cache_clear()
+        engine.dispose()
+
+
+@pytest.mark.slow
+def test_on_a_terminal_the_progress_line_is_rewritten_in_place_and_the_pause_said_once(
+        tmp_path: Path, sim: Any, prompts: Any) -> None:
+    import os
+    import pty
+
+    url = sim(seed=1, tokens_per_s=0, reasoning_field="reasoning", reasoning_tokens="5", content_tokens="5")
+    db = tmp_path / "t.db"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "synthwatch", "run", "--dataset", str(prompts(300)), "--base-url",
+                             url, "--model", "sim-reasoner", "--db", str(db), "--name", "tty", "--reasoning-mode",
+                             "reasoning_content", "--concurrency", "4", "--exit-on-pause"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave, env=cli_env())
+    os.close(slave)
+    got = bytearray()
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not chunk:
+            break
+        got += chunk
+    os.close(master)
+    assert proc.wait(timeout=180) == 4
+    out = got.decode("utf-8", "replace")
+    assert "\r\x1b[2Ktty [running] ok " in out, out
+    assert out.count("tty PAUSED (") == 1, out
+    assert "\r\x1b[2Ktty PAUSED (" in out and "resume from another terminal: synthwatch control tty" in out

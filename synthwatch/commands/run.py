@@ -349,10 +349,10 @@ class Progress:
             print(json.dumps(info), flush=True)
             return
         if paused:
-            line = self.pause_line(w, ctl)
-            if not self.tty:
-                self._say_pause_once(w, ctl)
-                return
+            # said whole, once (again when the reason changes): cut to the terminal's width, the way to resume
+            # would be lost; on a terminal it replaces the progress line, which resumes below it
+            self._say_pause_once(w, ctl)
+            return
         else:
             self._said_pause = ""
             eta = _fmt_duration(eta_s) if eta_s is not None else "–"
@@ -365,6 +365,12 @@ class Progress:
         if info["db_error"]:
             line += f" | DATABASE: {info['db_error']}"
         if self.tty:
+            import shutil
+
+            # cut to the terminal's width: a wrapped line is not rewritten in place by \r (it would repeat)
+            width = shutil.get_terminal_size((200, 24)).columns - 1
+            if len(line) > width:
+                line = line[: max(10, width - 1)] + "…"
             print("\r\x1b[2K" + line, end="", file=sys.stderr, flush=True)
         elif time.monotonic() - self._last_json >= 10:
             self._last_json = time.monotonic()
@@ -374,7 +380,7 @@ class Progress:
         line = self.pause_line(w, ctl)
         if line != self._said_pause:
             self._said_pause = line
-            print(line, file=sys.stderr, flush=True)
+            print(("\r\x1b[2K" if self.tty else "") + line, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.tty and not self.quiet and not self.json_lines:

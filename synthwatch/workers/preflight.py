@@ -41,7 +41,7 @@ def check_endpoint(base_url: str, model: str, *, headers: dict[str, str] | None 
     base = base_url.rstrip("/")
     try:
         # header values as bytes: a key may hold Latin-1 characters (endpoints.header_value_problem allows them)
-        raw = {k: v.encode("latin-1") for k, v in (headers or {}).items()}
+        raw = {k.encode("ascii"): v.encode("latin-1") for k, v in (headers or {}).items()}
         with httpx.Client(timeout=timeout_s, headers=raw, verify=verify) as client:
             try:
                 r = client.get(f"{base}/models")
