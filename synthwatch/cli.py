@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"synthwatch {args.command}: error: {exc}", file=sys.stderr)  # noqa: T201  (the CLI speaks)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a Ctrl-C before the command installed its own handling (or one that has none)
+        print(f"synthwatch {args.command}: interrupted (Ctrl-C)", file=sys.stderr)  # noqa: T201
         return 130
     except Exception as exc:  # the last resort: no traceback reaches a user (-v shows it)
         if args.verbose:

@@ -462,3 +462,26 @@ def test_on_a_terminal_the_progress_line_is_rewritten_in_place_and_the_pause_sai
     assert "\r\x1b[2Ktty [running] ok " in out, out
     assert out.count("tty PAUSED (") == 1, out
     assert "\r\x1b[2Ktty PAUSED (" in out and "resume from another terminal: synthwatch control tty" in out
+
+
+def test_ctrl_c_ends_watch_with_exit_0_and_says_where_it_stopped(tmp_path: Path) -> None:
+    follow = tmp_path / "out.jsonl"
+    follow.write_text("")
+    proc = popen_cli("watch", str(follow), "--db", str(tmp_path / "w.db"))
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert first.startswith(f"watching {follow} into run 'out'"), first
+        with follow.open("a") as fh:  # ready once it has read a line (its signal handlers are in place by then)
+            fh.write(json.dumps({"question": "What is 1 + 1?", "reasoning": "add", "content": "2",
+                                 "finish_reason": "stop"}) + "\n")
+        while "recognised:" not in (line := proc.stderr.readline()) or "nothing yet" in line:
+            assert line, "watch ended before it read the line"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=HTTP_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert f"watch of {follow} ended (signal) at line 1" in err and "Traceback" not in out + err
