@@ -51,6 +51,7 @@ def _one_error_line(proc: subprocess.CompletedProcess[str], command: str) -> str
 # ------------------------------------------------------------------------------------ the same command resumes
 
 
+@pytest.mark.slow  # two or more CLI processes (> 5 s here)
 def test_the_same_run_command_twice_resumes_one_run(tmp_path: Path, sim: Any, prompts: Any) -> None:
     url = sim(seed=1, tokens_per_s=0, reasoning_tokens="5", content_tokens="5")
     db = tmp_path / "s.db"
@@ -66,6 +67,7 @@ def test_the_same_run_command_twice_resumes_one_run(tmp_path: Path, sim: Any, pr
     assert [(i, n) for i, n, _ in _runs(db)] == [(1, m.group(1))]
 
 
+@pytest.mark.slow  # two or more CLI processes (> 5 s here)
 def test_a_run_of_the_same_dataset_under_another_name_is_named_not_duplicated(tmp_path: Path, sim: Any,
                                                                              prompts: Any) -> None:
     url = sim(seed=1, tokens_per_s=0, reasoning_tokens="5", content_tokens="5")
@@ -136,6 +138,7 @@ def test_probe_names_a_missing_v1_and_the_served_models(sim: Any) -> None:
     assert proc.returncode == 2 and "it serves: sim-reasoner; use --model sim-reasoner" in _one_error_line(proc, "probe")
 
 
+@pytest.mark.slow  # two or more CLI processes (> 5 s here)
 def test_probe_recommends_each_setting_as_flag_and_toml_key(sim: Any) -> None:
     url = sim(seed=1, token_ids="deepseek")
     proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner", "--timeout", "60")
@@ -148,6 +151,7 @@ def test_probe_recommends_each_setting_as_flag_and_toml_key(sim: Any) -> None:
     assert "--request-token-ids" in run_with and "--reasoning-mode reasoning" in run_with
 
 
+@pytest.mark.slow  # two or more CLI processes (> 5 s here)
 def test_old_flag_name_still_works(tmp_path: Path, sim: Any, prompts: Any) -> None:
     url = sim(seed=1, tokens_per_s=0, reasoning_tokens="5", content_tokens="5", token_ids="deepseek")
     db = tmp_path / "t.db"
@@ -221,6 +225,7 @@ def test_dataset_messages_name_the_flag_and_say_at_once(tmp_path: Path) -> None:
     assert "add --skip-bad-lines, or on_bad_line = \"skip\" under [dataset]" in proc.stderr
 
 
+@pytest.mark.slow  # two or more CLI processes (> 5 s here)
 def test_export_without_token_ids_names_the_run_flag(tmp_path: Path, sim: Any, prompts: Any) -> None:
     url = sim(seed=1, tokens_per_s=0, reasoning_tokens="5", content_tokens="5")
     db = tmp_path / "e.db"
@@ -234,7 +239,10 @@ def test_export_without_token_ids_names_the_run_flag(tmp_path: Path, sim: Any, p
 # ------------------------------------------------------------------------------------------ the dashboard link
 
 
-def test_links_use_the_dashboards_real_address(tmp_path: Path, sim: Any, prompts: Any) -> None:
+# ~30 s on a loaded machine, ~8 s idle: three CLI processes (two runs and a dashboard) are what is under test; the
+# cases that need no new process (a stopped dashboard, SYNTHWATCH_DASHBOARD_URL) are checked in-process
+@pytest.mark.slow
+def test_links_use_the_dashboards_real_address(tmp_path: Path, sim: Any, prompts: Any, monkeypatch: Any) -> None:
     url = sim(seed=1, tokens_per_s=0, reasoning_tokens="5", content_tokens="5")
     db = tmp_path / "d.db"
     cmd = ("run", "--dataset", str(prompts(2)), "--base-url", url, "--model", "sim-reasoner", "--db", str(db),
@@ -244,8 +252,6 @@ def test_links_use_the_dashboards_real_address(tmp_path: Path, sim: Any, prompts
     assert f"dashboard: none running; start one with `synthwatch serve --db {db}`, then open its /runs/1" \
         in none.stderr
     assert ":8000" not in none.stderr
-    configured = run_cli(*cmd, env=cli_env(SYNTHWATCH_DASHBOARD_URL="https://dash.example/sw/"))
-    assert "dashboard: https://dash.example/sw/runs/1" in configured.stderr, configured.stderr
     port = _free_port()
     serve = popen_cli("serve", "--db", str(db), "--port", str(port))
     try:
@@ -255,8 +261,20 @@ def test_links_use_the_dashboards_real_address(tmp_path: Path, sim: Any, prompts
     finally:
         serve.send_signal(signal.SIGINT)
         assert serve.wait(timeout=60) == 0
-    gone = run_cli(*cmd)  # the stopped dashboard removed its address
-    assert "dashboard: none running" in gone.stderr, gone.stderr
+    # the rest in-process (the same function prints the CLI's line): a stopped dashboard removed its address, and
+    # SYNTHWATCH_DASHBOARD_URL wins over the database
+    from synthwatch.settings import get_settings
+    from synthwatch.store.dashboards import run_link
+
+    engine = open_engine(str(db))
+    try:
+        assert run_link(engine, 1, "synthwatch serve").startswith("dashboard: none running")
+        monkeypatch.setenv("SYNTHWATCH_DASHBOARD_URL", "https://dash.example/sw/")
+        get_settings.cache_clear()
+        assert run_link(engine, 1, "synthwatch serve") == "dashboard: https://dash.example/sw/runs/1"
+    finally:
+        get_settings.cache_clear()
+        engine.dispose()
 
 
 # ------------------------------------------------------------------------------------------------ a paused run
@@ -280,6 +298,8 @@ def test_exit_on_pause_exits_4_and_leaves_the_run_paused(tmp_path: Path, sim: An
                                          "(`synthwatch run --name story`)")
 
 
+# ~60 s on a loaded machine: a run and four commands from "another terminal" (fix, two rederives, resume), each
+# a process of its own as a user types them; the run itself is 300 short prompts with no decode delay
 @pytest.mark.slow
 def test_status_line_follows_fix_and_rederive_from_another_terminal(tmp_path: Path, sim: Any,
                                                                    prompts: Any) -> None:

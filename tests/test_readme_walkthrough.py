@@ -117,6 +117,8 @@ def test_using_it_on_your_own_endpoint_as_written(tmp_path: Path, sim: Any) -> N
             serve.wait()
 
 
+# ~40 s on a loaded machine: `./dev demo` itself (its set-up check, two simulators, two worker processes, the
+# dashboard) for 12 s, then its graceful stop; nothing of it can be left out and still be the README's command
 @pytest.mark.slow
 def test_quick_start_demo_as_written_ends_with_what_it_kept(tmp_path: Path) -> None:
     """`./dev demo` from the README (with a time limit, a free port and its own folder added), to its last line."""
