@@ -1,7 +1,7 @@
 """where a running dashboard listens (synthwatch.store.dashboards)
 
-Revision ID: 0008_firsthour_dashboard
-Revises: 0008_turns
+Revision ID: 0010_firsthour_dashboard
+Revises: 0009_server_numbers
 Create Date: 2026-12-02 04:30:00
 
 - dashboard: one row per `synthwatch serve` (or demo) while it runs: its address, host and pid. The CLI's
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0008_firsthour_dashboard"
-down_revision: str | None = "0008_turns"
+revision: str = "0010_firsthour_dashboard"
+down_revision: str | None = "0009_server_numbers"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
