@@ -290,12 +290,15 @@ def test_exit_on_pause_exits_4_and_leaves_the_run_paused(tmp_path: Path, sim: An
     assert proc.returncode == 4, proc.stderr
     paused = [ln for ln in proc.stderr.splitlines() if ln.startswith("story PAUSED")]
     assert len(paused) == 1, proc.stderr  # not a TTY: one plain line, not one a second
-    assert paused[0].startswith("story PAUSED (Reasoning is in a field this run does not read: "), paused[0]
-    assert f"resume from another terminal: synthwatch control story --db {db} resume" in paused[0]
+    # the alarm holds the run (a plain resume is refused): the line names it and how to go on
+    assert paused[0].startswith("story PAUSED (alarm #1 field_mismatch: Reasoning is in a field this run does not "
+                                "read"), paused[0]
+    assert (f"resume from another terminal: fix the cause, or acknowledge and go on: synthwatch control story --db "
+            f"{db} resume --ack --for-records N") in paused[0]
     assert "dashboard: none running; start one with" in paused[0]
     assert _runs(db)[0][2] == "paused"
-    assert proc.stderr.rstrip().endswith("resume with `synthwatch control story resume`, then run again "
-                                         "(`synthwatch run --name story`)")
+    assert proc.stderr.rstrip().endswith("acknowledge and resume with `synthwatch control story resume --ack "
+                                         "--for-records N`, then run again (`synthwatch run --name story`)")
 
 
 # ~60 s on a loaded machine: a run and four commands from "another terminal" (fix, two rederives, resume), each

@@ -306,12 +306,18 @@ class Progress:
         return self._db
 
     def pause_line(self, w: Any, ctl: dict[str, Any]) -> str:
-        # an alarm that holds the run (the claim's gate, workers/engine.py) says which one and how to acknowledge it
-        why = (getattr(w, "pause_note", "") or self._db.get("alarm") or self._db.get("status_message")
-               or "paused from the dashboard or `synthwatch control`")
-        why = " ".join(str(why).replace("control RUN ", f"control {self.name} ").split())[:300]
-        return (f"{self.name} PAUSED ({why}) | resume from another terminal: {self.resume_hint} | "
-                f"{self.dashboard}")
+        hint = self.resume_hint
+        note = getattr(w, "pause_note", "")
+        if note:
+            # an alarm holds the run (the claim's gate): a plain resume is refused, so the way on is to fix the cause
+            # or to acknowledge it for a number of records
+            why = note.split(". Acknowledge and resume")[0].removeprefix("paused by ")
+            hint = f"fix the cause, or acknowledge and go on: {self.resume_hint} --ack --for-records N"
+        else:
+            why = (self._db.get("alarm") or self._db.get("status_message")
+                   or "paused from the dashboard or `synthwatch control`")
+        why = " ".join(str(why).split())[:300]
+        return f"{self.name} PAUSED ({why}) | resume from another terminal: {hint} | {self.dashboard}"
 
     def tick(self, w: Any) -> None:
         ctl = w.writer.control if w.writer else {}
@@ -555,10 +561,18 @@ def _find(engine: Any, name: str) -> int | None:
 def _keep_paused(engine: Any, run_id: int, row: dict[str, Any], name: str) -> str:
     """--exit-on-pause: this worker left a paused run; the run stays paused (its status said "stopped" when this
     was its last worker), so that `synthwatch control RUN resume` and the dashboard's resume still apply."""
-    from ..store.queue import set_status, write_begin
+    from ..store.queue import pause_reason, set_status, write_begin
 
-    message = (f"paused; the worker exited (--exit-on-pause): resume with `synthwatch control {name} resume`, then "
-               f"run again (`synthwatch run --name {name}`)")
+    with engine.connect() as conn:
+        reason, _rules = pause_reason(conn, run_id)
+    if reason:  # an alarm holds the run: a plain resume would be refused
+        why = reason.split(". Acknowledge and resume")[0]
+        message = (f"{why}; the worker exited (--exit-on-pause): fix the cause, or acknowledge and resume with "
+                   f"`synthwatch control {name} resume --ack --for-records N`, then run again "
+                   f"(`synthwatch run --name {name}`)")
+    else:
+        message = (f"paused; the worker exited (--exit-on-pause): resume with `synthwatch control {name} resume`, "
+                   f"then run again (`synthwatch run --name {name}`)")
     if row.get("status") == "stopped":
         with engine.connect() as conn, write_begin(conn):
             set_status(conn, run_id, "paused", message)
