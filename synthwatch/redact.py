@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["FRAGMENT_CHARS", "MIN_SECRET_CHARS", "REDACTED", "RedactingFilter", "SecretError", "add_secret", "clip",
-           "header_value_problem", "install_log_redaction", "redact", "secret_from_env", "secret_problem"]
+           "forget_secret", "header_value_problem", "install_log_redaction", "redact", "secret_from_env",
+           "secret_problem"]
 
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 8
@@ -141,6 +142,8 @@ def _forms(ch: str) -> set[str]:
         forms |= {"\ufffd", "\ufffd" * len(utf8)}
     forms |= {"&": {"&amp;"}, "<": {"&lt;"}, ">": {"&gt;"}, '"': {"&quot;", "&#34;"},
               "'": {"&#39;", "&#x27;", "&apos;"}}.get(ch, set())
+    # an escaped form escaped once more (a JSON error quoted in JSON, a message logged with %r): backslash doubled
+    forms |= {f.replace("\\", "\\\\") for f in forms if "\\" in f}
     return forms
 
 
@@ -208,6 +211,12 @@ def add_secret(value: str) -> None:
     with _lock:
         _secrets[value] = compiled
     install_log_redaction()
+
+
+def forget_secret(value: str) -> None:
+    """Stop redacting ``value`` (a test's throwaway key; a process whose key was replaced)."""
+    with _lock:
+        _secrets.pop(value, None)
 
 
 def redact(text: str) -> str:
