@@ -46,6 +46,10 @@ class Settings(BaseSettings):
         "tokenizers", description="Folders the start-a-run form and a run's settings may load tokenizers (and chat "
         "templates) from, besides the packaged 'deepseek-v4', separated by ':'; relative folders are resolved "
         "against the dashboard's working directory.")
+    launch_tls_dirs: str = Field(
+        "tls", description="Folders a run's endpoints may name TLS files from (tls.ca_bundle, tls.client_cert, "
+        "tls.client_key) when set from the dashboard or its API, separated by ':'; relative folders are resolved "
+        "against the dashboard's working directory.")
 
 
 @lru_cache(maxsize=1)

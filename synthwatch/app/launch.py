@@ -262,6 +262,7 @@ def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None
              settings: Settings | None = None, errors: FormErrors | None = None) -> RunConfig:
     """The run configuration of a start form; every problem (``errors`` holds the form's own) is raised at
     once as LaunchErrors, each with its field."""
+    from .tls_limits import limit_tls
     from .tokenizer_limits import check_tokenizer
 
     settings = settings or get_settings()
@@ -286,6 +287,10 @@ def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None
             data["dataset"]["path"] = str(path)
         except LaunchError as exc:
             errs.add("dataset", "dataset path", _message(exc, "dataset path"))
+    try:  # the form and the API have no TLS fields today; should one come, it obeys the folder limit
+        data["endpoints"] = limit_tls(data.get("endpoints") or [], settings, None, base_dir)
+    except LaunchError as exc:
+        errs.add("endpoints", "endpoints", str(exc))
     tok = data.get("tokenizer") or {}
     if tok.get("name_or_path"):
         try:
