@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     )
     worker_heartbeat_s: float = Field(1.0, gt=0, description="How often a worker writes its heartbeat.")
     dead_worker_after_s: float = Field(15.0, gt=0, description="A worker silent this long is shown dead.")
+    max_request_body_bytes: int = Field(
+        4 * 2**20, ge=1024, description="Largest request body the dashboard accepts (JSON API, forms); a larger one is "
+        "refused with 413 before it is read.")
     launch_key_envs: str = Field(
         "", description="Comma-separated environment variables the start-a-run form may name as api_key_env, "
         "besides those starting with SYNTHWATCH_KEY_.")
