@@ -113,7 +113,7 @@ def _probe(options: ProbeOptions) -> ProbeReport:
 
     base = options.base_url.rstrip("/")
     # bytes: UTF-8 as the worker's HTTP client (aiohttp) writes a Latin-1 key; httpx would refuse a str beyond ASCII
-    headers = {"authorization": f"Bearer {options.api_key}".encode()} if options.api_key else {}
+    headers = {b"authorization": f"Bearer {options.api_key}".encode()} if options.api_key else {}
     report = ProbeReport()
     with httpx.Client(timeout=options.timeout_s, headers=headers) as client:
         report.server = _server(client, base, options.model)
