@@ -110,6 +110,7 @@ def echo_server() -> Iterator[KeyEchoServer]:
         yield srv
 
 
+@pytest.mark.slow
 @given(key=http_key, mode=st.sampled_from(MODES), as_json=st.booleans())
 def test_no_echo_of_a_key_reaches_the_probe_or_a_recorded_error(echo_server: KeyEchoServer, logged: Any, key: str,
                                                                  mode: str, as_json: bool) -> None:

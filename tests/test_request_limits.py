@@ -159,6 +159,7 @@ def _id_routes(app: Any) -> list[tuple[str, str, list[str], set[str]]]:
     return out
 
 
+@pytest.mark.slow
 def test_every_route_with_an_integer_id_answers_404_for_ids_out_of_range(live_app: Any, engine: Any) -> None:
     srv = live_app()
     routes = _id_routes(srv.server.config.app)

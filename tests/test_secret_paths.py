@@ -54,6 +54,7 @@ def test_the_probe_button_obeys_the_key_allowlist(live_app: Any, monkeypatch: An
         assert echo.seen and set(echo.seen) == {KEY}
 
 
+@pytest.mark.slow
 def test_probe_cli_never_prints_an_echoed_key(tmp_path: Path) -> None:
     with KeyEchoServer() as echo:
         for mode in ("raw", "json", "url", "mojibake", "html", "cut_short", "at_cut"):
@@ -87,6 +88,7 @@ def test_probe_cli_refuses_a_key_http_cannot_carry_in_one_line(value: str, why: 
         assert piece not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_run_refuses_a_short_key_at_start_up(tmp_path: Path) -> None:
     proc = run_cli("run", "--dataset", str(write_prompts(tmp_path / "p.jsonl", 2)), "--base-url",
                    "http://127.0.0.1:9/v1", "--model", "m", "--db", str(tmp_path / "k.db"), "--api-key-env",
