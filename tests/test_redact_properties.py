@@ -5,8 +5,8 @@ Keys are random text of a safe length (any Unicode for redaction and logging; wh
 paths). Echoes are raw, JSON-escaped (either escaping), percent-encoded, mojibake (UTF-8 bytes read as Latin-1 or
 cp1252), HTML-escaped, Python repr, a piece cut from the key's start or end, cut at a truncation boundary, or
 buried in long text. The real paths: redact.clip as the worker cuts errors, a log record through a handler,
-`probe()` against a server that echoes the Authorization header, and the worker's HTTP client (the message it
-records). The number of examples is the Hypothesis profile's ("ci": 25 each; ./dev fuzz: 500).
+the start form's probe button on a live dashboard (the page it answers with) and `probe()` against a server that
+echoes the Authorization header, and the worker's HTTP client (the message it records). The number of examples is the Hypothesis profile's ("ci": 25 each; ./dev fuzz: 500).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from conftest import run_async
 from hypothesis import given
@@ -104,6 +105,11 @@ def test_no_echo_of_a_key_survives_redaction_clipping_or_logging(logged: Any, ke
         forget_secret(key)
 
 
+@pytest.fixture
+def dashboard(live_app: Any) -> Any:
+    return live_app()
+
+
 @pytest.fixture(scope="module")
 def echo_server() -> Iterator[KeyEchoServer]:
     with KeyEchoServer() as srv:
@@ -112,11 +118,18 @@ def echo_server() -> Iterator[KeyEchoServer]:
 
 @pytest.mark.slow
 @given(key=http_key, mode=st.sampled_from(MODES), as_json=st.booleans())
-def test_no_echo_of_a_key_reaches_the_probe_or_a_recorded_error(echo_server: KeyEchoServer, logged: Any, key: str,
-                                                                 mode: str, as_json: bool) -> None:
+def test_no_echo_of_a_key_reaches_the_probe_or_a_recorded_error(echo_server: KeyEchoServer, dashboard: Any,
+                                                                 logged: Any, key: str, mode: str,
+                                                                 as_json: bool) -> None:
     echo_server.mode, echo_server.as_json = mode, as_json
     echo_server.seen.clear()
     try:
+        # the start form's "Probe the endpoint" button: the page the dashboard answers with
+        os.environ["SYNTHWATCH_KEY_PROP"] = key
+        page = httpx.post(f"{dashboard.url}/runs/new/probe", timeout=30, data={
+            "endpoints": echo_server.url, "model": "m", "api_key_env": "SYNTHWATCH_KEY_PROP", "stream": "on"})
+        assert page.status_code == 400 and "answered 401" in page.text, page.text[-2000:]
+        assert leaks(key, page.text) == [] and leaks(key, html.unescape(page.text)) == [], mode
         # synthwatch probe / the probe button: the report or the error it shows
         with pytest.raises(ProbeError) as info:
             probe(ProbeOptions(echo_server.url, "m", api_key=key, timeout_s=10))
@@ -143,4 +156,5 @@ def test_no_echo_of_a_key_reaches_the_probe_or_a_recorded_error(echo_server: Key
         assert echo_server.seen and set(echo_server.seen) == {key}, "the key was sent as it is"
     finally:
         os.environ.pop("SW_PROP_KEY", None)
+        os.environ.pop("SYNTHWATCH_KEY_PROP", None)
         forget_secret(key)
