@@ -257,6 +257,9 @@ class Alarm(SQLModel, table=True):
     active: bool = True
     auto_paused: bool = False
     reraised_from: int | None = None  # the acknowledged alarm whose condition came back
+    snooze_until: float | None = None  # an acknowledgement "for M minutes" ends here (read by the claim)
+    snooze_records: int | None = None  # ... "for N records": claims stop once the run claimed this many
+    evidence_json: str | None = Field(default=None, sa_type=Text)  # what the alarm saw (fields, error text)
 
 
 class Flag(SQLModel, table=True):
