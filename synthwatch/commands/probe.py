@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
 import sys
 
 import orjson
@@ -36,12 +36,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def handle(args: argparse.Namespace) -> int:
     from ..probe import ProbeError, ProbeOptions, probe
+    from ..redact import SecretError, secret_from_env
 
+    with contextlib.suppress(AttributeError, ValueError):  # a terminal that cannot show a character gets an escape
+        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     key = None
     if args.api_key_env:
-        key = os.environ.get(args.api_key_env)
-        if not key:
-            raise CliError(f"environment variable {args.api_key_env} is not set")
+        try:  # the same rule as `synthwatch run`: a key HTTP cannot carry, or too short to redact, is refused
+            key = secret_from_env(args.api_key_env)
+        except SecretError as exc:
+            raise CliError(str(exc)) from None
     options = ProbeOptions(base_url=args.base_url, model=args.model, api_key=key, max_tokens=args.max_tokens,
                            timeout_s=args.timeout, tokenizer=args.tokenizer, chat_template=args.chat_template,
                            trust_remote_code=args.trust_remote_code)
