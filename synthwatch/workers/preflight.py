@@ -12,6 +12,8 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
+from ..redact import clip, redact
+
 MAX_QUOTED_CHARS = 200  # of a server's reply, in an error line
 MAX_LISTED_MODELS = 10
 
@@ -27,10 +29,8 @@ class EndpointFacts:
 
 
 def _quote(text: str) -> str:
-    text = " ".join(text.split())
-    if len(text) > MAX_QUOTED_CHARS:
-        text = text[:MAX_QUOTED_CHARS] + " …"
-    return repr(text)
+    # redacted before the cut (a server may echo the key back, and a cut key is still a key), then clipped
+    return repr(clip(" ".join(text.split()), MAX_QUOTED_CHARS, " …"))
 
 
 def check_endpoint(base_url: str, model: str, *, headers: dict[str, str] | None = None,
@@ -40,14 +40,15 @@ def check_endpoint(base_url: str, model: str, *, headers: dict[str, str] | None 
 
     base = base_url.rstrip("/")
     try:
-        # header values as bytes: a key may hold Latin-1 characters (endpoints.header_value_problem allows them)
-        raw = {k.encode("ascii"): v.encode("latin-1") for k, v in (headers or {}).items()}
+        # header values as UTF-8 bytes, exactly as the worker's own requests send them (a key may hold non-ASCII
+        # characters that redact.secret_problem allows): the server sees the same key from both
+        raw = {k.encode("ascii"): v.encode("utf-8") for k, v in (headers or {}).items()}
         with httpx.Client(timeout=timeout_s, headers=raw, verify=verify) as client:
             try:
                 r = client.get(f"{base}/models")
             except httpx.HTTPError as exc:
                 raise PreflightError(
-                    f"cannot reach {base} ({type(exc).__name__}: {exc or 'no answer'}): is the server running "
+                    f"cannot reach {base} ({type(exc).__name__}: {redact(str(exc)) or 'no answer'}): is the server running "
                     f"and is --base-url (base_url) right?") from None
             if r.status_code == 404 and not base.endswith("/v1"):
                 try:
@@ -77,7 +78,7 @@ def check_endpoint(base_url: str, model: str, *, headers: dict[str, str] | None 
                     f"GET {base}/models answered 200 but not the OpenAI list of models ({_quote(r.text)}); "
                     f"check --base-url (base_url)") from None
     except ssl.SSLError as exc:
-        raise PreflightError(f"cannot reach {base}: TLS: {exc}") from None
+        raise PreflightError(f"cannot reach {base}: TLS: {redact(str(exc))}") from None
     if model not in models:
         listed = ", ".join(models[:MAX_LISTED_MODELS]) + (" …" if len(models) > MAX_LISTED_MODELS else "")
         first = models[0] if models else "NAME"
