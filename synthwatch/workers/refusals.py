@@ -14,8 +14,6 @@ import errno
 import sqlite3
 from typing import Any
 
-import orjson
-
 from ..redact import redact
 from .results import Outcome
 
@@ -81,11 +79,12 @@ def refusal_reason(exc: BaseException, where: str, row: dict[str, Any] | None = 
 def value_class(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     low = str(orig).lower()
-    if isinstance(orig, OverflowError) or "out of range" in low:
+    if isinstance(orig, OverflowError) or "out of range" in low or "too large" in low:
         return "an integer out of the column's range"
     if "nul" in low and ("0x00" in low or "character" in low or "byte" in low):
         return "text holding a NUL character the database cannot store"
-    if isinstance(orig, orjson.JSONEncodeError) or "recursion limit" in low:
+    if any(w in low for w in ("recursion limit", "json serializable", "64-bit range", "dict key must")):
+        # orjson's refusals (its JSONEncodeError is TypeError itself: told apart by message)
         return "a value that cannot be serialised as JSON (nested too deep, or not JSON)"
     if isinstance(orig, UnicodeError) or "surrogate" in low or "utf-8" in low:
         return "text that is not valid UTF-8"

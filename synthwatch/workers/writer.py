@@ -443,7 +443,7 @@ class Writer:
             if events:
                 if isolate:
                     for ev in events:
-                        self._isolated(conn, "an error event", _EVENT_INSERT, ev)
+                        self._isolated(conn, "an error event", conn.execute, _EVENT_INSERT, ev)
                 else:
                     conn.execute(_EVENT_INSERT, events)
             if isolate:
@@ -505,7 +505,7 @@ class Writer:
             sp.rollback()
             if is_transient(exc):
                 raise
-            log.error("the store refused %s: %s", what, refusal_reason(exc, what))
+            log.error("the store refused %s: %s [%s]", what, value_class(exc), type(exc).__name__)
             return False, exc
 
     # ------------------------------------------------------------ series
