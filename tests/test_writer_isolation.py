@@ -194,3 +194,15 @@ def test_postgresql_errors_are_classified_by_what_waiting_can_fix(pg_server: Any
             assert is_transient(lost.value), lost.value
     finally:
         engine.dispose()
+
+
+def test_token_sums_read_as_numbers_on_both_backends(any_engine: Any) -> None:
+    """The token columns are BIGINT (migration 0009); PostgreSQL sums BIGINT as NUMERIC, which readers get as int
+    (store/db.py), the same as on SQLite, and a count of 3,000,000,000 fits."""
+    with any_engine.connect() as conn:
+        conn.execute(text("CREATE TABLE t_sum (n BIGINT)"))
+        conn.execute(text("INSERT INTO t_sum (n) VALUES (3000000000), (2147483647)"))
+        total, avg = conn.execute(text("SELECT SUM(n), AVG(n) FROM t_sum")).one()
+        conn.rollback()
+    assert type(total) is int and total == 5_147_483_647
+    assert avg == 2_573_741_823.5 and type(avg) is float
