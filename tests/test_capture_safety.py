@@ -47,7 +47,7 @@ def _assert_storable(cols: dict[str, Any], sent: dict[str, str]) -> None:
     for k, original in sent.items():
         if "\x00" in original:
             assert nul[k] == original  # the reply's exact text, round-tripped through JSON
-            assert cols[k] == original.replace("\x00", "\ufffd")
+            assert cols[k] == original.replace("\x00", "\u2400")
         else:
             assert k not in nul
 

@@ -97,7 +97,7 @@ def test_a_poisoned_record_is_its_own_error_and_its_batch_commits(any_engine: An
     assert str(2**70) not in recs[1]["error"]
     # NUL: the same replacement on both backends, the exact text in extra_json; the count is a problem, not a number
     nul = recs[4]
-    assert nul["content"] == "a\ufffdb"
+    assert nul["content"] == "a\u2400b"
     extra = orjson.loads(nul["extra_json"])
     assert extra["nul_text"] == {"content": "a\u0000b"}
     assert nul["prompt_tokens"] is None
