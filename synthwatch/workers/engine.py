@@ -331,7 +331,7 @@ class RunWorker:
                 await in_daemon_thread(lambda: writer.stop(FLUSH_S), FLUSH_S + 1, "synthwatch-stop")
                 done = not writer.alive and not sup.crashed(writer.threads["database writer thread"])
             except Exception as exc:
-                log.warning("the writer could not finish (%s)", describe("its last flush", exc))
+                log.warning("the writer did not finish its last flush (%s: %s)", exc.__class__.__name__, exc)
         if done:
             return
         # The writer is gone (or stuck): every claim goes back to pending on a connection of our own.
@@ -417,12 +417,16 @@ class RunWorker:
         while True:
             if self._abort is not None:
                 return self._abort
-            if not writer.alive:  # the supervisor says why first, unless the thread ended without an exception
-                return "failed", "the database writer thread ended unexpectedly"
+            if not writer.alive:  # seen before the supervisor's next look: it says which thread and why
+                self.supervisor.scan()
+                return self._abort or ("failed", "the database writer thread ended unexpectedly")
             fut = self._claim_fut
             if fut is not None and fut.done():
                 # answered claims are always started, whatever the state: they are ours now
                 self._claim_fut = None
+                if fut.exception() is not None:  # only a writer that died fails a claim (a busy database is retried)
+                    self.supervisor.fail(describe("the database writer thread", fut.exception()))
+                    continue
                 claimed, why = fut.result()
                 self._start(claimed)
                 if claimed and not why:

@@ -94,7 +94,7 @@ class Supervisor:
 
     def start(self) -> None:
         global _previous_hook
-        if not _watched and threading.excepthook is not _excepthook:
+        if threading.excepthook is not _excepthook:
             _previous_hook, threading.excepthook = threading.excepthook, _excepthook
         self._task = asyncio.create_task(self._watch(), name="synthwatch-supervisor")
 
@@ -124,18 +124,22 @@ class Supervisor:
         self.deadline(FAILED_EXIT_S, 1, "stopping after a failure")
         self.on_failure(why)
 
+    def scan(self) -> None:
+        """Look at the watched threads now (the supervisor's task does every WATCH_EVERY_S)."""
+        for thread, part in list(self._threads.items()):
+            if thread.ident is not None and not thread.is_alive():  # started, and ended
+                del self._threads[thread]
+                if self.closing:
+                    continue  # expected now
+                exc = self.died.get(thread)
+                if exc is not None:
+                    log.debug("%s", part, exc_info=(type(exc), exc, exc.__traceback__))
+                self.fail(describe(part, exc))
+
     async def _watch(self) -> None:
         try:
             while True:
-                for thread, part in list(self._threads.items()):
-                    if thread.ident is not None and not thread.is_alive():  # started, and ended
-                        del self._threads[thread]
-                        if self.closing:
-                            continue  # expected now
-                        exc = self.died.get(thread)
-                        if exc is not None:
-                            log.debug("%s", part, exc_info=(type(exc), exc, exc.__traceback__))
-                        self.fail(describe(part, exc))
+                self.scan()
                 await asyncio.sleep(WATCH_EVERY_S)
         except asyncio.CancelledError:
             raise
@@ -149,7 +153,9 @@ class Supervisor:
     async def close(self) -> None:
         """End watching (the worker has stopped); restore the thread excepthook when no supervisor is left."""
         global _previous_hook
-        for thread in [t for t, sup in _watched.items() if sup is self]:
+        self.closing = True
+        # a thread still ending (the writer's, after a crash) stays ours: its exception is reported already
+        for thread in [t for t, sup in _watched.items() if not t.is_alive() and (sup is self or t.ident)]:
             del _watched[thread]
         self._threads.clear()
         if self._task is not None and self._task is not asyncio.current_task():
