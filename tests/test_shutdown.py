@@ -242,7 +242,8 @@ def _four_trickling(reply: Trickle, proc: subprocess.Popen[str], err: Lines) -> 
     assert proc.poll() is None, err.join()[-3000:]
 
 
-@pytest.mark.parametrize("grace", [2, pytest.param(None, marks=pytest.mark.slow, id="default")])
+@pytest.mark.slow
+@pytest.mark.parametrize("grace", [2, pytest.param(None, id="default")])
 def test_sigterm_waits_the_grace_period_then_interrupts(grace: int | None, tmp_path: Path) -> None:
     """SIGTERM while four requests trickle (one byte a second, 600 s total timeout): the worker claims nothing more,
     waits the grace period (2 s here, the default 10 s in the slow variant), interrupts them and exits 3 within the

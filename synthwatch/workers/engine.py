@@ -56,7 +56,9 @@ log = logging.getLogger("synthwatch.worker")
 # back to pending, and running the same command again resumes the run.
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "paused": 4}
 STEP_S = 3.0  # the longest one step of a stop waits (a writer call, the interrupted tasks, the direct release)
-FLUSH_S = 5.0  # the longest the writer's last flush may take before claims are returned without it
+# the longest the writer's last flush may take before claims are returned without it (after a signal or a failure
+# the program's deadline comes first: workers/supervisor.py)
+FLUSH_S = 30.0
 CLAIM_WAIT_S = 0.05  # longest a free slot waits for a batch of free slots before it is claimed alone
 # At high completion rates the worker claims this much work (in seconds of completions) ahead of its free
 # slots: each claim is a write transaction with a fixed cost, and claims of a few records at thousands of
@@ -103,8 +105,6 @@ class RunWorker:
         self.supervisor = Supervisor(self._failed, hard_exit=hard_exit)
         self._abort: tuple[str, str] | None = None  # (final state, message) when the loop was cut short
         self._loop_task: asyncio.Task[tuple[str, str | None]] | None = None
-        self._stop_deadline: float | None = None  # monotonic time the grace period after a signal ends
-        self._stop_signal = ""
         self._done_why = ""  # why the run completed ("done", "cap_done"), for its final message
         self.state = "running"
         self.worker_id = 0
@@ -209,8 +209,8 @@ class RunWorker:
             log.warning("%s: stopping gracefully (in-flight requests have %g s to finish); again to stop now",
                         signame, grace)
             self.local_stop = "stop"
-            self._stop_signal = signame
-            self._stop_deadline = time.monotonic() + grace
+            # a timer, not a check in the loop: the loop may be waiting for the writer when the grace ends
+            asyncio.get_running_loop().call_later(grace, self._grace_over, signame, grace)
             self.supervisor.deadline(grace + STOP_MARGIN_S, EXIT_CODES["stopped"], f"{signame}: stopping")
         else:
             log.warning("%s: stopping now (in-flight requests go back to pending)", signame)
@@ -220,6 +220,15 @@ class RunWorker:
             self.supervisor.deadline(HURRY_S, EXIT_CODES[self._abort[0] if self._abort else "stopped"],
                                      f"{signame} again: stopping now")
         self._wake.set()
+
+    def _grace_over(self, signame: str, grace: float) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            return  # stopped within the grace period
+        n = len(self.tasks)
+        log.warning("%s: the grace period of %g s is over; interrupting %d in-flight requests", signame, grace, n)
+        self.stop_reason = self.stop_reason or f"interrupted: the grace period of {grace:g} s after {signame} ran out"
+        self._cut_loop("stopped", f"stopped: {n} in-flight requests interrupted after the grace period of {grace:g} s,"
+                                  " their records returned to pending")
 
     def _failed(self, why: str) -> None:
         """The supervisor's report that a part of the worker died (on the event loop)."""
@@ -276,13 +285,13 @@ class RunWorker:
                         raise  # the worker itself is being cancelled
                     final, message = self._abort
                 finally:
-                    if self._abort is not None and self._abort[0] == "failed":
-                        final, message = self._abort  # a part died as the loop ended: that is the outcome
                     await self._interrupt()  # while the HTTP session is still open: no request fails for its close
                     for task in helpers:
                         task.cancel()
                         with contextlib.suppress(asyncio.CancelledError, Exception):
                             await task
+                    if self._abort is not None and self._abort[0] == "failed":
+                        final, message = self._abort  # a part died as the loop ended: that is the outcome
         except Exception as exc:
             why = describe("the worker's loop", exc)
             log.error("worker failed: %s", why)
@@ -292,8 +301,7 @@ class RunWorker:
             try:
                 await self._shutdown(final, message)
             finally:
-                await sup.close()
-                sup.disarm()
+                await sup.close()  # a deadline armed stays: the program must still end in time
         return final
 
     async def _interrupt(self) -> None:
@@ -463,13 +471,6 @@ class RunWorker:
                     await self._set_status("stopping", f"stopping; {len(self.tasks)} in-flight requests finishing")
                 if not self.tasks and self._claim_fut is None and not self.ready:
                     return "stopped", "stopped"
-                if self._stop_deadline is not None and m >= self._stop_deadline:
-                    grace = self.config.shutdown_grace_s
-                    self.stop_reason = f"interrupted: the grace period of {grace:g} s after {self._stop_signal} ran out"
-                    log.warning("%s: the grace period of %g s is over; interrupting %d in-flight requests",
-                                self._stop_signal, grace, len(self.tasks))
-                    return "stopped", (f"stopped: {len(self.tasks)} in-flight requests interrupted after the grace"
-                                       f" period of {grace:g} s, their records returned to pending")
             elif desired == "pause":
                 if self.state != "paused":
                     self.state = "paused"

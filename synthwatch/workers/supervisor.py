@@ -184,12 +184,6 @@ class Supervisor:
         self._timer.daemon = True
         self._timer.start()
 
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = float("inf")
-
 
 def _exit_now(code: int, why: str) -> None:
     """The last resort of a stop that overran its deadline: the process ends here, whatever still runs."""
@@ -261,10 +255,15 @@ def release_directly(engine: Engine, run_id: int, worker_id: int, interrupted: l
                      finish: Callable[[Connection], None]) -> int:
     """Every claim this worker still holds back to pending, in one short transaction on a connection of its own
     (the writer thread is gone or did not finish): the interrupted records with their attempt recorded, the
-    others (never started, or finished with a result the writer never wrote) as they were; then ``finish(conn)``
-    (the worker's exit, the run's status). Returns how many records went back."""
-    with engine.connect() as conn, store.write_begin(conn):
-        store.lock_run(conn, run_id)
-        moved = store.release_worker(conn, run_id, worker_id, interrupted_rows(interrupted))
-        finish(conn)
+    others (never started, or finished with a result the writer never wrote) as they were. Then, in a second
+    transaction, ``finish(conn)`` (the worker's exit, the run's status). Returns how many records went back."""
+    with engine.connect() as conn:
+        with store.write_begin(conn):
+            store.lock_run(conn, run_id)
+            moved = store.release_worker(conn, run_id, worker_id, interrupted_rows(interrupted))
+        try:  # a transaction of its own: whatever fails here cannot undo the release
+            with store.write_begin(conn):
+                finish(conn)
+        except Exception as exc:
+            log.error("the worker's end could not be recorded (%s: %s)", exc.__class__.__name__, exc)
     return moved
