@@ -55,10 +55,11 @@ log = logging.getLogger("synthwatch.worker")
 # worker died (the writer thread, a helper task, ...) or its loop raised; the log's line names it, its claims went
 # back to pending, and running the same command again resumes the run.
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "paused": 4}
-STEP_S = 3.0  # the longest one step of a stop waits (a writer call, the interrupted tasks, the direct release)
-# the longest the writer's last flush may take before claims are returned without it (after a signal or a failure
-# the program's deadline comes first: workers/supervisor.py)
+STEP_S = 3.0  # the longest interrupted record tasks may take to end (cancelling them is immediate unless a bug)
+# the longest the writer's last flush may take before claims are returned without it, and the worker's own last
+# transaction (after a signal or a failure the program's deadline comes first: workers/supervisor.py)
 FLUSH_S = 30.0
+FINAL_S = 10.0
 CLAIM_WAIT_S = 0.05  # longest a free slot waits for a batch of free slots before it is claimed alone
 # At high completion rates the worker claims this much work (in seconds of completions) ahead of its free
 # slots: each claim is a write transaction with a fixed cost, and claims of a few records at thousands of
@@ -281,7 +282,8 @@ class RunWorker:
                 try:
                     final, message = await self._loop_task
                 except asyncio.CancelledError:
-                    if self._abort is None:
+                    current = asyncio.current_task()
+                    if self._abort is None or (current is not None and current.cancelling()):
                         raise  # the worker itself is being cancelled
                     final, message = self._abort
                 finally:
@@ -319,39 +321,35 @@ class RunWorker:
             log.error("%d record tasks did not end when interrupted; their records return to pending", len(pending))
 
     async def _shutdown(self, final: str, message: str | None) -> None:
-        """Hand every claim back, write the worker's and the run's end, flush: through the writer while it works,
-        else in a short transaction of the worker's own. Each wait is bounded."""
+        """The writer flushes what it has and ends; then one short transaction of the worker's own hands back
+        every claim still held (records never started, claims answered while stopping, and, when the writer died
+        or did not finish, every record it did not write: the interrupted ones with their attempt recorded) and
+        writes the worker's and the run's end. Each wait is bounded."""
         assert self.writer is not None
         writer = self.writer
         sup = self.supervisor
         sup.closing = True  # the writer's end is expected from here
         await self._interrupt()  # tasks started after the loop's end (none, unless a claim came back late)
-        if self._claim_fut is not None:  # a claim answered while stopping: its records are ours to hand back
-            with contextlib.suppress(Exception):
-                claimed, _ = await writer_result(writer, self._claim_fut, STEP_S)
-                self.ready.extend(claimed)
-            self._claim_fut = None
-        done = False
+        self.ready.clear()  # never started: the release below returns them untouched
         if writer.alive:
             try:
-                await self._release_ready(STEP_S)
-                await writer_result(writer, writer.call(lambda conn: self._finish(conn, final, message)), STEP_S)
                 await in_daemon_thread(lambda: writer.stop(FLUSH_S), FLUSH_S + 1, "synthwatch-stop")
-                done = not writer.alive and not sup.crashed(writer.threads["database writer thread"])
             except Exception as exc:
                 log.warning("the writer did not finish its last flush (%s: %s)", exc.__class__.__name__, exc)
-        if done:
-            return
-        # The writer is gone (or stuck): every claim goes back to pending on a connection of our own.
+        wrote = not writer.alive and not sup.crashed(writer.threads["database writer thread"])
         try:
             moved = await in_daemon_thread(
-                lambda: release_directly(self.engine, self.run_id, self.worker_id, self.interrupted,
+                lambda: release_directly(self.engine, self.run_id, self.worker_id, [] if wrote else self.interrupted,
                                          lambda conn: self._finish(conn, final, message)),
-                STEP_S, "synthwatch-release")
-            log.warning("without the writer: %d claimed records returned to pending", moved)
+                FINAL_S, "synthwatch-release")
         except Exception as exc:
             log.error("claims could not be returned to pending (%s); they return when the run is started again",
                       describe("the release", exc))
+            return
+        if moved and not wrote:
+            log.warning("without the writer: %d claimed records returned to pending", moved)
+        elif moved:
+            log.info("%d claimed records not started returned to pending", moved)
 
     def _finish(self, conn: Any, final: str, message: str | None) -> None:
         """The worker's exit and, when no other worker runs it (or it completed), the run's final status."""
@@ -539,7 +537,7 @@ class RunWorker:
             tasks.add(task)
             task.add_done_callback(self._task_done)
 
-    async def _release_ready(self, timeout_s: float | None = None) -> None:
+    async def _release_ready(self) -> None:
         """Return claimed records that never started to pending (no attempt is recorded: none was made)."""
         if not self.ready or self.writer is None:
             return
@@ -552,7 +550,7 @@ class RunWorker:
             writer.claimed -= moved
             return moved
 
-        await writer_result(writer, writer.call(release), timeout_s)
+        await writer_result(writer, writer.call(release))
 
     async def _adopt_config(self, version: int) -> None:
         """A new config version of the run: requests started from now on use it (running ones finish as they are)."""
