@@ -35,6 +35,36 @@ def test_tuner_raises_while_tokens_grow_and_backs_off_on_trouble() -> None:
     assert n == 8 and "time per output token" in why  # past the best concurrency, it tripled: back to the best
 
 
+def test_slower_tokens_alone_are_not_the_knee_and_the_published_ceiling_holds() -> None:
+    """On a real vLLM the old guard stopped the tuner at 12 (8 -> 12 -> 18 -> 12, "61 ms is over 2x the lowest
+    seen") while the server's queue stayed empty and it had room for 1,024 sequences: fixed 32 gave a third more
+    tokens/s. Slower tokens in a bigger batch alone do not make a back-off; with a queue behind them they do."""
+    flat = Tuner(8, 1, 512)
+    metrics = {"server_waiting": 0.0, "server_running": 8.0, "server_ceiling": 36.0}
+    per_token = 0.02
+    while flat.current < 36:
+        cur = flat.current
+        per_token *= 1.4  # every raise makes each token slower, total tokens/s still rises
+        step = flat.step(Interval(cur * 12.0 / per_token * 0.02, per_token, cur, **metrics))  # type: ignore[arg-type]
+        assert step is not None, flat.history
+        assert "raise" in step[1]
+    assert flat.current == 36 and "36 requests the server says fit" in flat.history[-1][2]
+    assert [h[1] for h in flat.history] == [12, 18, 27, 36]
+    assert flat.step(Interval(10_000.0, 1.0, 36, **metrics)) is None  # type: ignore[arg-type]  # at its ceiling
+    # the same slower tokens once the server has shown a queue: the guard applies
+    queued = Tuner(8, 1, 512)
+    assert queued.step(Interval(100.0, 0.02, 8, server_waiting=0.0, server_running=8.0)) is not None
+    # a queue at the server that is not ours (we run 10 of its 20): hold, but it is pressure seen
+    assert queued.step(Interval(101.0, 0.03, 12, server_waiting=3.0, server_running=20.0, in_flight_now=10)) is None
+    back = queued.step(Interval(101.0, 0.09, 12, server_waiting=0.0, server_running=12.0))
+    assert back is not None and back[0] == 8 and "with the server queueing or preempting" in back[1]
+    # and without server metrics at all, as before: nothing says the queue is empty
+    blind = Tuner(8, 1, 512)
+    assert blind.step(Interval(100.0, 0.02, 8)) is not None
+    back = blind.step(Interval(101.0, 0.09, 12))
+    assert back is not None and back[0] == 8
+
+
 def _events(engine: Any, run_id: int) -> list[dict[str, Any]]:
     with engine.connect() as conn:
         return [dict(r) for r in conn.execute(text(
@@ -42,9 +72,13 @@ def _events(engine: Any, run_id: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_worker_finds_the_knee_without_timeouts(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("kind", ["vllm-old", "vllm"])
+def test_worker_finds_the_knee_without_timeouts(kind, engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    """An older vLLM publishes no ceiling: the knee shows through its queue. A current one says in
+    cache_config_info how many requests fit at once: the tuner stops there without queueing first."""
     knee = 8
-    url = sim(capacity=knee, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=81)
+    url = sim(capacity=knee, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=81,
+              server_kind=kind)
     config = make_config(url, prompts(3000), name="auto", concurrency=1, server_metrics={"interval_s": 0.25},
                          autotune={"enabled": True, "min": 1, "max": 64, "start": 2, "interval_s": 0.75},
                          timeouts={"connect_s": 5, "total_s": 20, "idle_s": 10})
@@ -63,7 +97,11 @@ def test_worker_finds_the_knee_without_timeouts(engine, sim, prompts) -> None:  
         ev = _events(engine, bg.run_id)
         assert ev[0]["detail"].startswith("self-tuning concurrency starts at 2")
         assert any("raise:" in (e["detail"] or "") for e in ev)
-        assert any("queue" in (e["detail"] or "") for e in ev)  # it found the knee through the server's queue
+        if kind == "vllm-old":
+            assert any("queue" in (e["detail"] or "") for e in ev)  # it found the knee through the server's queue
+        else:
+            assert any("the 8 requests the server says fit" in (e["detail"] or "") for e in ev), ev
+            assert max(seen) <= knee
     finally:
         store.apply_control(engine, bg.run_id, "stop_now")
         bg.join(30)
@@ -73,8 +111,11 @@ def test_worker_finds_the_knee_without_timeouts(engine, sim, prompts) -> None:  
 def test_each_endpoint_is_tuned_to_its_own_knee(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     """Two servers with different knees (4 and 12): each endpoint gets its own limit, each step names its endpoint,
     and the run's concurrency is the sum."""
-    small = sim(capacity=4, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=82)
-    big = sim(capacity=12, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=83)
+    # servers that publish no ceiling (older vLLM): each knee shows through that server's own queue
+    small = sim(capacity=4, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=82,
+                server_kind="vllm-old")
+    big = sim(capacity=12, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=83,
+              server_kind="vllm-old")
     config = make_config([small, big], prompts(4000), name="auto2", concurrency=1,
                          server_metrics={"interval_s": 0.25},
                          autotune={"enabled": True, "min": 1, "max": 64, "start": 2, "interval_s": 0.75},
