@@ -295,7 +295,7 @@ def _verdict(report: ProbeReport, options: ProbeOptions) -> None:
         settings["export"] = "--for speculators (the server's ids, exact); --for specforge for SpecForge"
     else:
         settings["request_token_ids"] = False
-        caveats.append("no token ids come back: exports re-tokenize (give [tokenizer])")
+        caveats.append("no token ids come back: exports re-tokenize (give --tokenizer, or [tokenizer] name_or_path)")
     if ids.get("think_single_ids") is False:
         blockers.append("the tokenizer does not encode <think>/</think> to single ids (wrong tokenizer?)")
     if options.tokenizer:

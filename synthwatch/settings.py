@@ -19,6 +19,10 @@ class Settings(BaseSettings):
     db: str = Field("synthwatch.db", description="Database: a SQLite file path or any SQLAlchemy URL.")
     host: str = Field("127.0.0.1", description="Address the dashboard binds to.")
     port: int = Field(8000, ge=0, le=65535, description="Port the dashboard listens on.")
+    dashboard_url: str | None = Field(
+        None, description="Where the dashboard is, e.g. http://127.0.0.1:8080 (behind a proxy: its public address): "
+        "the base of every link the CLI prints and of alarms' links. Unset: the dashboard running on the same "
+        "database (`synthwatch serve` records its address there); none running: the CLI says how to start one.")
     auth_token: str | None = Field(
         None, description="Token required by every page and API call (required off loopback)."
     )

@@ -257,6 +257,9 @@ class Alarm(SQLModel, table=True):
     active: bool = True
     auto_paused: bool = False
     reraised_from: int | None = None  # the acknowledged alarm whose condition came back
+    snooze_until: float | None = None  # an acknowledgement "for M minutes" ends here (read by the claim)
+    snooze_records: int | None = None  # ... "for N records": claims stop once the run claimed this many
+    evidence_json: str | None = Field(default=None, sa_type=Text)  # what the alarm saw (fields, error text)
 
 
 class Flag(SQLModel, table=True):
@@ -435,3 +438,15 @@ class ServerMetric(SQLModel, table=True):
     prefix_hit_rate: float | None = None  # 0..1
     max_concurrency: float | None = None  # the server's own estimate of requests that fit (vLLM, SGLang)
     waiting_by_reason: str | None = Field(default=None, sa_column=_text())  # JSON: reason -> waiting requests
+
+
+class Dashboard(SQLModel, table=True):
+    """A running dashboard's address (synthwatch.store.dashboards): the CLI's links point at it."""
+
+    __tablename__ = "dashboard"
+
+    id: int | None = Field(default=None, primary_key=True)
+    url: str = Field(sa_column=_text(False))
+    host: str
+    pid: int
+    started_at: float

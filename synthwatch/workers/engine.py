@@ -27,6 +27,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from ..config import RunConfig
+from ..quality.alarms import TRANSPORT_RULES
 from ..settings import get_settings
 from ..store import queue as store
 from ..store.versions import versioned_changes
@@ -107,6 +108,9 @@ class RunWorker:
         self._abort: tuple[str, str] | None = None  # (final state, message) when the loop was cut short
         self._loop_task: asyncio.Task[tuple[str, str | None]] | None = None
         self._done_why = ""  # why the run completed ("done", "cap_done"), for its final message
+        self.pause_note = ""  # why the run is paused when an alarm holds it (the terminal prints it)
+        self._hold: tuple[str, ...] = ()  # the rules of the alarms that hold the paused run
+        self._final = ""  # the state _shutdown stored when it differs from the loop's (every request failed)
         self.state = "running"
         self.worker_id = 0
         self.writer: Writer | None = None
@@ -304,7 +308,7 @@ class RunWorker:
                 await self._shutdown(final, message)
             finally:
                 await sup.close()  # a deadline armed stays: the program must still end in time
-        return final
+        return self._final or final
 
     async def _interrupt(self) -> None:
         """Cancel the requests still running: each record's task records its attempt as interrupted and hands
@@ -353,7 +357,9 @@ class RunWorker:
 
     def _finish(self, conn: Any, final: str, message: str | None) -> None:
         reason = (lambda row: self._finished_reason(row, self._done_why)) if self._done_why else None
-        write_exit(conn, self.run_id, self.worker_id, final, message, reason)
+        state = write_exit(conn, self.run_id, self.worker_id, final, message, reason)
+        if state != final:
+            self._final = state  # every request failed: the run failed
 
     def _start_scraper(self) -> asyncio.Task[None] | None:
         """Scrape each endpoint's own /metrics while the run goes (config server_metrics)."""
@@ -451,10 +457,14 @@ class RunWorker:
                 if self.state != "paused":
                     self.state = "paused"
                     paused_since = m
-                    await self._set_status("paused", f"paused; {len(self.tasks)} in-flight requests finishing")
+                    await self._set_paused(f"paused; {len(self.tasks)} in-flight requests finishing")
                 elif paused_since is not None and not self.tasks:
                     paused_since = None
-                    await self._set_status("paused", "paused")
+                    await self._set_paused("paused")
+                    if self._hold and set(self._hold) <= TRANSPORT_RULES:
+                        # every request fails (wrong model, URL, port): waiting for a resume with the same
+                        # settings would do nothing; the terminal gets the server's own words and exit code 4
+                        return "paused", self.pause_note
             else:
                 if self.state != "running":
                     self.state = "running"
@@ -586,6 +596,17 @@ class RunWorker:
             self._wake.set()
         if not task.cancelled() and task.exception() is not None:  # a bug: nothing is to escape a record's task
             self.supervisor.fail(describe("a record's task", task.exception()))
+
+    async def _set_paused(self, base: str) -> None:
+        """The paused status, saying which alarm holds the run (read with the claim's gate)."""
+        assert self.writer is not None
+
+        def write(conn: Any) -> tuple[str, tuple[str, ...]]:
+            reason, rules = store.pause_reason(conn, self.run_id)
+            store.set_status(conn, self.run_id, "paused", f"{base}; {reason}" if reason else base)
+            return reason, rules
+
+        self.pause_note, self._hold = await writer_result(self.writer, self.writer.call(write))
 
     async def _set_status(self, status: str, message: str | None) -> None:
         assert self.writer is not None

@@ -275,10 +275,11 @@ def release_directly(engine: Engine, run_id: int, worker_id: int, interrupted: l
 
 
 def write_exit(conn: Connection, run_id: int, worker_id: int, final: str, message: str | None,
-               reason: Callable[[dict[str, Any]], str] | None = None) -> None:
-    """The worker's exit and, when no other worker runs the run (or it completed), the run's final status.
-    ``reason``: the completed run's message from its final counters (the loop's snapshot of them can predate the
-    last records' write, which this transaction follows)."""
+               reason: Callable[[dict[str, Any]], str] | None = None) -> str:
+    """The worker's exit and, when no other worker runs the run (or it completed), the run's final status; returns
+    the state stored ("failed" for a completed run in which every request failed). ``reason``: the completed run's
+    message from its final counters (the loop's snapshot of them can predate the last records' write, which this
+    transaction follows: one snapshot for every number)."""
     t = time.time()
     conn.execute(text("UPDATE worker SET status = 'exited', heartbeat_at = :t WHERE id = :w"), {"t": t, "w": worker_id})
     others = conn.execute(
@@ -287,15 +288,22 @@ def write_exit(conn: Connection, run_id: int, worker_id: int, final: str, messag
     ).scalar_one()
     store.add_event(conn, run_id, "worker_exit", f"{worker_id}:{final}", actor="worker")
     if others and final != "completed":
-        return
+        return final
     msg = message
-    if final == "completed":
-        if reason is not None:
-            row = conn.execute(text("SELECT cap, n_ok, n_error, n_timeout FROM run WHERE id = :r"),
-                               {"r": run_id}).mappings().first()
-            if row is not None:
-                msg = reason(dict(row))
+    state = final
+    if final == "completed" and reason is not None:
+        row = conn.execute(text("SELECT cap, n_ok, n_error, n_timeout FROM run WHERE id = :r"),
+                           {"r": run_id}).mappings().first()
+        if row is not None:
+            msg = reason(dict(row))
+            if not row["n_ok"] and (row["n_error"] or row["n_timeout"]):
+                # a run in which every request failed is a failure, never a plain "completed"
+                state = "failed"
+                said = store.last_failure(conn, run_id)
+                msg = f"every request failed ({msg})" + (f"; the server said: {said}" if said else "")
+    if state == "completed":
         failing = completion_message(conn, run_id)  # a run whose data-quality alarm is open is never plain "completed"
         if failing:
-            msg = failing + (f" ({message})" if message else "")
-    store.set_status(conn, run_id, final, msg)
+            msg = failing + (f" ({msg})" if msg else "")
+    store.set_status(conn, run_id, state, msg)
+    return state
