@@ -183,8 +183,13 @@ def test_every_request_failing_pauses_and_prints_the_server_error(db_path, sim, 
         url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
         s.close()
         said = "Connect"
+    # the preflight refuses both before anything is written (exit 2, tests/test_first_hour.py); a server that
+    # starts failing after the run began is what this rule is for, hence --no-preflight here
+    first = run_cli("run", "--dataset", str(prompts(3000)), "--base-url", url, "--model", model, "--db",
+                    str(db_path), "--name", case, "--quiet", timeout=180)
+    assert first.returncode == 2 and not db_path.exists(), first.stdout + first.stderr
     proc = run_cli("run", "--dataset", str(prompts(3000)), "--base-url", url, "--model", model, "--db", str(db_path),
-                   "--name", case, "--concurrency", "8", "--quiet", timeout=180)
+                   "--name", case, "--concurrency", "8", "--quiet", "--no-preflight", timeout=180)
     assert proc.returncode == 4, proc.stdout + proc.stderr  # paused, never 0
     last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
     assert f"run '{case}' paused" in last and "paused by alarm" in last and "the server said:" in last, last
