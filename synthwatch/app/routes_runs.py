@@ -189,8 +189,9 @@ def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m
     ctx = _stats_context(request, conn, run)
     ctx.update(_charts_context(request, conn, run, window))
     ctx.update(_audit_context(request, conn, run))
-    ctx["message"] = None
-    ctx["control_error"] = None
+    # an open item's accept form comes back here with what happened (routes_open_items.py)
+    ctx["message"] = (request.query_params.get("item_message") or "")[:500] or None
+    ctx["control_error"] = (request.query_params.get("item_error") or "")[:500] or None
     ctx["versions"] = list(reversed(versions.list_versions(conn, run_id, counts=False)))[:5]
     ctx["server"] = server_context(conn, run_id)
     ctx["cost"] = cost_context(conn, run_id)

@@ -31,6 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 from ..capture.reasoning import REASONING_FIELDS, rederive
 from ..capture.turns import load as load_turns
 from ..check_catalog import BIT, CHECK_NAMES
+from ..quality import open_items
 from ..quality.alarms import AlarmKeeper, effective_rules
 from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turns, view_from_row
 from ..quality.live import recent_windows
@@ -467,6 +468,7 @@ def _finish(engine: Engine, run_id: int, repair_id: int, kind: str, out: dict[st
         keeper = AlarmKeeper(run_id, run["name"], None, ctx.settings.webhook.dashboard_url)
         keeper.evaluate(conn, time.time(), rules, {n: (w.fail, w.total) for n, w in windows.items()}, run_stats, {},
                         allow_pause=False, clear_sticky=True)
+        open_items.sync(conn, run_id, actor=actor)  # records repaired (or queued again) may close an open item
         summary = {k: v for k, v in out.items() if k not in ("examples", "cannot_examples")}
         conn.execute(text(
             "UPDATE repair SET status = 'done', n_selected = :n, n_changed = :c, n_skipped = :s, summary_json = :j"

@@ -25,7 +25,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from ..config import RunConfig
-from ..quality.alarms import completion_message
+from ..quality.open_items import completion_message
 from ..settings import get_settings
 from ..store import queue as store
 from ..store.versions import versioned_changes
@@ -253,7 +253,8 @@ class RunWorker(RecordTasks):
                     if row is not None:
                         msg = self._finished_reason(dict(row), self._done_why)
                 if final == "completed":
-                    # a run whose data-quality alarm is still open is never a plain "completed"
+                    # a run that leaves open items (an alarm's failing records, quality/open_items.py) is never a
+                    # plain "completed"
                     failing = completion_message(conn, self.run_id)
                     if failing:
                         msg = failing + (f" ({message})" if message else "")
