@@ -503,6 +503,11 @@ def preview_rerun(engine: Engine, run_id: int, sel: Selection) -> dict[str, Any]
     return {**counts, "skipped_why": why, "selection": sel.description, "max_id": sel.max_id}
 
 
+def nothing_to_rerun(selected: int) -> str:
+    return (f"nothing to re-run: {selected:,} records selected, none of them finished and not already queued again"
+            " (no repair was recorded)")
+
+
 def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "cli") -> dict[str, Any]:
     """Queue the selection's finished records to be generated again under the current config version.
 
@@ -513,7 +518,8 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
         if run["kind"] != "generate":
             raise RepairError(f"run {run['name']!r} is a {run['kind']} run: its records were not generated here,"
                               " so they cannot be run again (re-derive works on them)")
-        repair_id = _start_repair(conn, run_id, "rerun", sel, version, actor)
+    # the repair row is written with the first record queued: a selection with nothing to re-run leaves no row (#26)
+    repair_id: int | None = None
     expects = bool(run["expects_reasoning"])
     fail_d = dict.fromkeys(CHECK_NAMES, 0)
     total_d = dict.fromkeys(CHECK_NAMES, 0)
@@ -530,6 +536,8 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
             counts["skipped"] += len(ids) - len(mine)
             if not mine:
                 continue
+            if repair_id is None:
+                repair_id = _start_repair(conn, run_id, "rerun", sel, version, actor)
             _copy_to_history(conn, mine, "rerun", repair_id, t)
             search_index.unindex(conn, mine)
             by = {"ok": 0, "error": 0, "timeout": 0}
@@ -562,6 +570,9 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
             counts["queued"] += len(mine)
     out: dict[str, Any] = {**counts, "changed": counts["queued"], "cannot": counts["skipped"],
                            "selection": sel.description, "config_version": version}
+    if repair_id is None:
+        out.update(repair_id=None, message=nothing_to_rerun(counts["selected"]))
+        return out
     _finish(engine, run_id, repair_id, "rerun", out, fail_d, actor, total_d)
     out["repair_id"] = repair_id
     return out
