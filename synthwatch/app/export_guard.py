@@ -80,15 +80,18 @@ def open_alarms(conn: Connection, run_id: int) -> OpenAlarms | None:
     run = conn.execute(text("SELECT name, status FROM run WHERE id = :r"), {"r": run_id}).first()
     if run is None:
         return None
+    accepted = items_mod.accepted_since(conn, run_id)  # an alarm whose records a person accepted waits no more
     rows = conn.execute(text(
-        "SELECT a.id, a.rule, a.title, a.acked_at, a.auto_paused, COALESCE(s.n_fail, a.count) AS n_fail"
+        "SELECT a.id, a.rule, a.title, a.acked_at, a.auto_paused, a.raised_at,"
+        " COALESCE(s.n_fail, a.count) AS n_fail"
         " FROM alarm a LEFT JOIN check_stat s ON s.run_id = a.run_id AND s.check_name = a.rule"
         " WHERE a.run_id = :r AND a.active ORDER BY a.id"), {"r": run_id}).mappings().all()
     alarms = [{"id": r["id"], "rule": r["rule"], "label": check_label(r["rule"]), "title": r["title"],
                "n_fail": int(r["n_fail"] or 0), "acked": r["acked_at"] is not None,
                "auto_paused": bool(r["auto_paused"]),
                "repair_url": f"/runs/{run_id}/repair?alarm={r['id']}#repair"}
-              for r in rows if r["rule"] not in TRANSPORT_RULES]
+              for r in rows if r["rule"] not in TRANSPORT_RULES
+              and not (r["rule"] in accepted and accepted[r["rule"]] >= float(r["raised_at"]))]
     items = items_mod.items(conn, run_id)
     if not alarms and not items:
         return None

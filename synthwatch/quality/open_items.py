@@ -41,7 +41,7 @@ MAX_REASON_CHARS = 2000
 SYNC_EVERY_S = 2.0  # the writer brings open items up to date at most this often (and whenever an alarm is raised)
 
 _COLS = ("id, run_id, check_name, alarm_id, follows, since, state, opened_at, updated_at, n_records, n_excluded,"
-         " n_peak, first_t, last_t, closed_at, closed_by, reason")
+         " n_queued, n_peak, first_t, last_t, closed_at, closed_by, reason")
 
 
 class OpenItemError(ValueError):
@@ -54,10 +54,12 @@ class Counted:
     excluded: int
     first_t: float | None
     last_t: float | None
+    queued: int = 0  # queued for a re-run: their earlier output failed the check, the new one is not written yet
 
 
 def count_failing(conn: Connection, run_id: int, check: str, since: float | None = None) -> Counted:
-    """Finished records of the run failing `check` now (records flagged bad counted apart), with their time span."""
+    """Finished records of the run failing `check` now (records flagged bad counted apart), with their time span,
+    and records queued for a re-run whose earlier output failed it."""
     if check not in BIT:
         return Counted(0, 0, None, None)
     params: dict[str, Any] = {"r": run_id, "b": BIT[check]}
@@ -72,8 +74,13 @@ def count_failing(conn: Connection, run_id: int, check: str, since: float | None
         f" AND (check_flags & :b) != 0{where}"), params).first()
     if row is None:
         return Counted(0, 0, None, None)
+    hist_since = " AND h.finished_at > :s" if since is not None else ""
+    queued = conn.execute(text(
+        "SELECT COUNT(*) FROM record r JOIN record_history h ON h.record_id = r.id AND h.revision = r.revision - 1"
+        " WHERE r.run_id = :r AND r.rerun = 1 AND r.status IN ('pending', 'in_flight') AND (h.check_flags & :b) != 0"
+        f"{hist_since}"), params).scalar_one()
     total, bad = int(row[0] or 0), int(row[1] or 0)
-    return Counted(total - bad, bad, row[2], row[3])
+    return Counted(total - bad, bad, row[2], row[3], int(queued or 0))
 
 
 def _alarms(conn: Connection, run_id: int) -> dict[str, list[dict[str, Any]]]:
@@ -97,9 +104,10 @@ def _open_new(conn: Connection, run_id: int, check: str, alarm: dict[str, Any], 
     opened = float(alarm["raised_at"]) if follows is None else t
     conn.execute(text(
         "INSERT INTO open_item (run_id, check_name, alarm_id, follows, since, state, opened_at, updated_at, n_records,"
-        " n_excluded, n_peak, first_t, last_t) VALUES (:r, :c, :a, :f, :s, 'open', :o, :t, :n, :x, :n, :t1, :t2)"),
+        " n_excluded, n_queued, n_peak, first_t, last_t) VALUES (:r, :c, :a, :f, :s, 'open', :o, :t, :n, :x, :q, :n,"
+        " :t1, :t2)"),
         {"r": run_id, "c": check, "a": alarm["id"], "f": follows["id"] if follows else None, "s": since,
-         "o": opened, "t": t, "n": c.failing, "x": c.excluded, "t1": c.first_t, "t2": c.last_t})
+         "o": opened, "t": t, "n": c.failing, "x": c.excluded, "q": c.queued, "t1": c.first_t, "t2": c.last_t})
     after = f" (after item #{follows['id']}, {follows['state']})" if follows else ""
     store.add_event(conn, run_id, "open_item_opened", check, actor=actor,
                     detail=f"{check}: {c.failing:,} records failing, from alarm #{alarm['id']}{after}")
@@ -127,29 +135,34 @@ def sync(conn: Connection, run_id: int, *, t: float | None = None, actor: str = 
                 # what was accepted stays accepted; failures in records finished afterwards are a new item
                 if later is not None or (active is not None and count_failing(conn, run_id, check, closed).failing):
                     _open_new(conn, run_id, check, later or active or rows[-1], t, item, closed, actor)
-            elif later is not None or count_failing(conn, run_id, check, item["since"]).failing:
+            elif later is not None or _any(count_failing(conn, run_id, check, item["since"])):
                 # repaired / excluded, and now failing again (an undo, a flag taken back, a new alarm)
                 _open_new(conn, run_id, check, later or active or rows[-1], t, item, item["since"], actor)
             continue
         c = count_failing(conn, run_id, check, item["since"])
         peak = max(int(item["n_peak"] or 0), c.failing)
-        if c.failing == 0 and (peak > 0 or active is None):
+        if c.failing == 0 and c.queued == 0 and (peak > 0 or active is None):
             state = "excluded" if c.excluded else "repaired"
             conn.execute(text(
-                "UPDATE open_item SET state = :st, n_records = 0, n_excluded = :x, n_peak = :p, updated_at = :t,"
-                " closed_at = :t, closed_by = :a WHERE id = :i"),
+                "UPDATE open_item SET state = :st, n_records = 0, n_excluded = :x, n_queued = 0, n_peak = :p,"
+                " updated_at = :t, closed_at = :t, closed_by = :a WHERE id = :i"),
                 {"st": state, "x": c.excluded, "p": peak, "t": t, "a": actor, "i": item["id"]})
             why = (f"the {c.excluded:,} still failing are flagged bad" if state == "excluded"
                    else "no record fails it any more")
             store.add_event(conn, run_id, f"open_item_{state}", item["id"], actor=actor, detail=f"{check}: {why}")
             continue
-        if (c.failing, c.excluded, c.first_t, c.last_t) != (item["n_records"], item["n_excluded"], item["first_t"],
-                                                            item["last_t"]):
+        if (c.failing, c.excluded, c.queued, c.first_t, c.last_t) != (
+                item["n_records"], item["n_excluded"], item["n_queued"], item["first_t"], item["last_t"]):
             conn.execute(text(
-                "UPDATE open_item SET n_records = :n, n_excluded = :x, n_peak = :p, first_t = :t1, last_t = :t2,"
-                " updated_at = :t WHERE id = :i"),
-                {"n": c.failing, "x": c.excluded, "p": peak, "t1": c.first_t, "t2": c.last_t, "t": t,
+                "UPDATE open_item SET n_records = :n, n_excluded = :x, n_queued = :q, n_peak = :p, first_t = :t1,"
+                " last_t = :t2, updated_at = :t WHERE id = :i"),
+                {"n": c.failing, "x": c.excluded, "q": c.queued, "p": peak, "t1": c.first_t, "t2": c.last_t, "t": t,
                  "i": item["id"]})
+    _refresh_status(conn, run_id)
+
+
+def _any(c: Counted) -> bool:
+    return bool(c.failing or c.queued)
 
 
 def sync_run(engine: Engine, run_id: int, *, actor: str = "alarm") -> None:
@@ -178,6 +191,8 @@ def describe(item: dict[str, Any]) -> str:
     head = f"{n:,} record{'' if n == 1 else 's'} failed {item['check_name']}{span}"
     if not n and not item.get("first_t"):
         head = f"{item['check_name']}: {CHECK_INFO.get(item['check_name'], 'the check failed')}"
+    if item["state"] == "open" and item.get("n_queued"):
+        head += f"; {int(item['n_queued']):,} more queued for a re-run"
     return head
 
 
@@ -197,6 +212,13 @@ def items(conn: Connection, run_id: int, *, include_closed: bool = False) -> lis
 def any_open(conn: Connection, run_id: int) -> bool:
     return conn.execute(text("SELECT 1 FROM open_item WHERE run_id = :r AND state = 'open' LIMIT 1"),
                         {"r": run_id}).first() is not None
+
+
+def accepted_since(conn: Connection, run_id: int) -> dict[str, float]:
+    """check -> when its latest item was accepted (an alarm raised before that is covered by the acceptance)."""
+    return {str(r[0]): float(r[1]) for r in conn.execute(text(
+        "SELECT check_name, MAX(closed_at) FROM open_item WHERE run_id = :r AND state = 'accepted'"
+        " GROUP BY check_name"), {"r": run_id})}
 
 
 def open_counts(conn: Connection) -> dict[int, tuple[int, int]]:
@@ -223,17 +245,40 @@ def spans(conn: Connection, run_id: int) -> list[dict[str, Any]]:
     return out
 
 
+def _completion_text(rows: list[dict[str, Any]]) -> str | None:
+    rows = sorted(rows, key=lambda i: (i["transport"], -int(i["n_records"] or 0)))
+    parts = [f"{int(i['n_records']):,} record{'' if i['n_records'] == 1 else 's'} failing {i['check_name']}"
+             for i in rows if i["n_records"]]
+    parts += [f"an open {i['check_name']} problem" for i in rows if not i["n_records"] and not i["n_queued"]]
+    for i in rows:  # not failing: their new answers are not written yet
+        if i["n_queued"]:
+            q = int(i["n_queued"])
+            parts.append(f"{q:,} record{'' if q == 1 else 's'} queued for a re-run ({i['check_name']})")
+    return "completed with " + ", ".join(parts) if parts else None
+
+
 def completion_message(conn: Connection, run_id: int) -> str | None:
     """'completed with 3,290 records failing empty_reasoning, …' when open items remain at a run's end (counting
-    records still failing: one queued for a re-run is pending, so it is not), else None."""
+    records still failing: one queued for a re-run is not), else None."""
     sync(conn, run_id, actor="worker")
-    rows = items(conn, run_id)
-    if not rows:
-        return None
-    rows.sort(key=lambda i: (i["transport"], -int(i["n_records"] or 0)))
-    parts = [f"{int(i['n_records']):,} record{'' if i['n_records'] == 1 else 's'} failing {i['check_name']}"
-             if i["n_records"] else f"an open {i['check_name']} problem" for i in rows]
-    return "completed with " + ", ".join(parts)
+    return _completion_text(items(conn, run_id))
+
+
+def _refresh_status(conn: Connection, run_id: int) -> None:
+    """A completed run's status message follows its open items (a re-run queued, records repaired, an item
+    accepted): it never goes on saying records fail that no longer do. What the run said at its end is kept."""
+    row = conn.execute(text("SELECT status, status_message FROM run WHERE id = :r"), {"r": run_id}).first()
+    if row is None or row[0] != "completed":
+        return
+    msg = row[1] or ""
+    rest = msg
+    if msg.startswith("completed with "):
+        _head, _sep, rest = msg.partition(" (")
+        rest = rest[:-1] if rest.endswith(")") else rest
+    head = _completion_text(items(conn, run_id))
+    new = (head + (f" ({rest})" if rest else "")) if head else (rest or None)
+    if new != row[1]:
+        conn.execute(text("UPDATE run SET status_message = :m WHERE id = :r"), {"m": new, "r": run_id})
 
 
 # ------------------------------------------------------------------------------------------ accepting
@@ -260,5 +305,6 @@ def accept(engine: Engine, run_id: int, item_id: int, reason: str | None, *, act
         item = {**dict(row), "state": "accepted", "closed_at": t, "closed_by": actor, "reason": why}
         store.add_event(conn, run_id, "accept_open_item", item_id, actor=actor,
                         detail=f"{describe(item)}: {why}"[:MAX_REASON_CHARS])
+        _refresh_status(conn, run_id)
     item["text"] = describe(item)
     return item

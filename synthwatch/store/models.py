@@ -444,6 +444,7 @@ class OpenItem(SQLModel, table=True):
     updated_at: float
     n_records: int  # finished records failing the check now, not flagged bad
     n_excluded: int  # failing records flagged bad
+    n_queued: int  # queued for a re-run, their earlier output failing the check (not counted as failing)
     n_peak: int  # the most records it ever counted
     first_t: float | None = None  # first / last finish time of the records it counts
     last_t: float | None = None

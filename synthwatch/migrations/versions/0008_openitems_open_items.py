@@ -5,7 +5,8 @@ Revises: 0008_turns
 Create Date: 2026-12-02 04:30:00
 
 - open_item: one row per (run, check) per opening; state open | repaired | excluded | accepted; its records
-  counted from the record table (n_records still failing, n_excluded flagged bad, n_peak the most ever
+  counted from the record table (n_records still failing, n_excluded flagged bad, n_queued
+  queued for a re-run, n_peak the most ever
   counted, first_t / last_t their finish times); closed_at / closed_by / reason when it closed; follows: the
   closed item before it on the same check (history is appended, never deleted).
 - Runs made before this migration: an open item for every check that had an alarm, counted at the next sync
@@ -37,6 +38,7 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.Float(), nullable=False),
         sa.Column("n_records", sa.Integer(), nullable=False),
         sa.Column("n_excluded", sa.Integer(), nullable=False),
+        sa.Column("n_queued", sa.Integer(), nullable=False),
         sa.Column("n_peak", sa.Integer(), nullable=False),
         sa.Column("first_t", sa.Float(), nullable=True),
         sa.Column("last_t", sa.Float(), nullable=True),
@@ -50,7 +52,8 @@ def upgrade() -> None:
     # earlier runs: an item per check that had an alarm (counted from the records at the next sync)
     op.execute(
         "INSERT INTO open_item (run_id, check_name, alarm_id, state, opened_at, updated_at, n_records, n_excluded,"
-        " n_peak) SELECT run_id, rule, MIN(id), 'open', MIN(raised_at), MAX(updated_at), MAX(count), 0, MAX(count)"
+        " n_queued, n_peak) SELECT run_id, rule, MIN(id), 'open', MIN(raised_at), MAX(updated_at), MAX(count), 0, 0,"
+        " MAX(count)"
         " FROM alarm GROUP BY run_id, rule"
     )
 
