@@ -34,6 +34,8 @@ def _show(v: Any) -> str:
 
 
 def _leaves(path: str, old: Any, new: Any) -> list[tuple[str, Any, Any]]:
+    if path and _hidden(path):  # one line for the whole hidden table: not even its keys (header names) are shown
+        return [(path, old, new)]
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for k in sorted(set(old) | set(new), key=str):
