@@ -48,13 +48,16 @@ def _finished(engine: Any, run_id: int) -> int:
     return int(r["n_ok"] + r["n_error"] + r["n_timeout"])
 
 
-def _pause_then(engine: Any, run_id: int, url: str, rate: float) -> None:
-    """Pause (every request in flight lands), change the server, resume: records after it get the new rate."""
+def _pause_then(engine: Any, run_id: int, url: str, rate: float) -> float:
+    """Pause (every request in flight lands), change the server, resume: records after it get the new rate.
+    Returns the time the server changed (before the resume)."""
     store.apply_control(engine, run_id, "pause", actor="test")
     wait_for(lambda: run_row(engine, run_id)["status"] == "paused" and run_row(engine, run_id)["n_in_flight"] == 0,
              timeout_s=60, what="the pause")
     _patch(url, rate_empty_reasoning=rate)
+    changed = time.time()
     store.apply_control(engine, run_id, "resume", actor="test")
+    return changed
 
 
 def _failing(engine: Any, run_id: int, check: str = "empty_reasoning") -> list[dict[str, Any]]:
@@ -74,12 +77,10 @@ def stretch_run(engine: Any, sim: Any, prompts: Any, name: str, *, clean: int = 
     run_id = bg.run_id
     try:
         wait_for(lambda: _finished(engine, run_id) >= clean, timeout_s=60, what="the clean start")
-        _pause_then(engine, run_id, url, BAD_RATE)
-        t0 = time.time()
+        t0 = _pause_then(engine, run_id, url, BAD_RATE)
         start = _finished(engine, run_id)
         wait_for(lambda: _finished(engine, run_id) >= start + bad, timeout_s=60, what="the bad stretch")
-        _pause_then(engine, run_id, url, 0.0)
-        t1 = time.time()
+        t1 = _pause_then(engine, run_id, url, 0.0)
     except BaseException:
         store.apply_control(engine, run_id, "stop_now")
         bg.join(30)
@@ -254,3 +255,40 @@ def test_cli_names_refuses_and_accepts(engine: Any, db_path: Path, sim: Any, pro
     run_cli("export", "--db", db, "cli", "--format", "raw", "--out", str(out2), check=True)
     m2 = json.loads(manifest_path(out2).read_text())
     assert m2["confirmed_with_open_alarms"] is False and m2["open_items"] == []
+
+
+def test_synthwatch_run_last_line_names_the_records_still_failing(tmp_path: Path, sim: Any, prompts: Any) -> None:
+    """`synthwatch run`'s last line and the run's status say "completed with N records failing X", N counted from
+    the records at the end (here the server empties the reasoning of a third of its answers throughout)."""
+    url = sim(seed=33, reasoning_tokens="4-10", content_tokens="3-6", rate_empty_reasoning=0.3)
+    db = tmp_path / "cli.db"
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f"""
+name = "cli-last-line"
+model = "sim-reasoner"
+concurrency = 4
+[dataset]
+path = "{prompts(80)}"
+[[endpoints]]
+base_url = "{url}"
+[checks.rules.empty_reasoning]
+auto_pause = false
+[checks.rules.reasoning_tokens_no_text]
+auto_pause = false
+""")
+    proc = run_cli("run", "--config", str(cfg), "--db", str(db), "--quiet", check=True)
+    last = proc.stderr.strip().splitlines()[-1]  # the run's own lines go to stderr
+    from synthwatch.store.db import open_engine
+
+    engine = open_engine(str(db))
+    try:
+        with engine.connect() as conn:
+            run_id = conn.execute(text("SELECT id FROM run WHERE name = 'cli-last-line'")).scalar_one()
+        n = len(_failing(engine, run_id))
+        item = _item(engine, run_id)
+        msg = run_row(engine, run_id)["status_message"]
+    finally:
+        engine.dispose()
+    assert n >= 5 and item["n_records"] == n
+    assert last.startswith("run 'cli-last-line' completed with ") and f"{n} records failing empty_reasoning" in last, last
+    assert msg.startswith("completed with ") and f"{n} records failing empty_reasoning" in msg

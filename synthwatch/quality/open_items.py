@@ -57,7 +57,8 @@ class Counted:
     queued: int = 0  # queued for a re-run: their earlier output failed the check, the new one is not written yet
 
 
-def count_failing(conn: Connection, run_id: int, check: str, since: float | None = None) -> Counted:
+def count_failing(conn: Connection, run_id: int, check: str, since: float | None = None, *,
+                  reruns: bool = True) -> Counted:
     """Finished records of the run failing `check` now (records flagged bad counted apart), with their time span,
     and records queued for a re-run whose earlier output failed it."""
     if check not in BIT:
@@ -74,12 +75,14 @@ def count_failing(conn: Connection, run_id: int, check: str, since: float | None
         f" AND (check_flags & :b) != 0{where}"), params).first()
     if row is None:
         return Counted(0, 0, None, None)
+    total, bad = int(row[0] or 0), int(row[1] or 0)
+    if not reruns:  # the run has no re-run queued: no need to look through its pending records
+        return Counted(total - bad, bad, row[2], row[3])
     hist_since = " AND h.finished_at > :s" if since is not None else ""
     queued = conn.execute(text(
         "SELECT COUNT(*) FROM record r JOIN record_history h ON h.record_id = r.id AND h.revision = r.revision - 1"
         " WHERE r.run_id = :r AND r.rerun = 1 AND r.status IN ('pending', 'in_flight') AND (h.check_flags & :b) != 0"
         f"{hist_since}"), params).scalar_one()
-    total, bad = int(row[0] or 0), int(row[1] or 0)
     return Counted(total - bad, bad, row[2], row[3], int(queued or 0))
 
 
@@ -118,6 +121,7 @@ def sync(conn: Connection, run_id: int, *, t: float | None = None, actor: str = 
 
     Runs inside the caller's write transaction (the writer's flush, a repair, a flag change, a run's end)."""
     t = time.time() if t is None else t
+    reruns = bool(conn.execute(text("SELECT n_rerun FROM run WHERE id = :r"), {"r": run_id}).scalar())
     alarms = _alarms(conn, run_id)
     items = _latest_items(conn, run_id)
     for check in sorted(set(alarms) | set(items)):
@@ -133,13 +137,14 @@ def sync(conn: Connection, run_id: int, *, t: float | None = None, actor: str = 
             later = next((a for a in rows if float(a["raised_at"]) > closed), None)
             if item["state"] == "accepted":
                 # what was accepted stays accepted; failures in records finished afterwards are a new item
-                if later is not None or (active is not None and count_failing(conn, run_id, check, closed).failing):
+                if later is not None or (active is not None
+                                         and count_failing(conn, run_id, check, closed, reruns=reruns).failing):
                     _open_new(conn, run_id, check, later or active or rows[-1], t, item, closed, actor)
-            elif later is not None or _any(count_failing(conn, run_id, check, item["since"])):
+            elif later is not None or _any(count_failing(conn, run_id, check, item["since"], reruns=reruns)):
                 # repaired / excluded, and now failing again (an undo, a flag taken back, a new alarm)
                 _open_new(conn, run_id, check, later or active or rows[-1], t, item, item["since"], actor)
             continue
-        c = count_failing(conn, run_id, check, item["since"])
+        c = count_failing(conn, run_id, check, item["since"], reruns=reruns)
         peak = max(int(item["n_peak"] or 0), c.failing)
         if c.failing == 0 and c.queued == 0 and (peak > 0 or active is None):
             state = "excluded" if c.excluded else "repaired"
