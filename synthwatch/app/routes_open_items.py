@@ -53,9 +53,36 @@ def accept_form(request: Request, run_id: int, item_id: int, engine: WriteEngine
                 reason: Annotated[str, Form()] = "") -> Response:
     _run_or_404(conn, run_id)
     try:
-        item = open_items.accept(engine, run_id, item_id, reason, actor="ui")
+        open_items.accept(engine, run_id, item_id, reason, actor="ui")
     except open_items.OpenItemError as exc:
-        q = urlencode({"item_error": str(exc), "item": item_id})
-        return RedirectResponse(f"/runs/{run_id}?{q}#open-items", status_code=303)
-    q = urlencode({"item_message": f"Accepted: {item['text']}"})
-    return RedirectResponse(f"/runs/{run_id}?{q}#open-items", status_code=303)
+        code = "closed" if "already closed" in str(exc) else "missing" if "has no open item" in str(exc) else "reason"
+        return RedirectResponse(f"/runs/{run_id}?{urlencode({'item': item_id, 'item_error': code})}#open-items",
+                                status_code=303)
+    return RedirectResponse(f"/runs/{run_id}?{urlencode({'item': item_id, 'accepted': 1})}#open-items",
+                            status_code=303)
+
+
+ERRORS = {
+    "reason": f"Accepting an open problem needs a reason of at least {open_items.MIN_REASON_CHARS} characters.",
+    "closed": "That open problem is already closed.",
+    "missing": "This run has no such open problem.",
+}
+
+
+def flash(conn: Connection, run_id: int, query: Any) -> tuple[str | None, str | None]:
+    """(message, error) for the run page after the accept form: composed here from the item, never from the URL."""
+    try:
+        item_id = int(query.get("item") or 0)
+    except ValueError:
+        return None, None
+    if not item_id:
+        return None, None
+    error = ERRORS.get(str(query.get("item_error") or ""))
+    if error:
+        return None, error
+    if query.get("accepted"):
+        found = [i for i in open_items.items(conn, run_id, include_closed=True)
+                 if i["id"] == item_id and i["state"] == "accepted"]
+        if found:
+            return f"Accepted: {found[0]['text']} (reason: {found[0]['reason']})", None
+    return None, None
