@@ -158,3 +158,44 @@ def test_open_items_on_both_databases(any_engine: Any, sim: Any, prompts: Any) -
     assert not [i for i in still if i["check_name"] == "field_mismatch"]
     assert "open_item_opened" in events and "open_item_repaired" in events
     assert "field_mismatch" not in (run_row(engine, run_id)["status_message"] or "")
+
+
+def test_open_items_over_the_api(engine: Any, sim: Any, prompts: Any, live_app: Any) -> None:
+    """GET lists the open item; an export over the API is refused (409 naming it) until confirmed, and its manifest
+    says who confirmed; accepting needs a reason (400), then closes it and the export needs no yes."""
+    run_id = completed_mismatch_run(engine, sim(reasoning_field="reasoning", seed=55, reasoning_tokens="8-16",
+                                                content_tokens="4-8"), prompts(10), "api-items")
+    srv = live_app()
+    headers = {"Origin": srv.url, "Sec-Fetch-Site": "same-origin"}
+    with httpx.Client(base_url=srv.url, headers=headers, timeout=30) as c:
+        listed = c.get(f"/api/runs/{run_id}/open-items").json()["open_items"]
+        [item] = [i for i in listed if i["check_name"] == "field_mismatch"]
+        assert item["n_records"] == 10 and item["state"] == "open"
+        refused = c.post(f"/api/runs/{run_id}/exports", json={"format": "raw"})
+        assert refused.status_code == 409 and f"open problem #{item['id']}" in refused.json()["detail"]
+        assert item["id"] in [i["id"] for i in refused.json()["open_alarms"]["open_items"]]
+        job = c.post(f"/api/runs/{run_id}/exports", json={"format": "raw", "allow_open_alarms": True})
+        assert job.status_code == 202, job.text
+
+        def manifest(job_id: int) -> dict[str, Any]:
+            from workerkit import wait_for
+
+            wait_for(lambda: c.get(f"/api/runs/{run_id}/exports/{job_id}").json()["status"] == "done",
+                     timeout_s=60, what="the export")
+            return c.get(f"/api/runs/{run_id}/exports/{job_id}").json()["manifest"]  # type: ignore[no-any-return]
+
+        m = manifest(job.json()["id"])
+        assert m["confirmed_with_open_alarms"] is True and m["confirmed_by"] == "api"
+        assert item["id"] in [i["id"] for i in m["open_items"]]
+        short = c.post(f"/api/runs/{run_id}/open-items/{item['id']}/accept", json={"reason": "ok"})
+        assert short.status_code == 400 and "needs a reason" in short.json()["detail"]
+        for i in listed:
+            done = c.post(f"/api/runs/{run_id}/open-items/{i['id']}/accept", json={"reason": "kept as a negative set"})
+            assert done.status_code == 200 and done.json()["state"] == "accepted" and done.json()["closed_by"] == "api"
+        assert c.get(f"/api/runs/{run_id}/open-items").json()["open_items"] == []
+        closed = c.get(f"/api/runs/{run_id}/open-items", params={"closed": "true"}).json()["open_items"]
+        assert {i["state"] for i in closed} == {"accepted"}
+        free = c.post(f"/api/runs/{run_id}/exports", json={"format": "raw"})
+        assert free.status_code == 202, free.text
+        m2 = manifest(free.json()["id"])
+        assert m2["confirmed_with_open_alarms"] is False and m2["open_items"] == []
