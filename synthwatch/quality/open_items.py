@@ -79,9 +79,11 @@ def count_failing(conn: Connection, run_id: int, check: str, since: float | None
     if not reruns:  # the run has no re-run queued: no need to look through its pending records
         return Counted(total - bad, bad, row[2], row[3])
     hist_since = " AND h.finished_at > :s" if since is not None else ""
+    # from the re-run repairs' history rows (indexed by repair), not by scanning the run's pending records
     queued = conn.execute(text(
-        "SELECT COUNT(*) FROM record r JOIN record_history h ON h.record_id = r.id AND h.revision = r.revision - 1"
-        " WHERE r.run_id = :r AND r.rerun = 1 AND r.status IN ('pending', 'in_flight') AND (h.check_flags & :b) != 0"
+        "SELECT COUNT(*) FROM record_history h JOIN record r ON r.id = h.record_id AND h.revision = r.revision - 1"
+        " WHERE h.repair_id IN (SELECT id FROM repair WHERE run_id = :r AND kind = 'rerun') AND h.action = 'rerun'"
+        " AND r.rerun = 1 AND r.status IN ('pending', 'in_flight') AND (h.check_flags & :b) != 0"
         f"{hist_since}"), params).scalar_one()
     return Counted(total - bad, bad, row[2], row[3], int(queued or 0))
 
@@ -194,10 +196,13 @@ def describe(item: dict[str, Any]) -> str:
         same_day = a[:10] == b[:10]
         span = f" between {a} and {b[11:] if same_day else b}"
     head = f"{n:,} record{'' if n == 1 else 's'} failed {item['check_name']}{span}"
+    queued = int(item.get("n_queued") or 0) if item["state"] == "open" else 0
+    if not n and queued:
+        return f"{queued:,} record{'' if queued == 1 else 's'} that failed {item['check_name']} queued for a re-run"
     if not n and not item.get("first_t"):
         head = f"{item['check_name']}: {CHECK_INFO.get(item['check_name'], 'the check failed')}"
-    if item["state"] == "open" and item.get("n_queued"):
-        head += f"; {int(item['n_queued']):,} more queued for a re-run"
+    if queued:
+        head += f"; {queued:,} more queued for a re-run"
     return head
 
 
