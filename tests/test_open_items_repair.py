@@ -158,6 +158,21 @@ def test_open_items_on_both_databases(any_engine: Any, sim: Any, prompts: Any) -
     assert not [i for i in still if i["check_name"] == "field_mismatch"]
     assert "open_item_opened" in events and "open_item_repaired" in events
     assert "field_mismatch" not in (run_row(engine, run_id)["status_message"] or "")
+    # an undo brings the failures back: a new item after the repaired one; a re-run queues them (not failing)
+    from synthwatch.repair import history as repair_history
+
+    with engine.connect() as conn:
+        [rep] = [r for r in repair_history.list_repairs(conn, run_id) if r["kind"] == "rederive"]
+    repair_history.undo(engine, run_id, rep["id"], actor="t")
+    with engine.connect() as conn:
+        [again] = [i for i in open_items.items(conn, run_id) if i["check_name"] == "field_mismatch"]
+        sel = repair.select(conn, run_id, check="field_mismatch")
+    assert again["follows"] == item["id"] and again["n_records"] == 20
+    assert repair.rerun_records(engine, run_id, sel, actor="t")["queued"] == 20
+    with engine.connect() as conn:
+        [queued] = [i for i in open_items.items(conn, run_id) if i["check_name"] == "field_mismatch"]
+    assert (queued["id"], queued["n_records"], queued["n_queued"]) == (again["id"], 0, 20)
+    assert "20 records queued for a re-run (field_mismatch)" in run_row(engine, run_id)["status_message"]
 
 
 def test_open_items_over_the_api(engine: Any, sim: Any, prompts: Any, live_app: Any) -> None:
