@@ -179,6 +179,8 @@ def handle(args: argparse.Namespace) -> int:
         print(f"open problems named in the manifest: {len(manifest['open_items'])}"
               + (f" (exported anyway, confirmed by {manifest['confirmed_by']})" if manifest["confirmed_by"] else ""))
     print(f"manifest: {manifest_path(Path(plan.out))}  sha256 {manifest['file']['sha256'][:16]}…")
+    for warning in manifest.get("warnings") or ():
+        print(f"warning: {warning}", file=sys.stderr)
     preset = manifest.get("preset")
     if preset:
         checked = preset["checked_against"]

@@ -35,7 +35,7 @@ THINK_OPEN_ID = 128821
 THINK_CLOSE_ID = 128822
 EOS_ID = 1
 """``<｜end▁of▁sentence｜>`` of the DeepSeek-V4 tokenizer: the last completion id of a reply that stopped."""
-_PARSER_MODES = ("reasoning", "reasoning_content", "both")
+PARSER_MODES = ("reasoning", "reasoning_content", "both")
 
 
 # --------------------------------------------------------------------------------------------
@@ -85,6 +85,12 @@ class SimConfig:
         rate_preempt: With a capacity, the share of paced streams preempted once half-way while requests queue
             (as a server whose KV cache is full evicts a request and computes it again): the stream pauses for a
             second and ``num_preemptions`` counts it.
+        batch_slowdown: With paced streams, each stream decodes at ``tokens_per_s / (1 + running / B)`` where
+            ``running`` is the batch when it starts (0 = every stream at full speed): a GPU's batch makes every
+            token slower while total tokens/s still grows, with no queue (the shape of a real vLLM far below its
+            KV-cache limit).
+        kv_max_concurrency: What ``vllm:cache_config_info`` (label ``kv_cache_max_concurrency``) and SGLang's
+            ``max_running_requests`` publish as the requests that fit at once (0: the capacity, when one is set).
         server_kind: What ``/metrics`` and ``/version`` look like: ``vllm``, ``vllm-old`` (before
             ``gpu_cache_usage_perc`` was renamed), ``sglang`` (``/get_server_info``) or ``none``.
         server_version: The version those endpoints report.
@@ -94,6 +100,9 @@ class SimConfig:
             real tokens).
         keep_requests: Keep the ``messages`` of the last N chat requests received (0: none), served by
             ``GET /sim/requests`` (oldest first): what a client really sent, e.g. a conversation's history.
+        unclosed_reasoning: Share of prompts (drawn per prompt, deterministically) whose model stops inside its
+            reasoning: no ``</think>``, no answer (``content`` null in the parser modes), and with
+            ``token_ids="deepseek"`` the completion ids end in EOS, as small models do on a real vLLM 0.32.
     """
 
     model: str = "sim-reasoner"
@@ -119,9 +128,12 @@ class SimConfig:
     token_ids: str = "words"
     capacity: int = 0
     rate_preempt: float = 0.0
+    batch_slowdown: float = 0.0
+    kv_max_concurrency: int = 0
     server_kind: str = "vllm"
     server_version: str = "0.32.0"
     keep_requests: int = 0
+    unclosed_reasoning: float = 0.0
 
     def __post_init__(self) -> None:
         if self.reasoning_field not in REASONING_FIELDS:
@@ -132,6 +144,8 @@ class SimConfig:
             raise ValueError(f"server_kind must be one of {', '.join(SERVER_KINDS)}")
         if self.capacity < 0:
             raise ValueError("capacity must be >= 0 (0 = unlimited)")
+        if self.batch_slowdown < 0 or self.kv_max_concurrency < 0:
+            raise ValueError("batch_slowdown and kv_max_concurrency must be >= 0")
         if not 0.0 <= self.rate_preempt <= 1.0:
             raise ValueError("rate_preempt must be between 0 and 1")
         if not self.model:
@@ -144,7 +158,7 @@ class SimConfig:
             raise ValueError("max_model_len must be >= 1")
         if not 0 <= self.keep_requests <= 1_000_000:
             raise ValueError("keep_requests must be between 0 and 1000000")
-        for name in self.fault_rates():
+        for name in (*self.fault_rates(), "unclosed_reasoning"):
             rate = getattr(self, name)
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1")

@@ -303,7 +303,7 @@ class RunWorker(RecordTasks):
                                 + (f", {len(eps)} endpoints" if len(eps) > 1 else ""))
         last = {ep.label: (ep.n_timeouts, ep.limited, ep.n_server_errors) for ep in eps}
         scraped = self.scraper.preemptions if self.scraper is not None else {}
-        preempted = dict(scraped)  # each server's preemption counter at the previous step
+        preempted = {k: v.latest for k, v in scraped.items()}  # each server's preemption counter at the previous step
         while True:
             t0 = time.monotonic()
             for ep in eps:
@@ -311,7 +311,7 @@ class RunWorker(RecordTasks):
             await asyncio.sleep(at.interval_s)
             if self.state != "running":
                 last = {ep.label: (ep.n_timeouts, ep.limited, ep.n_server_errors) for ep in eps}
-                preempted = dict(scraped)
+                preempted = {k: v.latest for k, v in scraped.items()}
                 continue
             dt = time.monotonic() - t0
             changes = []
@@ -321,24 +321,25 @@ class RunWorker(RecordTasks):
                 now = (ep.n_timeouts, ep.limited, ep.n_server_errors)
                 prev = last[ep.label]
                 last[ep.label] = now
-                waiting = running = None
+                waiting = running = ceiling = None
                 preempt = 0.0
                 row = self.scraper.latest.get(ep.label) if self.scraper is not None else None
+                span = scraped.get(ep.label)
                 if row and not row.get("error") and row.get("t", 0) >= time.time() - 2 * at.interval_s:
                     waiting, running = row.get("waiting") or 0.0, row.get("running") or 0.0
-                    # the counter's change over the whole step: one scrape's rate misses earlier bursts
-                    counter = scraped.get(ep.label)
-                    before = preempted.get(ep.label)
-                    if before is None and self.scraper is not None:  # no scrape had come when tuning began
-                        before = self.scraper.preemptions_first.get(ep.label)
-                    if counter is not None and before is not None:
-                        preempt = counter - before if counter >= before else counter  # a restarted server
+                    ceiling = row.get("max_concurrency")
+                    # the counter's change over the whole step (from the first scrape when tuning began before
+                    # any): one scrape's rate misses earlier bursts
+                    before = preempted.get(ep.label, span.first if span is not None else None)
+                    if span is not None and before is not None:
+                        preempt = span.latest - before if span.latest >= before else span.latest  # a restart
                     else:
-                        preempt = (row.get("preemptions_s") or 0.0) * dt
-                preempted[ep.label] = scraped.get(ep.label, preempted.get(ep.label, 0.0))
+                        preempt = row.get("preemptions") or 0.0
+                if span is not None:
+                    preempted[ep.label] = span.latest
                 iv = Interval(sum(tk for tk, _ in done) / dt, median(lat) if len(lat) >= 10 else None,
                               ep.outstanding_max, now[0] - prev[0], now[1] - prev[1], now[2] - prev[2], preempt,
-                              waiting, running, in_flight_now=ep.outstanding)
+                              waiting, running, in_flight_now=ep.outstanding, server_ceiling=ceiling)
                 tuner = tuners[ep.label]
                 tuner.current = ep.limit or tuner.current
                 decision = tuner.step(iv)
