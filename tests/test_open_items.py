@@ -68,9 +68,11 @@ def _failing(engine: Any, run_id: int, check: str = "empty_reasoning") -> list[d
 
 
 def stretch_run(engine: Any, sim: Any, prompts: Any, name: str, *, clean: int = 40, bad: int = 60,
-                after: int = 140, **sim_kw: Any) -> tuple[int, str, tuple[float, float]]:
+                after: int = 300, **sim_kw: Any) -> tuple[int, str, tuple[float, float]]:
     """A run that is clean, then gets empty reasoning from the server for `bad` records, then recovers for
-    `after` more (enough for the 100-record window to clear the alarm). Returns (run id, url, bad stretch)."""
+    `after` more (enough for the 100-record window to clear the alarm: the pause that ends the stretch lands
+    after the requests in flight and the worker's claimed reserve, which at full speed can be dozens more).
+    Returns (run id, url, bad stretch)."""
     url = sim(seed=31, reasoning_tokens="4-10", content_tokens="3-6", **sim_kw)
     config = make_config(url, prompts(clean + bad + after), concurrency=4, name=name, checks=NO_PAUSE)
     bg = CheckedBackground(engine, config).start()

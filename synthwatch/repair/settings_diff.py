@@ -29,7 +29,10 @@ def _hidden(path: str) -> bool:
 def _show(v: Any) -> str:
     if v is _MISSING or v is None:
         return "(not set)"
-    text = repr(v) if isinstance(v, str) else orjson.dumps(v).decode()
+    try:
+        text = repr(v) if isinstance(v, str) else orjson.dumps(v).decode()
+    except TypeError:  # what JSON cannot say (an integer past 64 bits): Python's own spelling
+        text = repr(v)
     return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS - 1] + "…"
 
 
