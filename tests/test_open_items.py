@@ -259,6 +259,7 @@ def test_cli_names_refuses_and_accepts(engine: Any, db_path: Path, sim: Any, pro
     assert m2["confirmed_with_open_alarms"] is False and m2["open_items"] == []
 
 
+@pytest.mark.slow
 def test_synthwatch_run_last_line_names_the_records_still_failing(tmp_path: Path, sim: Any, prompts: Any) -> None:
     """`synthwatch run`'s last line and the run's status say "completed with N records failing X", N counted from
     the records at the end (here the server empties the reasoning of a third of its answers throughout)."""

@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 import httpx
+import pytest
 from conftest import run_cli
 from hypothesis import given
 from hypothesis import strategies as st
@@ -33,6 +34,7 @@ def _repairs(engine: Any, run_id: int) -> int:
         return int(conn.execute(text("SELECT COUNT(*) FROM repair WHERE run_id = :r"), {"r": run_id}).scalar_one())
 
 
+@pytest.mark.slow
 def test_a_rerun_of_nothing_leaves_no_repair_row(engine: Any, db_path: Any, sim: Any, prompts: Any,
                                                  live_app: Any) -> None:
     url = sim(seed=51, reasoning_tokens="4-8", content_tokens="3-6")
@@ -175,6 +177,7 @@ def test_open_items_on_both_databases(any_engine: Any, sim: Any, prompts: Any) -
     assert "20 records queued for a re-run (field_mismatch)" in run_row(engine, run_id)["status_message"]
 
 
+@pytest.mark.slow
 def test_open_items_over_the_api(engine: Any, sim: Any, prompts: Any, live_app: Any) -> None:
     """GET lists the open item; an export over the API is refused (409 naming it) until confirmed, and its manifest
     says who confirmed; accepting needs a reason (400), then closes it and the export needs no yes."""
