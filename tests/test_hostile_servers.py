@@ -318,7 +318,9 @@ def test_sigint_is_handled_within_two_seconds(case: str, tmp_path: Path) -> None
             f'name = "sig"\nmodel = "sim-reasoner"\nconcurrency = 4\ndataset = {{ path = "{data}" }}\n'
             f'endpoints = [{{ base_url = "{srv.url}" }}]\n'
             f'timeouts = {{ connect_s = 5, total_s = 120, idle_s = 60 }}\nretries = {{ max_attempts = 1 }}\n'
-            f'limits = {{ max_event_bytes = {MiB} }}\n')
+            f'limits = {{ max_event_bytes = {MiB} }}\n'
+            # every request fails here on purpose: the errors' auto-pause (#26) would end the run before the signals
+            '[checks.rules.error]\npause_min_records = 100000\n')
         proc = subprocess.Popen([sys.executable, "-m", "synthwatch", "run", "--config", str(cfg), "--db", str(db),
                                  "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=cli_env(), cwd=ROOT, preexec_fn=_default_sigint)

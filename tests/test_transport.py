@@ -289,8 +289,9 @@ def _dataset(tmp_path: Path, n: int = 6) -> Path:
 
 def _ends(engine: Any, bg: Background) -> list[dict[str, Any]]:
     final = bg.join(60)
-    assert final == "completed"
     recs = records(engine, bg.run_id)
+    # a run in which every request failed ends "failed", never "completed" (#26)
+    assert final == ("completed" if any(r["status"] == "ok" for r in recs) else "failed"), final
     assert all(r["status"] in ("ok", "error") for r in recs), [r["status"] for r in recs]  # none in flight
     return recs
 

@@ -212,6 +212,12 @@ class Progress:
         )
         if info["db_error"]:
             line += f" | DATABASE: {info['db_error']}"
+        note = getattr(w, "pause_note", "") if w.state == "paused" else ""
+        if note and note != getattr(self, "_note", ""):
+            # why the run waits (an open alarm holds it), once, on a line of its own
+            print(("\r\x1b[2K" if self.tty else "") + note.replace("control RUN ", f"control {self.name} "),
+                  file=sys.stderr, flush=True)
+        self._note = note
         if self.tty:
             print("\r\x1b[2K" + line, end="", file=sys.stderr, flush=True)
         elif time.monotonic() - self._last_json >= 10:
@@ -334,7 +340,7 @@ def handle(a: argparse.Namespace) -> int:
         progress.close()
         with engine.connect() as conn:
             row = run_row(conn, run_id)
-        message = row.get("status_message") or ""
+        message = (row.get("status_message") or "").replace("control RUN ", f"control {config.name} ")
         head = final
         if final == "completed" and message.startswith("completed with "):
             head, _, rest = message.partition(" (")

@@ -141,8 +141,10 @@ def iter_ids(engine: Engine, run_id: int, sel: Selection, chunk: int = CHUNK) ->
 
 
 # what reading an answer again and checking it need (not usage, token ids, attempts: read once, kept as they are)
+# every column derive() returns is read: comparing a re-derived record with its row needs them all (a record
+# already right raised KeyError 'reasoning_len' here, found by tests/test_alarm_state_machine.py)
 _READ_COLS = ("id, idx, run_id, revision, rerun, prompt_json, status, reasoning, content, content_null,"
-              " reasoning_source, finish_reason, completion_tokens, reasoning_tokens, extra_json, model,"
+              " reasoning_source, reasoning_len, content_len, finish_reason, completion_tokens, reasoning_tokens, extra_json, model,"
               " system_fingerprint, endpoint, error_kind, check_flags, check_json, derive_version, turns_json,"
               " turns_done")
 

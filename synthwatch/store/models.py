@@ -257,6 +257,9 @@ class Alarm(SQLModel, table=True):
     active: bool = True
     auto_paused: bool = False
     reraised_from: int | None = None  # the acknowledged alarm whose condition came back
+    snooze_until: float | None = None  # an acknowledgement "for M minutes" ends here (read by the claim)
+    snooze_records: int | None = None  # ... "for N records": claims stop once the run claimed this many
+    evidence_json: str | None = Field(default=None, sa_type=Text)  # what the alarm saw (fields, error text)
 
 
 class Flag(SQLModel, table=True):
@@ -438,7 +441,7 @@ class ServerMetric(SQLModel, table=True):
 
 
 class OpenItem(SQLModel, table=True):
-    """What an alarm left behind: records failing its check, until repaired, excluded or accepted (migration 0010)."""
+    """What an alarm left behind: records failing its check, until repaired, excluded or accepted (migration 0011)."""
 
     __tablename__ = "open_item"
     __table_args__ = (Index("ix_open_item_run", "run_id", "state"),)

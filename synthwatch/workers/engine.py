@@ -25,6 +25,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from ..config import RunConfig
+from ..quality.alarms import TRANSPORT_RULES
 from ..quality.open_items import completion_message
 from ..settings import get_settings
 from ..store import queue as store
@@ -76,6 +77,9 @@ class RunWorker(RecordTasks):
         self.tasks: set[asyncio.Task[None]] = set()
         self.local_stop: str | None = None  # "stop" | "stop_now" from signals
         self._done_why = ""  # why the run completed ("done", "cap_done"), for its final message
+        self.pause_note = ""  # why the run is paused when an alarm holds it (the terminal prints it)
+        self._hold: tuple[str, ...] = ()  # the rules of the alarms that hold the paused run
+        self._final = ""  # the state _shutdown stored when it differs from the loop's (every request failed)
         self.state = "running"
         self.worker_id = 0
         self.writer: Writer | None = None
@@ -222,7 +226,7 @@ class RunWorker(RecordTasks):
             final, message = "failed", f"{exc.__class__.__name__}: {exc}"
         finally:
             await self._shutdown(final, message)
-        return final
+        return self._final or final
 
     async def _shutdown(self, final: str, message: str | None) -> None:
         if self.tasks:
@@ -245,20 +249,26 @@ class RunWorker(RecordTasks):
             store.add_event(conn, self.run_id, "worker_exit", f"{self.worker_id}:{final}", actor="worker")
             if not others or final == "completed":
                 msg = message
+                state = final
                 if final == "completed" and self._done_why:
                     # the loop's snapshot of the counters can predate the last records' write, which this
-                    # transaction follows: the counters now are the final ones
+                    # transaction follows: the counters now are the final ones (one snapshot for every number)
                     row = conn.execute(text("SELECT cap, n_ok, n_error, n_timeout FROM run WHERE id = :r"),
                                        {"r": self.run_id}).mappings().first()
                     if row is not None:
                         msg = self._finished_reason(dict(row), self._done_why)
-                if final == "completed":
+                        if not row["n_ok"] and (row["n_error"] or row["n_timeout"]):
+                            # a run in which every request failed is a failure, never a plain "completed"
+                            state = self._final = "failed"
+                            said = store.last_failure(conn, self.run_id)
+                            msg = f"every request failed ({msg})" + (f"; the server said: {said}" if said else "")
+                if state == "completed":
                     # a run that leaves open items (an alarm's failing records, quality/open_items.py) is never a
                     # plain "completed"
                     failing = completion_message(conn, self.run_id)
                     if failing:
-                        msg = failing + (f" ({message})" if message else "")
-                store.set_status(conn, self.run_id, final, msg)
+                        msg = failing + (f" ({msg})" if msg else "")
+                store.set_status(conn, self.run_id, state, msg)
 
         fut = writer.call(finish)
         # the status write must land even if we are being cancelled
@@ -426,10 +436,14 @@ class RunWorker(RecordTasks):
                 if self.state != "paused":
                     self.state = "paused"
                     paused_since = m
-                    await self._set_status("paused", f"paused; {len(self.tasks)} in-flight requests finishing")
+                    await self._set_paused(f"paused; {len(self.tasks)} in-flight requests finishing")
                 elif paused_since is not None and not self.tasks:
                     paused_since = None
-                    await self._set_status("paused", "paused")
+                    await self._set_paused("paused")
+                    if self._hold and set(self._hold) <= TRANSPORT_RULES:
+                        # every request fails (wrong model, URL, port): waiting for a resume with the same
+                        # settings would do nothing; the terminal gets the server's own words and exit code 4
+                        return "paused", self.pause_note
             else:
                 if self.state != "running":
                     self.state = "running"
@@ -561,6 +575,17 @@ class RunWorker(RecordTasks):
             self._wake.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("record task failed: %r", task.exception())
+
+    async def _set_paused(self, base: str) -> None:
+        """The paused status, saying which alarm holds the run (read with the claim's gate)."""
+        assert self.writer is not None
+
+        def write(conn: Any) -> tuple[str, tuple[str, ...]]:
+            reason, rules = store.pause_reason(conn, self.run_id)
+            store.set_status(conn, self.run_id, "paused", f"{base}; {reason}" if reason else base)
+            return reason, rules
+
+        self.pause_note, self._hold = await asyncio.wrap_future(self.writer.call(write))
 
     async def _set_status(self, status: str, message: str | None) -> None:
         assert self.writer is not None
