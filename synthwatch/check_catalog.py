@@ -158,7 +158,8 @@ class WebhookSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     url: str | None = Field(None, description="POST a JSON body here when an alarm fires (else run webhook_url).")
     timeout_s: float = Field(5.0, gt=0, le=60)
-    dashboard_url: str = Field("http://127.0.0.1:8000", description="Base of the links in notifications.")
+    dashboard_url: str = Field("", description="Base of the links in notifications (empty: SYNTHWATCH_DASHBOARD_URL "
+                               "or the dashboard running on the run's database; none known: links are paths).")
 
     @field_validator("url")
     @classmethod

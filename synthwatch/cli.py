@@ -65,8 +65,20 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"synthwatch {args.command}: error: {exc}", file=sys.stderr)  # noqa: T201  (the CLI speaks)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a Ctrl-C before the command installed its own handling (or one that has none)
+        print(f"synthwatch {args.command}: interrupted (Ctrl-C)", file=sys.stderr)  # noqa: T201
         return 130
+    except Exception as exc:  # the last resort: no traceback reaches a user (-v shows it)
+        if args.verbose:
+            raise
+        print(f"synthwatch {args.command}: error: {type(exc).__name__}: {one_line(str(exc))} "  # noqa: T201
+              "(a bug: -v shows where)", file=sys.stderr)
+        return 1
+
+
+def one_line(message: str) -> str:
+    """A driver's message spread over lines (psycopg's "Is the server running…?") as one line."""
+    return " ".join(ln.strip() for ln in message.splitlines() if ln.strip())
 
 
 _PROGRAM = False  # True in the `synthwatch` process itself, False when main() is called from Python

@@ -21,6 +21,7 @@ from synthwatch.check_catalog import DEFAULT_RULES
 from synthwatch.review import display as review_display
 from synthwatch.review import queries as review
 from synthwatch.store.db import open_engine
+from tests.conftest import HTTP_TIMEOUT_S
 from tests.hostile import HOSTILE
 from tests.test_checks_kit import CheckedBackground
 from tests.workerkit import counts, make_config, records, wait_for
@@ -70,7 +71,7 @@ def hostile_run(tmp_path: Path, db_path: Path, sim: Any) -> dict[str, Any]:
     req = urllib.request.Request(url.rstrip("/").removesuffix("/v1") + "/sim/config", method="PATCH",
                                  data=orjson.dumps({"fingerprint": FINGERPRINT}),
                                  headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=5).read()
+    urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S).read()
     assert bg.join(60) == "completed"
     recs = records(engine, bg.run_id)
     engine.dispose()

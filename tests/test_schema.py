@@ -69,7 +69,7 @@ def test_open_items_migration_backfills_earlier_runs(backend: str, tmp_path: Pat
 
     db = str(tmp_path / "old.db") if backend == "sqlite" else request.getfixturevalue("pg_server").new_database()
     url = resolve_url(db)
-    command.upgrade(alembic_config(url), "0010_alarmstate_snooze")  # the revision before open items
+    command.upgrade(alembic_config(url), "0011_dashboard_address")  # the revision before open items
     eng = create_engine(url)
     with eng.begin() as conn:
         conn.execute(text("INSERT INTO run (id, name, kind, status, desired, config_json, expects_reasoning, created_at,"

@@ -83,13 +83,13 @@ def test_a_value_an_http_header_cannot_carry_is_refused_naming_the_variable(monk
 
 def test_latin1_keys_and_header_values_are_accepted_and_sent(monkeypatch: Any) -> None:
     with HostileServer(lambda r, w: asyncio.sleep(0)) as srv:
-        p = pool(monkeypatch, {"SW_T_KEY": "sk-clé-1", "SW_T_ORG": "org-ä"}, base_url=srv.url,
+        p = pool(monkeypatch, {"SW_T_KEY": "sk-clé-1", "SW_T_ORG": "org-ä-0001"}, base_url=srv.url,
                  api_key_env="SW_T_KEY", headers_env={"OpenAI-Organization": "SW_T_ORG"})
         res = run_async(one(p.endpoints[0]))
         assert res.ok, res.message
     sent = srv.heads[0]
     # aiohttp writes header values as UTF-8
-    assert "Authorization: Bearer sk-clé-1".encode() in sent and "OpenAI-Organization: org-ä".encode() in sent
+    assert "Authorization: Bearer sk-clé-1".encode() in sent and "OpenAI-Organization: org-ä-0001".encode() in sent
 
 
 def test_missing_header_variable_and_bad_header_config_are_refused(monkeypatch: Any) -> None:

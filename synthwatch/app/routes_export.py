@@ -19,6 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 from sqlalchemy.engine import Connection
 
 from ..export.jobs import ExportJobs, FileGone, JobNotDone, JobNotFound
+from ..export.manifest import public_manifest, without_paths
 from ..export.plan import (
     DEFAULT_CHECKS,
     FORMATS,
@@ -82,6 +83,10 @@ def _job_view(job: dict[str, Any]) -> dict[str, Any]:
     job["download_url"] = f"{base}/file" if job["status"] == "done" else None
     job["manifest_url"] = f"{base}/manifest" if job["status"] == "done" else None
     job.pop("out_path")  # the server's filesystem layout is not the client's business
+    if job.get("manifest") is not None:
+        job["manifest"] = public_manifest(job["manifest"])  # nor are the paths the manifest names
+    if job.get("error"):
+        job["error"] = without_paths(str(job["error"]))
     return job
 
 
@@ -237,8 +242,13 @@ def export_download(request: Request, run_id: int, job_id: int) -> Response:
 @router.get("/runs/{run_id}/exports/{job_id}/manifest", include_in_schema=False)
 def export_manifest(request: Request, run_id: int, job_id: int) -> Response:
     path = _finished_file(request, run_id, job_id, manifest=True)
-    return FileResponse(path, media_type="application/json", filename=path.name,
-                        content_disposition_type="attachment")
+    try:
+        manifest = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise HTTPException(410, f"the manifest of export {job_id} cannot be read: {type(exc).__name__}") from None
+    # the file keeps the server's paths; what the dashboard serves names files only
+    return Response(orjson.dumps(public_manifest(manifest), option=orjson.OPT_INDENT_2), media_type="application/json",
+                    headers={"Content-Disposition": f'attachment; filename="{path.name}"'})
 
 
 # --------------------------------------------------------------------------------------------- API

@@ -208,6 +208,10 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
         patch = limit_tokenizer_change(patch, settings)
     except LaunchError as exc:
         errors.add("set.tokenizer.name_or_path", "tokenizer", str(exc))
+    try:
+        patch = _limit_tls(patch, settings, cur)
+    except LaunchError as exc:
+        errors.add("set.endpoints", "endpoints", str(exc))
     if patch:  # the whole new config validated, also when some fields above could not be read
         try:
             versions.changed_config(cur, patch, run["kind"])
@@ -273,6 +277,16 @@ def _check_secret_envs(changes: dict[str, Any], settings: Any) -> None:
                     check_key_env(name, settings)
                 except LaunchError as exc:
                     raise versions.VersionError(f"endpoints[{i}]: {exc}") from None
+
+
+def _limit_tls(patch: dict[str, Any], settings: Any, current: dict[str, Any]) -> dict[str, Any]:
+    """A settings change whose endpoints name TLS files: only inside the dashboard's TLS folders (the run's own
+    paths, set from the command line, are kept)."""
+    from .tls_limits import limit_tls
+
+    if "endpoints" not in patch:
+        return patch
+    return {**patch, "endpoints": limit_tls(patch["endpoints"], settings, current.get("endpoints"))}
 
 
 def _get(cfg: dict[str, Any], path: str) -> Any:
@@ -426,6 +440,7 @@ def api_settings(request: Request, run_id: int, body: SettingsBody, engine: Writ
     try:
         _check_secret_envs(body.changes, request.app.state.settings)
         patch = limit_tokenizer_change(versions.nest(body.changes), request.app.state.settings)
+        patch = _limit_tls(patch, request.app.state.settings, versions.current(conn, run_id)[1])
         return versions.change_settings(engine, run_id, patch, actor="api", reason=body.reason)
     except (versions.VersionError, LaunchError) as exc:
         return JSONResponse({"detail": str(exc)}, status_code=400)

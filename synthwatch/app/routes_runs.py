@@ -158,8 +158,6 @@ async def _posted_form(request: Request) -> dict[str, str]:
 async def new_run_probe(request: Request) -> Response:
     """The form's "Probe the endpoint" button: synthwatch probe on its first endpoint, shown above the form,
     with the reasoning field set to where the reasoning arrived. Starts nothing."""
-    import os
-
     from ..probe import ProbeError, ProbeOptions, probe
 
     form = await _posted_form(request)
@@ -169,7 +167,13 @@ async def new_run_probe(request: Request) -> Response:
     if not urls or not form["model"].strip():
         ctx["error"] = "probe: give an endpoint base URL and a model"
         return render(request, "new_run.html", ctx, status_code=400)
-    key = os.environ.get(form["api_key_env"].strip()) if form["api_key_env"].strip() else None
+    key = None
+    if form["api_key_env"].strip():  # the same allowlist as starting a run: the key goes to the form's URL
+        try:
+            key = launch.key_for_dashboard(form["api_key_env"].strip(), request.app.state.settings)
+        except launch.LaunchError as exc:
+            ctx["error"] = f"probe: {exc}"
+            return render(request, "new_run.html", ctx, status_code=400)
     try:
         report = await run_in_threadpool(probe, ProbeOptions(urls[0], form["model"].strip(), api_key=key,
                                                              timeout_s=30.0))

@@ -126,7 +126,7 @@ def list_runs(conn: Connection, limit: int = 200) -> list[dict[str, Any]]:
             d = r["duration_s"] or 0
             r.update({"req_s": _rate(r["n_ok"], d), "tok_s": None, "recent_timeout_share": None,
                       "recent_error_share": None})
-        r["badges"] = _badges(r)
+        r["badges"] = run_badges(r)
     return runs
 
 
@@ -138,7 +138,7 @@ def _duration(r: dict[str, Any], now: float) -> float | None:
     return (end or now) - start
 
 
-def _badges(r: dict[str, Any]) -> list[tuple[str, str]]:
+def run_badges(r: dict[str, Any]) -> list[tuple[str, str]]:
     """(severity, text) pairs for the runs list."""
     out: list[tuple[str, str]] = []
     share = r.get("recent_timeout_share")
@@ -146,7 +146,13 @@ def _badges(r: dict[str, Any]) -> list[tuple[str, str]]:
         share = r.get("timeout_share")
     if r["n_timeout"]:
         sev = "bad" if (share or 0) >= TIMEOUT_BAD else "warn"
-        out.append((sev, f"{plural(r['n_timeout'], 'timeout')} ({(share or 0) * 100:.1f}%)"))
+        # the count is the whole run's, so its share is too; the last minute's (which sets the colour of a live
+        # run) is labelled as such ("1 timeout (0.0%)" put a whole-run count beside a last-minute rate)
+        text = f"{plural(r['n_timeout'], 'timeout')} ({(r.get('timeout_share') or 0) * 100:.1f}% of the run"
+        recent = r.get("recent_timeout_share")
+        if recent is not None:
+            text += f"; {recent * 100:.1f}% in the last {RECENT_S} s"
+        out.append((sev, text + ")"))
     eshare = r.get("recent_error_share")
     if eshare is None:
         eshare = r.get("error_share")

@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride
 from ..store import queue as store
+from ..store.dashboards import dashboard_url
 from .alarm_text import describe, server_said
 
 log = logging.getLogger("synthwatch.alarms")
@@ -87,6 +88,7 @@ class AlarmKeeper:
         self.run_name = run_name
         self.notifier = notifier
         self.dashboard_url = dashboard_url.rstrip("/")
+        self.found_url = ""  # without a configured base: the running dashboard's (store.dashboards), at refresh
         self.active: dict[str, ActiveAlarm] = {}
         self.no_pause: set[str] = set()  # checks whose auto-pause a person turned off (pause_override)
         self.loaded = False
@@ -101,6 +103,7 @@ class AlarmKeeper:
             self.active[rule] = ActiveAlarm(aid, count, bool(paused), msg, acked,
                                             until is not None or upto is not None)
         self.no_pause = active_overrides(conn, self.run_id)
+        self.found_url = "" if self.dashboard_url else (dashboard_url(conn) or "")
         self.loaded = True
 
     def refresh(self, conn: Connection) -> None:
@@ -114,6 +117,7 @@ class AlarmKeeper:
             if r is not None:
                 cur.acked_at, cur.bounded = r[1], r[2] is not None or r[3] is not None
         self.no_pause = active_overrides(conn, self.run_id)
+        self.found_url = "" if self.dashboard_url else (dashboard_url(conn) or "")
 
     def evaluate(
         self,
@@ -270,7 +274,8 @@ class AlarmKeeper:
 
     def _notify(self, event: str, rule: Rule, alarm_id: int, message: str, fix: str, fail: int, total: int,
                 n_fail: int, n_total: int, example: int | None) -> None:
-        link = f"{self.dashboard_url}/runs/{self.run_id}" if self.dashboard_url else f"/runs/{self.run_id}"
+        base = self.dashboard_url or self.found_url
+        link = f"{base}/runs/{self.run_id}" if base else f"/runs/{self.run_id}"
         payload = {
             "event": event,
             "run": {"id": self.run_id, "name": self.run_name},

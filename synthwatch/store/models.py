@@ -440,8 +440,20 @@ class ServerMetric(SQLModel, table=True):
     waiting_by_reason: str | None = Field(default=None, sa_column=_text())  # JSON: reason -> waiting requests
 
 
+class Dashboard(SQLModel, table=True):
+    """A running dashboard's address (synthwatch.store.dashboards): the CLI's links point at it."""
+
+    __tablename__ = "dashboard"
+
+    id: int | None = Field(default=None, primary_key=True)
+    url: str = Field(sa_column=_text(False))
+    host: str
+    pid: int
+    started_at: float
+
+
 class OpenItem(SQLModel, table=True):
-    """What an alarm left behind: records failing its check, until repaired, excluded or accepted (migration 0011)."""
+    """What an alarm left behind: records failing its check, until repaired, excluded or accepted (migration 0012)."""
 
     __tablename__ = "open_item"
     __table_args__ = (Index("ix_open_item_run", "run_id", "state"),)

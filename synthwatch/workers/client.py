@@ -27,7 +27,7 @@ from aiohttp import http_exceptions
 from ..capture.reasoning import ResponseShapeError, extract_response
 from ..capture.stream import StreamAccumulator
 from ..config import LimitsConfig
-from ..redact import redact
+from ..redact import clip, redact
 from .endpoints import Endpoint
 from .results import AttemptResult
 from .sse import SSEParser
@@ -401,8 +401,8 @@ def _client_error(exc: aiohttp.ClientError, limits: LimitsConfig) -> tuple[str, 
 
 
 def _clip(raw: bytes, n: int = 300) -> str:
-    s = raw[:n].decode("utf-8", "replace")
-    return s + ("…" if len(raw) > n else "")
+    # redacted before the cut (redact.clip): a key echoed across the cut would otherwise be kept minus its end
+    return clip(raw.decode("utf-8", "replace"), n)
 
 
 def _error_text(raw: bytes) -> str:
@@ -413,8 +413,8 @@ def _error_text(raw: bytes) -> str:
             err = body.get("error", body)
             if isinstance(err, dict):
                 msg = err.get("message") or err.get("detail") or err
-                return str(msg)[:_MAX_ERROR_BODY]
-            return str(err)[:_MAX_ERROR_BODY]
+                return clip(str(msg), _MAX_ERROR_BODY, "")
+            return clip(str(err), _MAX_ERROR_BODY, "")
     except orjson.JSONDecodeError:
         pass
     return _clip(raw, _MAX_ERROR_BODY) if raw else "(empty body)"

@@ -1,7 +1,7 @@
 """open items: what an alarm leaves behind until its records are repaired, excluded or accepted (#26)
 
-Revision ID: 0011_open_items
-Revises: 0010_alarmstate_snooze
+Revision ID: 0012_open_items
+Revises: 0011_dashboard_address
 Create Date: 2026-12-02 04:30:00
 
 - open_item: one row per (run, check) per opening; state open | repaired | excluded | accepted; its records
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0011_open_items"
-down_revision: str | None = "0010_alarmstate_snooze"
+revision: str = "0012_open_items"
+down_revision: str | None = "0011_dashboard_address"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
