@@ -33,7 +33,7 @@ from test_alarms import patch_sim
 from test_checks_kit import writer_hooks
 from workerkit import Background, make_config, run_row, wait_for
 
-from synthwatch.quality.alarms import completion_message
+from synthwatch.quality.open_items import open_items_text
 from synthwatch.repair.actions import RepairError, rederive_records, rerun_records, select
 from synthwatch.repair.history import list_repairs, undo
 from synthwatch.store import queue as store
@@ -189,7 +189,7 @@ class AlarmMachine(RuleBasedStateMachine):
         if r["status"] != "completed":
             return
         with self.engine.connect() as conn:
-            want = completion_message(conn, self.run_id)
+            want = open_items_text(conn, self.run_id)  # every open item named, as stored at the end
         if want:
             assert (r["status_message"] or "").startswith(want), (r["status_message"], want)
 

@@ -6,8 +6,10 @@ serves only the file of a finished job of that run, never a path taken from the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from ..export.plan import (
 )
 from ..store import queue as store
 from .deps import render
-from .export_guard import CONFIRM_FIELD, OpenAlarms, open_alarms
+from .export_guard import CONFIRM_FIELD, OpenAlarms, manifest_items, open_alarms
 
 router = APIRouter()
 log = logging.getLogger("synthwatch.export")
@@ -156,16 +158,21 @@ def _options_from(values: dict[str, Any], out: Path) -> ExportOptions:
     )
 
 
-def start_export(request: Request, run_id: int, values: dict[str, Any]) -> dict[str, Any]:
+def start_export(request: Request, run_id: int, values: dict[str, Any], actor: str = "ui") -> dict[str, Any]:
     """Validate (ExportError on bad input, nothing written), then start the job."""
     with request.app.state.read_engine.connect() as conn:
         run = _run_or_404(conn, run_id)
         guard = open_alarms(conn, run_id)
-    if guard is not None and values.get(CONFIRM_FIELD) is not True:
+    if guard is not None and guard.blocking and values.get(CONFIRM_FIELD) is not True:
         raise OpenAlarmsError(guard)
     jobs = _jobs(request)
     out = jobs.out_path(run["name"], str(values.get("format") or ""), bool(values.get("parquet")))
-    job_id = jobs.start(run_id, _options_from(values, out))
+    options = _options_from(values, out)
+    if guard is not None:  # the manifest names what was open and who exported anyway (#26)
+        options = dataclasses.replace(options, open_items=manifest_items(guard.items),
+                                      confirmed_by=actor if guard.blocking else None,
+                                      confirmed_at=time.time() if guard.blocking else None)
+    job_id = jobs.start(run_id, options)
     return {"id": job_id, "run_id": run_id, "url": f"/runs/{run_id}/exports/{job_id}"}
 
 
@@ -274,7 +281,7 @@ async def api_start_export(request: Request, run_id: int) -> Response:
     from starlette.concurrency import run_in_threadpool
 
     try:
-        started = await run_in_threadpool(start_export, request, run_id, body)
+        started = await run_in_threadpool(start_export, request, run_id, body, "api")
     except OpenAlarmsError as exc:  # told what is wrong and how to export anyway
         return JSONResponse({"detail": str(exc), "open_alarms": exc.guard.as_dict(), "confirm": CONFIRM_FIELD},
                             status_code=409)

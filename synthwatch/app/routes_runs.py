@@ -21,6 +21,7 @@ from . import launch, run_stats, stats, timeseries
 from .deps import HX, ReadConn, WriteEngine, lean, render
 from .form_errors import FormErrors
 from .routes_cost import cost_context
+from .routes_open_items import flash as open_items_flash
 from .routes_server import server_context
 
 router = APIRouter()
@@ -217,8 +218,8 @@ def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m
     ctx = _stats_context(request, conn, run)
     ctx.update(_charts_context(request, conn, run, window))
     ctx.update(_audit_context(request, conn, run))
-    ctx["message"] = None
-    ctx["control_error"] = None
+    # an open item's accept form comes back here: what happened, from the item (routes_open_items.py)
+    ctx["message"], ctx["control_error"] = open_items_flash(conn, run_id, request.query_params)
     ctx["versions"] = list(reversed(versions.list_versions(conn, run_id, counts=False)))[:5]
     ctx["server"] = server_context(conn, run_id)
     ctx["cost"] = cost_context(conn, run_id)

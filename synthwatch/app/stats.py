@@ -21,6 +21,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
+from ..quality import open_items
 from ..store.models import LIVE_STATUSES
 from .words import plural
 
@@ -106,10 +107,12 @@ def list_runs(conn: Connection, limit: int = 200) -> list[dict[str, Any]]:
             "SELECT run_id, COUNT(*), SUM(CASE WHEN severity = 'error' THEN 1 ELSE 0 END) FROM alarm"
             " WHERE active GROUP BY run_id")):
         alarms[run_id] = (n, n_err or 0)
+    items = open_items.open_counts(conn)
     for r in runs:
         r["live"] = r["status"] in LIVE_STATUSES
         r["duration_s"] = _duration(r, now)
         r["alarms"], r["alarm_errors"] = alarms.get(r["id"], (0, 0))
+        r["open_items"], r["open_records"] = items.get(r["id"], (0, 0))
         finished = r["n_ok"] + r["n_error"] + r["n_timeout"]
         r["timeout_share"] = _rate(r["n_timeout"], finished)
         r["error_share"] = _rate(r["n_error"], finished)
@@ -159,6 +162,10 @@ def run_badges(r: dict[str, Any]) -> list[tuple[str, str]]:
     if r.get("alarms"):
         sev = "bad" if r.get("alarm_errors") else "warn"
         out.append((sev, plural(r["alarms"], "alarm")))
+    if r.get("open_items"):  # records alarms left failing, whether or not the alarms have ended (#26)
+        n = r.get("open_records") or 0
+        out.append(("bad", plural(r["open_items"], "open problem")
+                    + (f" ({plural(n, 'record')})" if n else "")))
     return out
 
 

@@ -29,8 +29,29 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g = p.add_mutually_exclusive_group()
     g.add_argument("--for-records", type=int, metavar="N", help="with --ack: snooze for N more claimed records")
     g.add_argument("--for-minutes", type=float, metavar="M", help="with --ack: snooze for M minutes")
+    p.add_argument("--accept", type=int, metavar="ITEM_ID",
+                   help="accept an open item (records an alarm left failing) as it is; needs --reason")
+    p.add_argument("--reason", help="why the open item is accepted (kept with it and in the audit log)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=handle)
+
+
+def _open_items(engine: Any, run: dict[str, Any], a: argparse.Namespace, out: Any) -> list[dict[str, Any]]:
+    """--accept, then the run's open items brought up to date (quality/open_items.py)."""
+    from ..quality import open_items
+
+    run_id = int(run["id"])
+    if a.accept is not None:
+        try:
+            item = open_items.accept(engine, run_id, a.accept, a.reason, actor="cli")
+        except open_items.OpenItemError as exc:
+            raise CliError(str(exc)) from None
+        print(f"accepted open item #{item['id']}: {item['text']} (reason: {item['reason']})", file=sys.stderr)
+    elif a.reason:
+        raise CliError("--reason goes with --accept ITEM_ID")
+    open_items.sync_run(engine, run_id, actor="cli")
+    with engine.connect() as conn:
+        return open_items.items(conn, run_id)
 
 
 def handle(a: argparse.Namespace) -> int:
@@ -76,13 +97,14 @@ def handle(a: argparse.Namespace) -> int:
         except ChecksConfigError as exc:
             raise CliError(str(exc)) from None
         print(f"recomputed {summary['records']} records in {summary['seconds']} s", file=sys.stderr)
+    items = _open_items(engine, run, a, out)
     with engine.connect() as conn:
         rates = check_rates(conn, run_id)
         alarms = banner_alarms(conn, run_id)
         snoozed = snoozed_alarms(conn, run_id)
     if a.json:
         json.dump({"run_id": run_id, "checks": rates, "alarms": alarms, "snoozed": snoozed, "acknowledged": acked,
-                   "recompute": summary}, out, indent=1)
+                   "open_items": items, "recompute": summary}, out, indent=1)
         out.write("\n")
         return 0
     print(f"{'check':<26} {'last window':>18} {'whole run':>20}  example", file=out)
@@ -109,4 +131,12 @@ def handle(a: argparse.Namespace) -> int:
         print("\nno active alarms", file=out)
     elif not alarms:
         print("\nno unacknowledged alarms", file=out)
+    if items:
+        print(f"\n{len(items)} open item{'' if len(items) == 1 else 's'} (records an alarm left failing):", file=out)
+        for it in items:
+            print(f"  #{it['id']} {it['text']}", file=out)
+        print(f"  close one by repairing its records (synthwatch rederive / rerun), flagging them bad, or: synthwatch"
+              f" checks {run['name']!r} --accept ITEM_ID --reason \"why\"", file=out)
+    else:
+        print("no open items", file=out)
     return 0

@@ -90,6 +90,12 @@ def build_manifest(plan: ExportPlan, scanned: int, exported: int, excluded: Coun
             "excluded": dict(sorted(excluded.items())),
             "excluded_total": sum(excluded.values()),
         },
+        # what was still open when the export started, and who chose to export anyway (#26)
+        "open_items": list(opts.open_items),
+        "confirmed_with_open_alarms": opts.confirmed_by is not None,
+        "confirmed_by": opts.confirmed_by,
+        "confirmed_at": (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(opts.confirmed_at))
+                         if opts.confirmed_at else None),
         "tokens": tok,
         "preset": preset,
         "run_config": plan.config,

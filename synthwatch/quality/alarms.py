@@ -442,22 +442,3 @@ def set_auto_pause(engine: Engine, run_id: int, check: str, on: bool, *, reason:
                                                                "a": actor, "t": t})
         store.add_event(conn, run_id, "auto_pause_off", check, actor=actor, detail=reason[:2000])
     return {"check": check, "auto_pause": False, "changed": True, "reason": reason}
-
-
-def open_quality_alarms(conn: Connection, run_id: int) -> list[tuple[str, int]]:
-    """(check, failing records in the whole run) for every active data-quality alarm, most failures first."""
-    rows = conn.execute(
-        text("SELECT a.rule, COALESCE(s.n_fail, a.count) FROM alarm a LEFT JOIN check_stat s ON s.run_id = a.run_id"
-             " AND s.check_name = a.rule WHERE a.run_id = :r AND a.active"), {"r": run_id}).all()
-    out = [(rule, int(n or 0)) for rule, n in rows if rule not in TRANSPORT_RULES]
-    out.sort(key=lambda x: -x[1])
-    return out
-
-
-def completion_message(conn: Connection, run_id: int) -> str | None:
-    """'completed with N records failing <check>' when a data-quality alarm is open at the end, else None."""
-    failing = open_quality_alarms(conn, run_id)
-    if not failing:
-        return None
-    parts = [f"{n:,} record{'' if n == 1 else 's'} failing {rule}" for rule, n in failing]
-    return "completed with " + ", ".join(parts)

@@ -451,3 +451,29 @@ class Dashboard(SQLModel, table=True):
     host: str
     pid: int
     started_at: float
+
+
+class OpenItem(SQLModel, table=True):
+    """What an alarm left behind: records failing its check, until repaired, excluded or accepted (migration 0012)."""
+
+    __tablename__ = "open_item"
+    __table_args__ = (Index("ix_open_item_run", "run_id", "state"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    check_name: str
+    alarm_id: int | None = None  # the alarm that opened it
+    follows: int | None = None  # the closed item on the same check before this one
+    since: float | None = None  # counts records finished after this (an item after an acceptance)
+    state: str  # open | repaired | excluded | accepted
+    opened_at: float
+    updated_at: float
+    n_records: int  # finished records failing the check now, not flagged bad
+    n_excluded: int  # failing records flagged bad
+    n_queued: int  # queued for a re-run, their earlier output failing the check (not counted as failing)
+    n_peak: int  # the most records it ever counted
+    first_t: float | None = None  # first / last finish time of the records it counts
+    last_t: float | None = None
+    closed_at: float | None = None
+    closed_by: str | None = None
+    reason: str | None = Field(default=None, sa_column=_text())  # an acceptance's typed reason
