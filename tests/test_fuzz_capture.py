@@ -12,16 +12,30 @@ Pure functions, no I/O: hundreds of examples in seconds.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from synthwatch.capture.reasoning import MODES, Extracted, ResponseShapeError, extract_response
 from synthwatch.capture.stream import StreamAccumulator
 from synthwatch.workers.sse import SSEParser
-from tests.fuzzkit import chunk_obj, completion_obj, dump, events, examples, payloads, values
+from tests.fuzzkit import (
+    chunk_obj,
+    completion_obj,
+    dump,
+    events,
+    examples,
+    load_regression,
+    payloads,
+    regression_files,
+    save_regression,
+    spend,
+    values,
+)
 
 PAYLOADS = st.lists(st.one_of(chunk_obj, payloads, values), max_size=10)
 
@@ -47,9 +61,7 @@ def _assert_well_formed(ex: Extracted) -> None:
         assert ids is None or all(type(i) is int for i in ids)
 
 
-@settings(max_examples=examples(ci=300))
-@given(chunks=PAYLOADS, mode=st.sampled_from(MODES))
-def test_any_chunks_give_an_extracted_or_a_recorded_error(chunks: list[Any], mode: str) -> None:
+def check_chunks(chunks: list[Any], mode: str) -> None:
     acc = StreamAccumulator(mode)
     for v in chunks:
         ok, parsed = _parse(v)
@@ -60,9 +72,7 @@ def test_any_chunks_give_an_extracted_or_a_recorded_error(chunks: list[Any], mod
     _assert_well_formed(acc.result())
 
 
-@settings(max_examples=examples(ci=300))
-@given(body=st.one_of(completion_obj, values), mode=st.sampled_from(MODES))
-def test_any_whole_body_gives_an_extracted_or_a_shape_error(body: Any, mode: str) -> None:
+def check_whole(body: Any, mode: str) -> None:
     ok, parsed = _parse(body)
     if not ok:
         return
@@ -74,10 +84,28 @@ def test_any_whole_body_gives_an_extracted_or_a_shape_error(body: Any, mode: str
     _assert_well_formed(ex)
 
 
+def _property(suite: str, check: Any, **args: Any) -> None:
+    spend(suite)
+    try:
+        check(**args)
+    except BaseException as exc:
+        save_regression(suite, args, exc)
+        raise
+
+
 @settings(max_examples=examples(ci=300))
-@given(evs=st.lists(events, max_size=8), junk=st.binary(max_size=64), cuts=st.lists(st.integers(0, 1 << 16)))
-def test_sse_events_do_not_depend_on_how_the_bytes_arrive(evs: list[Any], junk: bytes, cuts: list[int]) -> None:
-    data = b"".join(e.encode() for e in evs) + junk
+@given(chunks=PAYLOADS, mode=st.sampled_from(MODES))
+def test_any_chunks_give_an_extracted_or_a_recorded_error(chunks: list[Any], mode: str) -> None:
+    _property("capture_chunks", check_chunks, chunks=chunks, mode=mode)
+
+
+@settings(max_examples=examples(ci=300))
+@given(body=st.one_of(completion_obj, values), mode=st.sampled_from(MODES))
+def test_any_whole_body_gives_an_extracted_or_a_shape_error(body: Any, mode: str) -> None:
+    _property("capture_whole", check_whole, body=body, mode=mode)
+
+
+def check_sse(data: bytes, cuts: list[int]) -> list[bytes]:
     whole = SSEParser()
     expected = whole.feed(data) + whole.flush()
     pieces = SSEParser()
@@ -88,6 +116,19 @@ def test_sse_events_do_not_depend_on_how_the_bytes_arrive(evs: list[Any], junk: 
     got += pieces.flush()
     assert got == expected
     assert pieces.pending() == whole.pending()
+    return got
+
+
+@settings(max_examples=examples(ci=300))
+@given(evs=st.lists(events, max_size=8), junk=st.binary(max_size=64), cuts=st.lists(st.integers(0, 1 << 16)))
+def test_sse_events_do_not_depend_on_how_the_bytes_arrive(evs: list[Any], junk: bytes, cuts: list[int]) -> None:
+    data = b"".join(e.encode() for e in evs) + junk
+    spend("capture_sse")
+    try:
+        got = check_sse(data, cuts)
+    except BaseException as exc:
+        save_regression("capture_sse", {"data": data, "cuts": cuts}, exc)
+        raise
     # an event whose data holds no line break comes back exactly (after a BOM only at the very start)
     if not junk and evs and all(b"\n" not in dump(e.payload) and b"\r" not in dump(e.payload) for e in evs):
         want = []
@@ -125,11 +166,8 @@ def _details(items: list[str]) -> list[dict[str, str]]:
     return [{"type": "reasoning.text", "text": t} for t in items]
 
 
-@settings(max_examples=examples(ci=300))
-@given(answer=answers, top=tops, finish=st.sampled_from(["stop", "length", None]), mode=st.sampled_from(MODES),
-       cuts=st.lists(st.integers(0, 200), max_size=6), prefilled=st.booleans())
-def test_streamed_and_whole_readings_agree(answer: dict[str, Any], top: dict[str, Any], finish: str | None, mode: str,
-                                           cuts: list[int], prefilled: bool) -> None:
+def check_agree(answer: dict[str, Any], top: dict[str, Any], finish: str | None, mode: str, cuts: list[int],
+                prefilled: bool) -> None:
     message = {"role": "assistant", **answer}
     if "reasoning_details" in message:
         message["reasoning_details"] = _details(message["reasoning_details"])
@@ -153,3 +191,22 @@ def test_streamed_and_whole_readings_agree(answer: dict[str, Any], top: dict[str
     for name in ("reasoning", "content", "reasoning_source", "unread_fields", "duplicate_fields", "finish_reason",
                  "usage", "response_id", "model", "raw_content", "content_was_null"):
         assert getattr(s, name) == getattr(w, name), (name, getattr(s, name), getattr(w, name))
+
+
+@settings(max_examples=examples(ci=300))
+@given(answer=answers, top=tops, finish=st.sampled_from(["stop", "length", None]), mode=st.sampled_from(MODES),
+       cuts=st.lists(st.integers(0, 200), max_size=6), prefilled=st.booleans())
+def test_streamed_and_whole_readings_agree(answer: dict[str, Any], top: dict[str, Any], finish: str | None, mode: str,
+                                           cuts: list[int], prefilled: bool) -> None:
+    _property("capture_agree", check_agree, answer=answer, top=top, finish=finish, mode=mode, cuts=cuts,
+              prefilled=prefilled)
+
+
+CHECKS = {"capture_chunks": check_chunks, "capture_whole": check_whole, "capture_sse": check_sse,
+          "capture_agree": check_agree}
+
+
+@pytest.mark.parametrize("path", [p for suite in CHECKS for p in regression_files(suite)], ids=lambda p: p.stem)
+def test_regression(path: Path, request: pytest.FixtureRequest) -> None:
+    """Each saved falsifying example (tests/fuzz_regressions/capture_*.json) replayed through its property."""
+    CHECKS[path.stem.rsplit("-", 1)[0]](**load_regression(path, request))

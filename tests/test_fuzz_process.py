@@ -40,6 +40,7 @@ from tests.fuzzkit import (
     regression_files,
     save_regression,
     serve,
+    spend,
     wires,
 )
 from tests.hostileserver import HostileServer
@@ -145,15 +146,15 @@ def run_one(rig: Rig, wire: Wire) -> None:
 @settings(max_examples=examples(ci=4))
 @given(wire=wires())
 def test_sigterm_is_answered_whatever_the_server_sends(rig: Rig, wire: Wire) -> None:
+    spend(SUITE)
     try:
         run_one(rig, wire)
     except BaseException as exc:
-        save_regression(SUITE, wire, exc)
+        save_regression(SUITE, {"wire": wire}, exc)
         raise
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", regression_files(SUITE), ids=lambda p: p.stem)
-def test_regression(rig: Rig, path: Path) -> None:
-    wire, _ = load_regression(path)
-    run_one(rig, wire)
+def test_regression(rig: Rig, path: Path, request: pytest.FixtureRequest) -> None:
+    run_one(rig, **load_regression(path, request))

@@ -45,6 +45,7 @@ from tests.fuzzkit import (
     regression_files,
     save_regression,
     serve,
+    spend,
     wires,
 )
 from tests.hostileserver import HostileServer
@@ -93,8 +94,14 @@ def run_one(rig: Rig, wire: Wire) -> dict[str, Any]:
         t0 = time.monotonic()
         with PeakRSS() as mem:
             bg = Background(rig.engine, config).start()
-            bg.thread.join(TIMEOUTS["total_s"] + 20)
-            assert not bg.thread.is_alive(), "the worker did not return within 20 s of the total timeout"
+            deadline, fatal_at = t0 + TIMEOUTS["total_s"] + 20, None
+            while bg.thread.is_alive() and time.monotonic() < deadline:
+                bg.thread.join(0.1)
+                if fatal_at is None and logs.fatal():
+                    fatal_at = time.monotonic()  # a crashed writer: give the worker 2 s to notice and end
+                if fatal_at is not None and time.monotonic() > fatal_at + 2:
+                    break
+            assert not bg.thread.is_alive(), "the worker did not return:\n" + "\n".join(logs.problems())
         elapsed = time.monotonic() - t0
         final = bg.join(0)
     assert not logs.problems(), "\n".join(logs.problems())
@@ -117,19 +124,19 @@ def run_one(rig: Rig, wire: Wire) -> dict[str, Any]:
 @settings(max_examples=examples(ci=40))
 @given(wire=wires())
 def test_any_reply_leaves_the_worker_whole(rig: Rig, wire: Wire) -> None:
+    spend(SUITE)
     try:
         hostile = run_one(rig, wire)
     except BaseException as exc:
-        save_regression(SUITE, wire, exc)
+        save_regression(SUITE, {"wire": wire}, exc)
         raise
     # what the examples covered (pytest --hypothesis-show-statistics)
     event(f"hostile record: {hostile['status']} {hostile['error_kind'] or ''}".strip())
 
 
 @pytest.mark.parametrize("path", regression_files(SUITE), ids=lambda p: p.stem)
-def test_regression(rig: Rig, path: Path) -> None:
-    wire, _ = load_regression(path)
-    run_one(rig, wire)
+def test_regression(rig: Rig, path: Path, request: pytest.FixtureRequest) -> None:
+    run_one(rig, **load_regression(path, request))
 
 
 def test_valid_replies_end_ok(rig: Rig) -> None:
