@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hypothesis import Phase
 from hypothesis import strategies as st
 
 from tests.hostile import HOSTILE
@@ -35,6 +36,9 @@ REGRESSIONS = Path(__file__).resolve().parent / "fuzz_regressions"
 PROFILE = os.environ.get("SYNTHWATCH_HYPOTHESIS_PROFILE", "ci")
 
 
+# no "explain" phase: it re-runs a failing example many times under a tracer, which costs minutes when an example
+# runs a worker, and its tracer saw the worker's threads
+PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 FUZZ_UNTIL = float(os.environ.get("SYNTHWATCH_FUZZ_UNTIL", "0") or 0)  # ./dev fuzz: the time budget's end (epoch s)
 
 
@@ -132,9 +136,11 @@ broken = st.recursive(raw_tokens, lambda inner: st.lists(st.one_of(values, inner
 def often(good: st.SearchStrategy[Any], bad: st.SearchStrategy[Any], k: int = 3) -> st.SearchStrategy[Any]:
     """Mostly ``good`` (k to 1), else ``bad``: a reply holds a few bad values among good ones, not only bad ones.
     A failure shrinks towards the good value."""
+    which = st.integers(0, k)
+
     @st.composite
     def pick(draw: Any) -> Any:
-        return draw(good) if draw(st.integers(0, k)) < k else draw(bad)
+        return draw(good) if draw(which) < k else draw(bad)
 
     return pick()
 
@@ -150,11 +156,14 @@ def _optional(required: dict[str, Any], optional: dict[str, Any]) -> st.SearchSt
     extra = st.dictionaries(st.sampled_from(["x_extra", "metadata", "error", "object", "choices", "usage"]),
                             often(values, deep, 2), min_size=1, max_size=2)
 
+    present = often(st.just(True), st.just(False), 5)
+    extras = often(st.just({}), extra, 4)
+
     @st.composite
     def obj(draw: Any) -> dict[str, Any]:
-        out = dict(draw(often(st.just({}), extra, 4)))
+        out = dict(draw(extras))
         for k, strategy in required.items():
-            if draw(often(st.just(True), st.just(False), 5)):
+            if draw(present):
                 out[k] = draw(strategy)
         for k, strategy in optional.items():
             if draw(st.booleans()):
@@ -329,24 +338,33 @@ framing = often(honest_framing, lying_framing, 3)
 MAX_BODY = 8 * MiB  # a repeated stream stops growing here (the suites' memory bound is stated against it)
 
 
+_events = st.lists(events, max_size=6)
+_asked = {b: often(st.just(b), st.just(not b), 5) for b in (True, False)}  # mostly what was asked for
+_ending = often(st.just("finish+done"), st.sampled_from(list(ENDINGS)), 2)
+_repeat = st.sampled_from([1, 1, 1, 2, 50, 1000])
+_ctype = {c: often(st.just(c), st.sampled_from(["text/event-stream; charset=latin-1", "application/json; charset=utf-16",
+                                                "text/html", ""]), 6) for c in ("text/event-stream", "application/json")}
+_status = often(st.just(200), st.sampled_from([201, 204, 400, 429, 500, 503]), 8)
+_doc = often(completion_obj, payloads, 4)
+
+
 @st.composite
 def wires(draw: Any) -> Wire:
     """A reply: streamed or whole, valid or not, framed and timed any way."""
     stream = draw(st.booleans())
-    sse = draw(often(st.just(stream), st.just(not stream), 5))  # mostly what was asked for
+    sse = draw(_asked[stream])
     if sse:
-        evs = draw(st.lists(events, max_size=6))
-        ending = draw(often(st.just("finish+done"), st.sampled_from(list(ENDINGS)), 2))
+        evs = draw(_events)
+        ending = draw(_ending)
         once = len(stream_body(evs, "nothing", 1)) or 1
-        body = stream_body(evs, ending, min(draw(st.sampled_from([1, 1, 1, 2, 50, 1000])), max(1, MAX_BODY // once)))
+        body = stream_body(evs, ending, min(draw(_repeat), max(1, MAX_BODY // once)))
         ctype = "text/event-stream"
     else:
-        doc = draw(often(completion_obj, payloads, 4))
+        doc = draw(_doc)
         body = dump(doc, draw(st.booleans()))
         ctype = "application/json"
-    ctype = draw(often(st.just(ctype), st.sampled_from(["text/event-stream; charset=latin-1",
-                                                        "application/json; charset=utf-16", "text/html", ""]), 6))
-    status = draw(often(st.just(200), st.sampled_from([201, 204, 400, 429, 500, 503]), 8))
+    ctype = draw(_ctype[ctype])
+    status = draw(_status)
     return Wire(stream=stream, body=body, status=status, ctype=ctype, **draw(framing), **draw(timing))
 
 

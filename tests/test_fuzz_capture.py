@@ -24,6 +24,7 @@ from synthwatch.capture.reasoning import MODES, Extracted, ResponseShapeError, e
 from synthwatch.capture.stream import StreamAccumulator
 from synthwatch.workers.sse import SSEParser
 from tests.fuzzkit import (
+    PHASES,
     chunk_obj,
     completion_obj,
     dump,
@@ -93,13 +94,13 @@ def _property(suite: str, check: Any, **args: Any) -> None:
         raise
 
 
-@settings(max_examples=examples(ci=300))
+@settings(max_examples=examples(ci=300), phases=PHASES)
 @given(chunks=PAYLOADS, mode=st.sampled_from(MODES))
 def test_any_chunks_give_an_extracted_or_a_recorded_error(chunks: list[Any], mode: str) -> None:
     _property("capture_chunks", check_chunks, chunks=chunks, mode=mode)
 
 
-@settings(max_examples=examples(ci=300))
+@settings(max_examples=examples(ci=300), phases=PHASES)
 @given(body=st.one_of(completion_obj, values), mode=st.sampled_from(MODES))
 def test_any_whole_body_gives_an_extracted_or_a_shape_error(body: Any, mode: str) -> None:
     _property("capture_whole", check_whole, body=body, mode=mode)
@@ -119,7 +120,7 @@ def check_sse(data: bytes, cuts: list[int]) -> list[bytes]:
     return got
 
 
-@settings(max_examples=examples(ci=300))
+@settings(max_examples=examples(ci=300), phases=PHASES)
 @given(evs=st.lists(events, max_size=8), junk=st.binary(max_size=64), cuts=st.lists(st.integers(0, 1 << 16)))
 def test_sse_events_do_not_depend_on_how_the_bytes_arrive(evs: list[Any], junk: bytes, cuts: list[int]) -> None:
     data = b"".join(e.encode() for e in evs) + junk
@@ -193,7 +194,7 @@ def check_agree(answer: dict[str, Any], top: dict[str, Any], finish: str | None,
         assert getattr(s, name) == getattr(w, name), (name, getattr(s, name), getattr(w, name))
 
 
-@settings(max_examples=examples(ci=300))
+@settings(max_examples=examples(ci=300), phases=PHASES)
 @given(answer=answers, top=tops, finish=st.sampled_from(["stop", "length", None]), mode=st.sampled_from(MODES),
        cuts=st.lists(st.integers(0, 200), max_size=6), prefilled=st.booleans())
 def test_streamed_and_whole_readings_agree(answer: dict[str, Any], top: dict[str, Any], finish: str | None, mode: str,

@@ -32,6 +32,7 @@ from hypothesis import given, settings
 
 from synthwatch.config import RunConfig
 from tests.fuzzkit import (
+    PHASES,
     Wire,
     check_readers,
     check_stored,
@@ -143,7 +144,7 @@ def run_one(rig: Rig, wire: Wire) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=examples(ci=4))
+@settings(max_examples=examples(ci=4), phases=PHASES)
 @given(wire=wires())
 def test_sigterm_is_answered_whatever_the_server_sends(rig: Rig, wire: Wire) -> None:
     spend(SUITE)

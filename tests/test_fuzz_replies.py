@@ -33,8 +33,9 @@ from conftest import LiveServer
 from hypothesis import event, given, settings
 
 from tests.fuzzkit import (
-    MiB,
+    PHASES,
     LogTrap,
+    MiB,
     PeakRSS,
     Wire,
     check_readers,
@@ -121,7 +122,7 @@ def run_one(rig: Rig, wire: Wire) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@settings(max_examples=examples(ci=40))
+@settings(max_examples=examples(ci=40), phases=PHASES)
 @given(wire=wires())
 def test_any_reply_leaves_the_worker_whole(rig: Rig, wire: Wire) -> None:
     spend(SUITE)
