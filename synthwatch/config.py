@@ -201,6 +201,10 @@ class TimeoutConfig(_Strict):
 class LimitsConfig(_Strict):
     max_body_bytes: int = Field(64 * 2**20, ge=1024, description="Largest reply body that is not streamed (decoded).")
     max_event_bytes: int = Field(16 * 2**20, ge=1024, description="Largest single event of a streamed reply.")
+    max_reply_bytes: int = Field(
+        64 * 2**20, ge=1024, description="Largest reply in total, streamed or not, counted after decompression.")
+    max_partial_chars: int = Field(
+        2**20, ge=0, description="Longest reasoning or content kept from a failed attempt's partial reply.")
     max_header_bytes: int = Field(
         8190, ge=256, le=2**20, description="Longest status line or header field of a reply, in bytes.")
     max_headers: int = Field(128, ge=8, le=10_000, description="Most header fields a reply may have.")

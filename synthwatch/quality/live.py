@@ -195,17 +195,20 @@ class ChecksHook:
                 o.check_json = orjson.dumps(det).decode() if det else None
                 staged[o.record_id] = (o.record_id, applied, failed, False)
                 continue
-            v = view_from_outcome(o)
+            v = None
             try:
+                v = view_from_outcome(o)
                 applied, failed, det = check_turns(self.checker, v, o.turns) if o.turns \
                     else self.checker.check(v)
+                check_json = orjson.dumps(det).decode() if det else None
             except Exception as exc:  # a checks bug must not stop data collection: flag the record instead
                 self.check_errors += 1
                 if self.check_errors <= 5:
                     log.exception("checks failed on record %d", o.record_id)
                 applied, failed, det = 0, 0, {"check_error": f"{exc.__class__.__name__}: {exc}"[:500]}
+                check_json = orjson.dumps(det).decode()
             o.check_flags = failed
-            o.check_json = orjson.dumps(det).decode() if det else None
+            o.check_json = check_json
             self._results[o.record_id] = (applied, failed, det)
             staged[o.record_id] = (o.record_id, applied, failed, True)
             if failed:
@@ -213,7 +216,7 @@ class ChecksHook:
                 for name in CHECK_NAMES:
                     if failed & BIT[name] and fin > self._new_fail.get(name, 0.0):
                         self._new_fail[name] = fin
-            if v.status == "ok":
+            if v is not None and v.status == "ok":
                 self.ok_seen += 1
                 self._maybe_tokenize(v, det)
         if len(self._results) > 20_000:  # keep only what a retried flush can ask for again

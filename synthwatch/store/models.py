@@ -8,7 +8,7 @@ text produced by orjson so the worker's hot path never builds ORM objects.
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, Text, UniqueConstraint, text
+from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 RUN_STATUSES = ("created", "running", "paused", "stopping", "stopped", "completed", "failed")
@@ -33,9 +33,10 @@ class RecordOutput(SQLModel):
     reasoning_len: int | None = None
     content_len: int | None = None
     finish_reason: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    reasoning_tokens: int | None = None
+    # BIGINT (migration 0009): no server value may fail a write; counts outside 0..2^31-1 are not stored at all
+    prompt_tokens: int | None = Field(default=None, sa_type=BigInteger)
+    completion_tokens: int | None = Field(default=None, sa_type=BigInteger)
+    reasoning_tokens: int | None = Field(default=None, sa_type=BigInteger)
     usage_json: str | None = Field(default=None, sa_type=Text)
     token_ids_json: str | None = Field(default=None, sa_type=Text)
     latency_s: float | None = None
@@ -156,10 +157,10 @@ class Series(SQLModel, table=True):
     http_5xx: int = 0
     other_errors: int = 0
     cancelled: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-    content_tokens: int = 0
+    prompt_tokens: int = Field(default=0, sa_type=BigInteger)
+    completion_tokens: int = Field(default=0, sa_type=BigInteger)
+    reasoning_tokens: int = Field(default=0, sa_type=BigInteger)
+    content_tokens: int = Field(default=0, sa_type=BigInteger)
     chunks: int = 0
     empty_reasoning: int = 0
     finish_length: int = 0
