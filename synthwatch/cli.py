@@ -47,9 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, program: bool = False) -> int:
+    """Run one command. ``program``: this is the `synthwatch` process itself (entry()), not main() called from
+    Python (tests, scripts): a command may then change process-wide state for good (a signal left ignored, a
+    hard exit when stopping overruns its deadline). Handlers read it as ``args.program``."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.program = program
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -69,23 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-_PROGRAM = False  # True in the `synthwatch` process itself, False when main() is called from Python
-
-
-def in_program() -> bool:
-    """Is this the `synthwatch` process (entry()), rather than main() called in-process (tests, scripts)?"""
-    return _PROGRAM
-
-
 def entry() -> None:
     """The `synthwatch` program (console script and ``python -m synthwatch``): main(), then exit with its code.
 
     The command is over when main() returns, but the interpreter still has to finish (threads, modules). A Ctrl-C
     landing then, typically the second of a double press during a graceful stop, would kill the process by SIGINT
     and hide the command's exit code."""
-    global _PROGRAM
-    _PROGRAM = True
-    code = main()
+    code = main(program=True)
     # Blocked rather than handled: finishing the interpreter resets Python's signal handlers to the default, which
     # for SIGINT kills the process. A blocked signal stays pending and is dropped when the process exits.
     with contextlib.suppress(ValueError, OSError, AttributeError):

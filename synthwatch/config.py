@@ -287,6 +287,9 @@ class RunConfig(_Strict):
     webhook_url: str | None = None
     lease_s: float = Field(30.0, ge=2, description="A claim not renewed this long is taken over.")
     flush_interval_ms: int = Field(200, ge=10, le=10_000)
+    shutdown_grace_s: float = Field(
+        10.0, ge=0, le=3600, description="After the first SIGTERM or SIGINT, the longest in-flight requests may take "
+        "to finish before they are interrupted (their records go back to pending).")
 
     @field_validator("name")
     @classmethod

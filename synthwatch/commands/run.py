@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from ..capture.reasoning import MODES as REASONING_MODES
-from ..cli import CliError, in_program
+from ..cli import CliError
 from ..config import DatasetConfig
 from ..sources.load import RunLoadError, default_name, prepare_run
 from ._common import (
@@ -71,6 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--timeout-s", type=positive_float, help="total time for one request")
     g.add_argument("--idle-timeout-s", type=positive_float, help="longest silence between stream chunks")
     g.add_argument("--max-attempts", type=positive_int)
+    g.add_argument("--shutdown-grace-s", type=float, metavar="S",
+                   help="after the first SIGTERM or SIGINT, how long in-flight requests may take to finish before they"
+                   " are interrupted and their records go back to pending (default 10; a second signal stops at once)")
     g = p.add_argument_group("reasoning and tokenizer")
     g.add_argument("--reasoning-mode", choices=REASONING_MODES)
     g.add_argument("--no-expect-reasoning", dest="expect_reasoning", action="store_false", default=None)
@@ -135,6 +138,7 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
     put("timeouts.total_s", a.timeout_s)
     put("timeouts.idle_s", a.idle_timeout_s)
     put("retries.max_attempts", a.max_attempts)
+    put("shutdown_grace_s", a.shutdown_grace_s)
     put("reasoning.mode", a.reasoning_mode)
     put("reasoning.expect", a.expect_reasoning)
     put("reasoning.prefilled_open", a.prefilled_think)
@@ -308,7 +312,9 @@ def handle(a: argparse.Namespace) -> int:
     except ChecksConfigError as exc:
         raise CliError(str(exc)) from None
     try:
-        worker = RunWorker(engine, run_id, config, join=bool(a.join), hooks=hooks, on_tick=progress.tick)
+        # hard_exit: in the `synthwatch` program a stop that overruns its deadline ends the process (workers/supervisor.py)
+        worker = RunWorker(engine, run_id, config, join=bool(a.join), hooks=hooks, on_tick=progress.tick,
+                           hard_exit=a.program)
     except MissingApiKey as exc:
         raise CliError(str(exc)) from None
 
@@ -346,5 +352,5 @@ def handle(a: argparse.Namespace) -> int:
         )
         return EXIT_CODES.get(final, 1)
     finally:
-        if main_thread and not in_program():  # the program keeps ignoring it until entry() takes over
+        if main_thread and not a.program:  # the program keeps ignoring it until entry() takes over
             signal.signal(signal.SIGINT, previous)

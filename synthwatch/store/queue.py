@@ -324,6 +324,29 @@ def release_claims(conn: Connection, run_id: int, worker_id: int, ids: list[int]
     return moved
 
 
+def release_worker(conn: Connection, run_id: int, worker_id: int, interrupted: list[dict[str, Any]]) -> int:
+    """Every record this worker still holds back to pending: what a worker whose writer is gone does as it exits.
+
+    ``interrupted``: the records whose request was cut short, each with its attempt history (id, attempts,
+    attempts_json, error_kind, error), kept on the record; the others (never started, or finished with a
+    result that was never written) go back as they were. Only rows the worker still holds move. Returns how many."""
+    t = now()
+    if interrupted:  # their history first (they stay held), then one statement moves all: one row count to trust
+        conn.execute(
+            text("UPDATE record SET attempts = :attempts, attempts_json = :attempts_json, error_kind = :error_kind,"
+                 " error = :error WHERE id = :id AND run_id = :r AND worker_id = :w AND status = 'in_flight'"),
+            [{**row, "r": run_id, "w": worker_id} for row in interrupted],
+        )
+    moved = conn.execute(
+        text("UPDATE record SET status = 'pending', worker_id = NULL, lease_until = NULL, claimed_at = NULL"
+             " WHERE run_id = :r AND worker_id = :w AND status = 'in_flight'"),
+        {"r": run_id, "w": worker_id},
+    ).rowcount or 0
+    _count_back_to_pending(conn, run_id, moved)
+    conn.execute(text("UPDATE worker SET claimed = 0, heartbeat_at = :t WHERE id = :w"), {"t": t, "w": worker_id})
+    return moved
+
+
 def recount(conn: Connection, run_id: int) -> None:
     """Recompute the run's counters from the records (after a crash, counters are re-derived)."""
     counts = {s: 0 for s in RECORD_STATUSES}

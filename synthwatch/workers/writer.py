@@ -28,6 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..store import queue as store
+from . import faults
 from .record_writes import FINAL_COLS, FINAL_UPDATE, RecordWrites
 from .refusals import describe_stall, is_transient, refusal_reason, refuse, storable_text, value_class
 from .results import AttemptFailure, Outcome
@@ -108,6 +109,11 @@ class Writer:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def threads(self) -> dict[str, threading.Thread]:
+        """This writer's threads by what they do, for the worker's supervisor (synthwatch.workers.supervisor)."""
+        return {"database writer thread": self._thread, "WAL checkpoint thread": self._ckpt_thread}
 
     def submit(self, outcome: Outcome) -> None:
         self._add_result(("o", outcome))
@@ -423,6 +429,8 @@ class Writer:
 
     def _flush(self, work: list[tuple[Any, ...]], beat: bool, lease: bool, isolate: bool = False) -> None:
         outcomes = [it[1] for it in work if it[0] == "o"]
+        if outcomes:
+            faults.hit("writer")  # a test's way to kill this thread (workers/faults.py THREAD_STAGES)
         failures = [it[1] for it in work if it[0] == "f"]
         claims = [it for it in work if it[0] == "c"]
         calls = [it for it in work if it[0] == "x"]
