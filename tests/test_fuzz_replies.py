@@ -122,7 +122,7 @@ def run_one(rig: Rig, wire: Wire) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@settings(max_examples=examples(ci=40), phases=PHASES)
+@settings(max_examples=examples(ci=60), phases=PHASES)
 @given(wire=wires())
 def test_any_reply_leaves_the_worker_whole(rig: Rig, wire: Wire) -> None:
     spend(SUITE)
