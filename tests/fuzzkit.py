@@ -39,7 +39,7 @@ PROFILE = os.environ.get("SYNTHWATCH_HYPOTHESIS_PROFILE", "ci")
 # no "explain" phase: it re-runs a failing example many times under a tracer, which costs minutes when an example
 # runs a worker, and its tracer saw the worker's threads
 PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
-FUZZ_UNTIL = float(os.environ.get("SYNTHWATCH_FUZZ_UNTIL", "0") or 0)  # ./dev fuzz: the time budget's end (epoch s)
+FUZZ_SECONDS = float(os.environ.get("SYNTHWATCH_FUZZ_SECONDS", "0") or 0)  # ./dev fuzz: a test file's time budget
 
 
 def examples(ci: int) -> int:
@@ -50,21 +50,24 @@ def examples(ci: int) -> int:
         return ci
     if os.environ.get("SYNTHWATCH_FUZZ_EXAMPLES"):
         return int(os.environ["SYNTHWATCH_FUZZ_EXAMPLES"])
-    return 1_000_000 if FUZZ_UNTIL else max(ci * 10, 200)
+    return 1_000_000 if FUZZ_SECONDS else max(ci * 10, 200)
 
 
 _ran: dict[str, int] = {}
+_started: dict[str, float] = {}
 _failing: set[str] = set()
 
 
-def spend(test: str) -> None:
-    """Called at the start of each example: once ./dev fuzz's time budget is spent, the test ends (reported as
-    skipped, with the number of examples that ran) unless it has found a failure, which Hypothesis then shrinks."""
+def spend(test: str, share: float = 1.0) -> None:
+    """Called at the start of each example. Under ./dev fuzz a test has ``share`` of its file's time budget
+    (SYNTHWATCH_FUZZ_SECONDS) from its first example on; once that is spent the test ends (reported as skipped, with
+    the number of examples that ran) unless it has found a failure, which Hypothesis then shrinks."""
     import pytest
 
     n = _ran[test] = _ran.get(test, 0) + 1
-    if FUZZ_UNTIL and time.time() > FUZZ_UNTIL and test not in _failing:
-        pytest.skip(f"fuzz time budget spent: {n - 1} examples ran, none failed")
+    start = _started.setdefault(test, time.monotonic())
+    if FUZZ_SECONDS and time.monotonic() > start + FUZZ_SECONDS * share and test not in _failing:
+        pytest.skip(f"fuzz time budget spent: {n - 1} examples ran in {time.monotonic() - start:.0f} s, none failed")
 
 
 # ------------------------------------------------------------------------------------- JSON values with raw parts

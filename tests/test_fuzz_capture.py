@@ -86,7 +86,7 @@ def check_whole(body: Any, mode: str) -> None:
 
 
 def _property(suite: str, check: Any, **args: Any) -> None:
-    spend(suite)
+    spend(suite, share=0.25)  # four tests share the file's time under ./dev fuzz
     try:
         check(**args)
     except BaseException as exc:
@@ -124,7 +124,7 @@ def check_sse(data: bytes, cuts: list[int]) -> list[bytes]:
 @given(evs=st.lists(events, max_size=8), junk=st.binary(max_size=64), cuts=st.lists(st.integers(0, 1 << 16)))
 def test_sse_events_do_not_depend_on_how_the_bytes_arrive(evs: list[Any], junk: bytes, cuts: list[int]) -> None:
     data = b"".join(e.encode() for e in evs) + junk
-    spend("capture_sse")
+    spend("capture_sse", share=0.25)
     try:
         got = check_sse(data, cuts)
     except BaseException as exc:
