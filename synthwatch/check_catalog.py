@@ -37,12 +37,13 @@ BIT: dict[str, int] = {name: 1 << i for i, name in enumerate(CHECK_NAMES)}
 
 CHECK_INFO: dict[str, str] = {
     "empty_reasoning": "ok record without reasoning while the run expects reasoning",
-    "empty_content": "ok record with an empty answer (not counted when truncated)",
-    "both_empty_with_tokens": "content and reasoning both empty while usage.completion_tokens > 0",
+    "empty_content": "ok record with an empty answer (not counted when truncated or a tool call)",
+    "both_empty_with_tokens": "content and reasoning both empty while usage.completion_tokens > 0 (not a tool call)",
     "truncated": "finish_reason = length",
     "truncated_in_reasoning": "finish_reason = length and no content: cut before the reasoning closed",
     "think_tags_in_content": "the run's think open/close tag is inside the content",
-    "field_mismatch": "the raw response holds reasoning-like text in a field (or inline tags) the run did not read",
+    "field_mismatch": "no reasoning stored while the raw response holds it in a field (or inline tags) the run did not "
+                      "read",
     "reasoning_tokens_no_text": "usage reports reasoning_tokens > 0 but the reasoning text is empty",
     "repetition": "the reasoning or the content ends in a block repeated at least N times (looping)",
     "duplicate_output": "reasoning + content equal to an earlier record's (leading/trailing whitespace ignored)",

@@ -112,9 +112,12 @@ def test_field_mismatch() -> None:
     assert f & BIT["field_mismatch"]
     assert det["field_mismatch"]["fields"] == ["reasoning"] and det["field_mismatch"]["mode"] == "reasoning_content"
     assert det["field_mismatch"]["chars"] == {"reasoning": len(REASONING)}
-    assert "field_mismatch" in failed(c, rec(unread_fields={"inline": "thinking inline"}))
-    assert "field_mismatch" not in failed(c, rec(unread_fields={"reasoning": "  \n"}))
-    assert "field_mismatch" not in failed(c, rec(unread_fields={}))
+    assert "field_mismatch" in failed(c, rec(reasoning="", unread_fields={"inline": "thinking inline"}))
+    assert "field_mismatch" not in failed(c, rec(reasoning="", unread_fields={"reasoning": "  \n"}))
+    assert "field_mismatch" not in failed(c, rec(reasoning="", unread_fields={}))
+    # the read field holds reasoning: whatever else the response carries, the run reads the right field (#26)
+    assert "field_mismatch" not in failed(c, rec(unread_fields={"inline": "thinking inline"}))
+    assert "field_mismatch" not in failed(c, rec(unread_fields={"reasoning": REASONING + " more"}))
 
 
 def test_reasoning_tokens_without_text() -> None:

@@ -155,7 +155,7 @@ def _count_not_stored(rec: dict[str, Any]) -> None:
 
 
 def _nul_replaced_and_kept(rec: dict[str, Any]) -> None:
-    assert rec["content"] == "a\ufffdb"
+    assert rec["content"] == "a\u2400b"
     assert json.loads(rec["extra_json"])["nul_text"] == {"content": "a\u0000b"}
 
 

@@ -48,14 +48,14 @@ def test_nul_and_impossible_counts_are_stored_alike_on_both_backends(any_engine:
     hostile, *good = records(any_engine, run_id)
     assert [r["status"] for r in good] == ["ok"] * 3
     assert hostile["status"] == "ok", (hostile["error_kind"], hostile["error"])
-    assert (hostile["reasoning"], hostile["content"]) == ("r\ufffds", "a\ufffdb")
+    assert (hostile["reasoning"], hostile["content"]) == ("r\u2400s", "a\u2400b")
     assert (hostile["prompt_tokens"], hostile["completion_tokens"]) == (None, None)
     extra = json.loads(hostile["extra_json"])
     exact = extra["nul_text"]
     assert (exact["reasoning"], exact["content"]) == ("r\u0000s", "a\u0000b")  # the reply's text, exactly
     if not stream:
         assert (exact["model"], exact["response_id"]) == ("sim\u0000reasoner", "c\u0000")
-        assert hostile["model"] == "sim\ufffdreasoner"
+        assert hostile["model"] == "sim\u2400reasoner"
     problems = "\n".join(extra["problems"])
     assert "usage.prompt_tokens = 3000000000 is impossible" in problems
     assert f"usage.completion_tokens = {2**64 - 1} is impossible" in problems

@@ -97,7 +97,7 @@ def test_a_poisoned_record_is_its_own_error_and_its_batch_commits(any_engine: An
     assert str(2**70) not in recs[1]["error"]
     # NUL: the same replacement on both backends, the exact text in extra_json; the count is a problem, not a number
     nul = recs[4]
-    assert nul["content"] == "a\ufffdb"
+    assert nul["content"] == "a\u2400b"
     extra = orjson.loads(nul["extra_json"])
     assert extra["nul_text"] == {"content": "a\u0000b"}
     assert nul["prompt_tokens"] is None
@@ -194,3 +194,15 @@ def test_postgresql_errors_are_classified_by_what_waiting_can_fix(pg_server: Any
             assert is_transient(lost.value), lost.value
     finally:
         engine.dispose()
+
+
+def test_token_sums_read_as_numbers_on_both_backends(any_engine: Any) -> None:
+    """The token columns are BIGINT (migration 0009); PostgreSQL sums BIGINT as NUMERIC, which readers get as int
+    (store/db.py), the same as on SQLite, and a count of 3,000,000,000 fits."""
+    with any_engine.connect() as conn:
+        conn.execute(text("CREATE TABLE t_sum (n BIGINT)"))
+        conn.execute(text("INSERT INTO t_sum (n) VALUES (3000000000), (2147483647)"))
+        total, avg = conn.execute(text("SELECT SUM(n), AVG(n) FROM t_sum")).one()
+        conn.rollback()
+    assert type(total) is int and total == 5_147_483_647
+    assert avg == 2_573_741_823.5 and type(avg) is float

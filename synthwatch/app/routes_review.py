@@ -467,6 +467,7 @@ def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
             lt, messages, rec.get("reasoning") or "", rec.get("content") or "",
             usage_completion_tokens=rec.get("completion_tokens"),
             server_prompt_ids=ids.get("prompt"), server_completion_ids=ids.get("completion"),
+            finish_reason=rec.get("finish_reason"),
         )
     except tokens.TokenizerError as exc:
         ctx["error"] = str(exc)

@@ -41,6 +41,7 @@ __all__ = [
     "Extracted",
     "ResponseShapeError",
     "extract_response",
+    "looks_inline",
     "rederive",
     "split_inline",
 ]
@@ -189,9 +190,47 @@ def _resolve(
         if reasoning and _same(r, reasoning):
             dups.append("inline")  # deepseek-legacy: same text in the field and inline
             content = c
-        else:
+        elif reasoning or looks_inline(content, s, think_open, think_close):
+            # Kept for a re-derive and shown by the probe. The field-mismatch check counts it only when the field
+            # read is empty (synthwatch.quality.checks): a field that holds the reasoning was read right, and a
+            # `</think>` in its content is the model's own text (vLLM 0.32: a model sampled a second `</think>`
+            # after the parser had split at the first). With the field empty, a tag the answer quotes is no
+            # evidence either.
             unread["inline"] = r
     return reasoning, content, source, unread, dups
+
+
+# characters around a think tag that say it is quoted (`</think>`, "</think>", a code sample), not a delimiter
+_QUOTE_BEFORE = frozenset("`'\"“‘\\/(<[")
+_QUOTE_AFTER = frozenset("`'\"”’)]")
+
+
+def looks_inline(content: str, source: str, think_open: str, think_close: str) -> bool:
+    """Does ``content`` hold reasoning written inline (the server ran no reasoning parser), rather than a
+    think tag the model mentions in its answer?
+
+    A content that starts with the opening tag (``source == "inline"``) is inline reasoning. Without the
+    opening tag (``inline-no-open``: a template that prefilled it), the closing tag must be a delimiter:
+    not quoted (a backtick, a quote or a bracket right before or after it), not a word between spaces in a
+    sentence, and not preceded by an opening tag further in (``wrap it in <think> ... </think>`` is prose
+    about tags). Models close their reasoning with ``</think>`` at a line break or right after the last
+    word (``...so 42.</think>The answer``), which all count.
+    """
+    if source == "inline":
+        return True
+    if source != "inline-no-open" or not think_close:
+        return False
+    i = content.find(think_close)
+    if i <= 0:
+        return False
+    if think_open and think_open in content[:i]:
+        return False
+    before = content[i - 1]
+    j = i + len(think_close)
+    after = content[j] if j < len(content) else ""
+    if before in (" ", "\t") and after in (" ", "\t"):  # a word in a sentence ("until it emits </think> and then")
+        return False
+    return before not in _QUOTE_BEFORE and after not in _QUOTE_AFTER
 
 
 def _details_text(items: Any, problems: _Problems) -> str:

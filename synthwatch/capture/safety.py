@@ -39,7 +39,8 @@ def check_usage(usage: dict[str, Any], problems: _Problems) -> None:
 
 
 def _impossible(where: str, v: int) -> str:
-    return f"{where} = {v} is impossible (outside 0..{MAX_COUNT:,}): not stored as a count"
+    # the key is the server's: cut, so that a problem stays short whatever it sent (the number has <= 20 digits)
+    return f"{where[:120]} = {v} is impossible (outside 0..{MAX_COUNT:,}): not stored as a count"
 
 
 def may_be_deep(raw: bytes) -> bool:

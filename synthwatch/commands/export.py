@@ -169,6 +169,8 @@ def handle(args: argparse.Namespace) -> int:
     if not_ok:
         print("not ok (never exported): " + ", ".join(f"{k} {v:,}" for k, v in not_ok.items()))
     print(f"manifest: {manifest_path(Path(plan.out))}  sha256 {manifest['file']['sha256'][:16]}…")
+    for warning in manifest.get("warnings") or ():
+        print(f"warning: {warning}", file=sys.stderr)
     preset = manifest.get("preset")
     if preset:
         checked = preset["checked_against"]

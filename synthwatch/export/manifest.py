@@ -34,9 +34,13 @@ def build_manifest(plan: ExportPlan, scanned: int, exported: int, excluded: Coun
             "split": "token level: the server's prompt/completion ids, or the generation prompt's ids when they "
                      "are a prefix of the full render's ids (else the record is left out: prompt_not_prefix)",
             "retokenized_answer": (
-                "appended as generated: generation prompt + [<think>]reasoning</think>content + EOS when it stopped"
+                "appended as generated: generation prompt + [<think>]reasoning</think>content + EOS, the </think> "
+                "only when the model wrote it (an answer follows its reasoning) and the EOS only when it stopped by "
+                "itself (finish_reason 'stop', no stop string)"
                 if as_generated else "rendered by the chat template; a record whose reasoning the template drops "
-                                     "is left out (template_drops_reasoning)"),
+                                     "is left out (template_drops_reasoning), a truncated row ends where the model's "
+                                     "text ends (no end of turn), a reply that stopped inside its reasoning is left "
+                                     "out (reasoning_not_closed)"),
             "tokenizer": plan.tokenizer_info,
             "chat_template": plan.tokenizer.template_source if plan.tokenizer else None,
         }

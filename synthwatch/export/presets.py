@@ -81,7 +81,9 @@ PRESETS: dict[str, Preset] = {
             "loss": "SpecForge masks from after the assistant header to the end-of-turn token: <think>, "
                     "reasoning, </think>, content and EOS are all under loss",
             "think": "not written in the text: the template writes <think>…</think> around reasoning_content",
-            "eos": "kept (the template's end-of-turn token, under loss)",
+            "eos": "kept (the template's end-of-turn token, under loss); SpecForge's template adds it to truncated "
+                   "rows too, which the model never wrote: the export counts them "
+                   "(template_adds_unwritten_tokens) and warns (the default exclusions leave them out)",
             "earlier turns": "a row's earlier assistant turns are its history (the dataset's answers with turns = "
                              "last, the model's own with turns = all) and are never trained with "
                              "train_only_last_turn = true: the row's answer is always a turn the model wrote",
@@ -109,7 +111,8 @@ PRESETS: dict[str, Preset] = {
             "loss": "0 over the prompt ids, 1 over the completion ids, as speculators' regenerate-responses "
                     "builds them",
             "think": "a prefilled <think> (and newline) is part of the prompt, not under loss; a <think> the "
-                     "model wrote itself is under loss",
+                     "model wrote itself is under loss; re-tokenized rows carry a </think> only when the model wrote "
+                     "one (an answer follows its reasoning), never for a reply that stopped inside its reasoning",
             "eos": "kept, under loss, when the reply stopped by itself (finish_reason 'stop'); absent when it "
                    "was cut (finish_reason 'length')",
             "earlier turns": "part of the prompt ids, mask 0; with turns = all and export --turns all each turn the "

@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 
 from ..capture.turns import history_reasoning_of
 from ..store import queue as store
+from . import unwritten
 from .plan import (
     DEFAULT_CHECKS,
     FORMATS,
@@ -54,6 +55,7 @@ from .plan import (
 )
 from .sinks import PARTIAL_SUFFIX, JsonlSink, ParquetSink, write_atomic
 from .turns import EXPORT_TURNS, manifest_part, turn_rows
+from .unwritten import TEXT_FORMATS, added_by_template
 
 if TYPE_CHECKING:
     pass
@@ -225,7 +227,11 @@ def row_sharegpt(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
     reasoning = rec.get("reasoning") or ""
     content = rec.get("content") or ""
     if plan.options.think_inline:
-        answer = {"role": "assistant", "content": f"{plan.think_open}{reasoning}{plan.think_close}{content}"}
+        from .tokens import shown_by
+
+        # the closing tag only where the model wrote it (a reply cut inside its reasoning has none)
+        close = plan.think_close if shown_by(rec, plan.think_close).closed else ""
+        answer = {"role": "assistant", "content": f"{plan.think_open}{reasoning}{close}{content}"}
     else:
         answer = {"role": "assistant", "content": content, "reasoning_content": reasoning}
     turns.append(answer)
@@ -268,9 +274,8 @@ def _columns(fmt: str) -> str:
         return _MESSAGE_COLS + ", token_ids_json, extra_json"
     if fmt == "speculators":
         return _MESSAGE_COLS + ", token_ids_json, usage_json, extra_json"
-    if fmt == "specforge":
-        return _MESSAGE_COLS + ", extra_json"
-    return _MESSAGE_COLS
+    # extra_json: what the record shows the model wrote (the content as sent, the stop reason: export.unwritten)
+    return _MESSAGE_COLS + ", extra_json"
 
 
 def _row_source(fmt: str, row: Mapping[str, Any]) -> str | None:
@@ -341,6 +346,8 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
     history_reasoning = history_reasoning_of(plan.config)
     which = plan.options.turns if fmt != "raw" else "raw"
     conversations = 0
+    added: Counter[str] = Counter()  # tokens a trainer's template adds that the model did not write (unwritten.py)
+    added_rows = 0
     try:
         if progress:
             progress(0, plan.total)
@@ -358,6 +365,10 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
                         else:
                             rows.append(row)
                             _count_repair(repaired, rec)
+                            if fmt in TEXT_FORMATS:
+                                extra_tokens = added_by_template(rec, plan.think_close, plan.options.think_inline)
+                                added.update(extra_tokens)
+                                added_rows += bool(extra_tokens)
                             source = _row_source(fmt, row)
                             if source is not None:
                                 sources[source] += 1
@@ -373,6 +384,10 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
 
         manifest = build_manifest(plan, scanned, exported, excluded, sources, digest, partial.stat().st_size, started)
         manifest["repairs"] = _repairs_summary(engine, plan, repaired)
+        if fmt in TEXT_FORMATS:
+            manifest["template_adds_unwritten_tokens"] = unwritten.manifest_part(fmt, added, added_rows)
+            if added_rows:
+                manifest.setdefault("warnings", []).append(unwritten.warning(fmt, added, added_rows))
         manifest["turns"] = manifest_part(which, history_reasoning, str(plan.config.get("turns") or "last"),
                                           conversations)
         os.replace(partial, out)

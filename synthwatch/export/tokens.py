@@ -19,7 +19,7 @@ R_TOOL_CALL_IDS = "tool_call_without_server_ids"
 
 if TYPE_CHECKING:
     from ..tokens.tokenizer import LoadedTokenizer
-    from .training_rows import TrainingRow
+    from .training_rows import TrainingRow, Written
 
 
 def tokens_tokenizer(
@@ -106,9 +106,28 @@ def retokenize(rec: Mapping[str, Any], plan: ExportPlan, *, as_generated: bool |
     try:
         return retokenized_row(
             lt, orjson.loads(rec["prompt_json"]), rec.get("reasoning") or "", rec.get("content") or "",
-            as_generated=as_generated, finish_reason=rec.get("finish_reason"),
+            as_generated=as_generated, finish_reason=rec.get("finish_reason"), shown=shown_by(rec, plan.think_close),
         )
     except TokenizerError:
         raise Skip(R_TOKENIZE) from None
     except Unusable as exc:
         raise Skip(exc.reason) from None
+
+
+def shown_by(rec: Mapping[str, Any], think_close: str) -> Written:
+    """What a stored record shows the model wrote besides its text (closed its reasoning, stopped on EOS), from
+    its content, finish reason and raw fields: the content as sent (inline tags) and vLLM's ``stop_reason`` (a stop
+    string or token matched: no EOS)."""
+    from .training_rows import written
+
+    extra: Any = {}
+    if rec.get("extra_json"):
+        try:
+            extra = orjson.loads(rec["extra_json"])
+        except orjson.JSONDecodeError:
+            extra = {}
+    extra = extra if isinstance(extra, dict) else {}
+    choice = extra.get("choice") if isinstance(extra.get("choice"), dict) else {}
+    raw = extra.get("raw_content")
+    return written(rec.get("content") or "", rec.get("finish_reason"), think_close=think_close,
+                   raw_content=raw if isinstance(raw, str) else None, stop_reason=choice.get("stop_reason"))

@@ -221,6 +221,8 @@ class RecordChecker:
         # what `not x.strip()` says, without copying a long text that ends in a newline
         r_empty, c_empty = not r or r.isspace(), not c or c.isspace()
         truncated = v.finish_reason == "length"
+        # an answer that is a tool call has no content by design (vLLM: content null, finish_reason tool_calls)
+        tool_call = v.finish_reason == "tool_calls"
         ct = v.completion_tokens
         if self.ctx.expects:
             applied |= BIT["empty_reasoning"]
@@ -228,9 +230,9 @@ class RecordChecker:
                 failed |= BIT["empty_reasoning"]
         applied |= BIT["empty_content"] | BIT["both_empty_with_tokens"] | BIT["truncated"] | BIT[
             "truncated_in_reasoning"] | BIT["think_tags_in_content"] | BIT["field_mismatch"] | BIT["repetition"]
-        if c_empty and not truncated:
+        if c_empty and not truncated and not tool_call:
             failed |= BIT["empty_content"]
-        if r_empty and c_empty and ct:
+        if r_empty and c_empty and ct and not tool_call:
             failed |= BIT["both_empty_with_tokens"]
             det["both_empty_with_tokens"] = {"completion_tokens": ct}
         if truncated:
@@ -241,7 +243,11 @@ class RecordChecker:
         if self.tags and c and any(t[0] in c and t in c for t in self.tags):
             failed |= BIT["think_tags_in_content"]
             det["think_tags_in_content"] = {"tags": [t for t in self.tags if t in c]}
-        unread = {k: len(t) for k, t in v.unread_fields.items() if isinstance(t, str) and t.strip()}
+        # A mismatch is reasoning the run did not store: a record whose read field holds reasoning never counts,
+        # whatever else the response carries (a `</think>` the model sampled in its content, OpenRouter's
+        # reasoning_details summary next to its reasoning). The alarm's advice (read `inline`, read another
+        # field) would corrupt such a run.
+        unread = {k: len(t) for k, t in v.unread_fields.items() if isinstance(t, str) and t.strip()} if r_empty else {}
         if unread:
             failed |= BIT["field_mismatch"]
             det["field_mismatch"] = {"fields": sorted(unread), "chars": unread, "mode": self.ctx.mode}

@@ -275,6 +275,7 @@ class _Gen:
     split_close: int
     rendered_prompt: str
     question: str = ""
+    closed: bool = True  # False: the model stopped inside its reasoning (SimConfig.unclosed_reasoning)
     plans: dict[tuple[Any, ...], _Plan] = field(default_factory=dict)
     prompt_info: dict[tuple[str, bool], tuple[int, list[int] | None]] = field(default_factory=dict)
 
@@ -329,4 +330,7 @@ def _generate(messages: list[Any], cfg: SimConfig, request_seed: Any, thinking: 
             content += _fill(body, _pad_content, c_target - len(content), rng, lead=" ")
     split_open = rng.randint(1, 6) if rng.random() < 0.5 else 0
     split_close = rng.randint(1, 7) if rng.random() < 0.5 else 0
-    return _Gen(reasoning, content, thinking, split_open, split_close, _render_prompt(messages), question)
+    # drawn last, and only when asked for: every other reply stays what it was
+    closed = not (thinking and reasoning and cfg.unclosed_reasoning and rng.random() < cfg.unclosed_reasoning)
+    return _Gen(reasoning, content if closed else [], thinking, split_open, split_close, _render_prompt(messages),
+                question, closed)

@@ -94,6 +94,9 @@ class SimConfig:
             real tokens).
         keep_requests: Keep the ``messages`` of the last N chat requests received (0: none), served by
             ``GET /sim/requests`` (oldest first): what a client really sent, e.g. a conversation's history.
+        unclosed_reasoning: Share of prompts (drawn per prompt, deterministically) whose model stops inside its
+            reasoning: no ``</think>``, no answer (``content`` null in the parser modes), and with
+            ``token_ids="deepseek"`` the completion ids end in EOS, as small models do on a real vLLM 0.32.
     """
 
     model: str = "sim-reasoner"
@@ -122,6 +125,7 @@ class SimConfig:
     server_kind: str = "vllm"
     server_version: str = "0.32.0"
     keep_requests: int = 0
+    unclosed_reasoning: float = 0.0
 
     def __post_init__(self) -> None:
         if self.reasoning_field not in REASONING_FIELDS:
@@ -144,7 +148,7 @@ class SimConfig:
             raise ValueError("max_model_len must be >= 1")
         if not 0 <= self.keep_requests <= 1_000_000:
             raise ValueError("keep_requests must be between 0 and 1000000")
-        for name in self.fault_rates():
+        for name in (*self.fault_rates(), "unclosed_reasoning"):
             rate = getattr(self, name)
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1")

@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "rate_preempt": "with a capacity: share of streams preempted once while requests queue",
         "server_version": "the version /version (or SGLang's /get_server_info) reports",
         "keep_requests": "keep the messages of the last N chat requests, served by GET /sim/requests",
+        "unclosed_reasoning": "share of prompts whose model stops inside its reasoning (no </think>, no answer)",
     }
     group = parser.add_argument_group("simulator")
     for f in dataclasses.fields(SimConfig):

@@ -150,14 +150,15 @@ def _events(gen: _Gen, mode: str, empty_reasoning: bool, ids: _TokenIds, need_id
     out: list[_Event] = []
     if mode in _PARSER_MODES:
         out += _run(mode, gen.reasoning, True, empty_reasoning, ids, lookup)
-        if gen.thinking:
+        if gen.thinking and gen.closed:
             out.append(("", "", ids.ids("</think>"), 1, 0))
     elif mode in ("inline", "inline-no-open"):
         if gen.thinking:
             if mode == "inline":
                 out += _tag("<think>", gen.split_open, ids)
             out += _run(None if empty_reasoning else "content", gen.reasoning, True, False, ids, lookup)
-            out += _tag("</think>", gen.split_close, ids)
+            if gen.closed:
+                out += _tag("</think>", gen.split_close, ids)
     elif empty_reasoning:  # mode "none": tokens spent on reasoning nobody sees
         out += _run(None, gen.reasoning, True, False, ids, lookup)
     if tool is not None:

@@ -26,6 +26,12 @@ Integrity warnings (``TokenWarning.code``):
   reported.
 - ``prompt_not_prefix``: the generation prompt's token ids are not a prefix of the full conversation's
   token ids, so the split falls back to the longest common run of ids (never a character boundary).
+- ``unwritten_close``: the record has reasoning and no answer while the model stopped by itself: the chat
+  template closes the reasoning with a think-close token the model did not write (an export through the
+  template leaves such a record out, ``reasoning_not_closed``).
+
+A record cut by ``max_tokens`` (``finish_reason="length"``) wrote no end of turn: its assistant span ends where the
+model's text ends (:func:`cut_after_text`), as the export's rows do; the template's closing tokens are not shown.
 """
 
 from __future__ import annotations
@@ -181,6 +187,25 @@ def _common_prefix_len(a: list[int], b: list[int]) -> int:
     return i
 
 
+MAX_TEMPLATE_TAIL = 8
+"""At most this many tokens a chat template writes after the answer (end of turn, a newline or two)."""
+
+
+def cut_after_text(lt: LoadedTokenizer, ids: list[int], text: str) -> list[int] | None:
+    """``ids`` up to the end of ``text`` (the model's last words), the chat template's closing tokens after it
+    (``</think>``, end of turn, newlines) dropped: the largest cut whose decoded text ends with ``text`` (exactly,
+    else ignoring trailing whitespace the template may strip). None when the text is not found there."""
+    if not text.strip():
+        return []  # the model wrote nothing the template renders
+    for exact in (True, False):
+        want = text if exact else text.rstrip()
+        for k in range(len(ids), max(len(ids) - MAX_TEMPLATE_TAIL, 0) - 1, -1):
+            got = lt.decode(ids[:k])
+            if (got if exact else got.rstrip()).endswith(want):
+                return ids[:k]
+    return None
+
+
 def training_ids(
     lt: LoadedTokenizer, messages: list[dict[str, Any]], reasoning: str, content: str
 ) -> tuple[list[int], list[int], int]:
@@ -203,11 +228,16 @@ def render_record(
     server_prompt_ids: list[int] | None = None,
     server_completion_ids: list[int] | None = None,
     expected_think_ids: tuple[int, int] | None = None,
+    finish_reason: str | None = None,
 ) -> Rendered:
     """Render one record into training tokens with chips, loss mask, totals and integrity warnings."""
     reasoning = reasoning or ""
     content = content or ""
     asm = assemble(lt, messages, reasoning, content)
+    if finish_reason == "length":
+        cut = cut_after_text(lt, asm.completion_ids, content or reasoning)
+        if cut is not None:
+            asm.completion_ids = cut
     prompt_len = len(asm.prompt_ids)
     input_ids = asm.prompt_ids + asm.completion_ids
     loss_mask = [0] * prompt_len + [1] * len(asm.completion_ids)
@@ -234,6 +264,12 @@ def render_record(
     warnings += _dropped_reasoning_warnings(lt, asm, reasoning)
     warnings += _think_text_warnings(lt, reasoning, content)
     warnings += _empty_think_warnings(lt, asm.completion_ids, infos[prompt_len:])
+    if finish_reason == "stop" and reasoning.strip() and not content and lt.think_close_id in asm.completion_ids:
+        warnings.append(TokenWarning(
+            "unwritten_close",
+            f"the model stopped inside its reasoning (no answer): the chat template closes it with "
+            f"{lt.spec.think_close!r}, which the model never wrote; an export through the template leaves this "
+            "record out (reasoning_not_closed)", {}))
     if usage_completion_tokens is not None:
         warnings += _usage_warnings(len(asm.completion_ids), usage_completion_tokens)
     if server_prompt_ids is not None or server_completion_ids is not None:

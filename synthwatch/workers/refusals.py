@@ -28,6 +28,9 @@ _PG_TRANSIENT_CLASSES = ("08", "40", "53", "57", "58")
 _PG_TRANSIENT_CODES = {"55P03", "55006"}
 _OS_TRANSIENT = {errno.ENOSPC, errno.EIO, errno.EAGAIN, errno.EDQUOT, errno.EBUSY}
 
+# what stands for NUL in a text column, on every backend: U+2400 SYMBOL FOR NUL (␀) reads as what it replaces,
+# where U+FFFD would look like an invalid byte; the exact text is kept in extra_json.nul_text (series.py)
+NUL_STAND_IN = "\u2400"
 # the largest integer a BIGINT column (and SQLite's INTEGER) holds
 INT64_MAX = 2**63 - 1
 
@@ -101,10 +104,10 @@ def suspect_fields(row: dict[str, Any]) -> list[str]:
 
 
 def storable_text(s: str | None) -> str | None:
-    """Text every backend can store: NUL (which PostgreSQL text cannot hold) becomes U+FFFD."""
+    """Text every backend can store: NUL (which PostgreSQL text cannot hold) becomes NUL_STAND_IN."""
     if s is None or "\x00" not in s:
         return s
-    return s.replace("\x00", "\ufffd")
+    return s.replace("\x00", NUL_STAND_IN)
 
 
 def refuse(o: Outcome, reason: str) -> None:
