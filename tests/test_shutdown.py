@@ -242,7 +242,8 @@ def _four_trickling(reply: Trickle, proc: subprocess.Popen[str], err: Lines) -> 
     assert proc.poll() is None, err.join()[-3000:]
 
 
-@pytest.mark.parametrize("grace", [2, pytest.param(None, marks=pytest.mark.slow, id="default")])
+@pytest.mark.slow
+@pytest.mark.parametrize("grace", [2, pytest.param(None, id="default")])
 def test_sigterm_waits_the_grace_period_then_interrupts(grace: int | None, tmp_path: Path) -> None:
     """SIGTERM while four requests trickle (one byte a second, 600 s total timeout): the worker claims nothing more,
     waits the grace period (2 s here, the default 10 s in the slow variant), interrupts them and exits 3 within the
@@ -313,3 +314,37 @@ def test_grace_setting_is_validated(tmp_path: Path, prompts: Any) -> None:
     proc = run_cli("run", "--dataset", str(prompts(2)), "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
                    "--shutdown-grace-s", "-1", "--db", str(tmp_path / "x.db"))
     assert proc.returncode == 2 and "shutdown_grace_s" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_stop_deadline_holds_when_the_database_does_not_answer(tmp_path: Path) -> None:
+    """SIGTERM while another connection holds the database's write lock: the worker can neither hand its claims
+    back nor flush, yet the process exits 3 at the grace period plus the stop's margin, saying so; once the lock
+    is gone, running the command again returns the claims it still held (its process is gone) and completes."""
+    import sqlite3
+
+    reply = Trickle()
+    with HostileServer(reply) as srv:
+        args, db = _trickle_run(tmp_path, srv.url, "--shutdown-grace-s", "1")
+        proc = popen_cli(*args, preexec_fn=_sigdfl)
+        err = Lines(proc)
+        _four_trickling(reply, proc, err)
+        lock = sqlite3.connect(db, isolation_level=None, timeout=30)
+        lock.execute("BEGIN IMMEDIATE")  # every write of the worker now waits, then fails as "locked"
+        try:
+            proc.send_signal(signal.SIGTERM)
+            elapsed = _wait_exit(proc, 1 + STOP_MARGIN_S + 15, err)
+            text = err.join()
+            assert proc.returncode == 3, text[-3000:]
+            assert 1 + STOP_MARGIN_S - 0.5 <= elapsed < 1 + STOP_MARGIN_S + 1.5, (elapsed, text[-3000:])
+            assert f"SIGTERM: stopping: not finished within {1 + STOP_MARGIN_S:g} s; exiting now (exit code 3)" \
+                in text, text[-3000:]
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        assert _statuses(db).get("in_flight") == 4  # held by a process that is gone
+        reply.healed.set()
+        again = popen_cli(*args, preexec_fn=_sigdfl)
+        _, err2 = again.communicate(timeout=120)
+        assert again.returncode == 0, err2[-3000:]
+        assert _statuses(db) == {"ok": 12}

@@ -55,8 +55,11 @@ log = logging.getLogger("synthwatch.worker")
 # worker died (the writer thread, a helper task, ...) or its loop raised; the log's line names it, its claims went
 # back to pending, and running the same command again resumes the run.
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "paused": 4}
-STEP_S = 3.0  # the longest one step of a stop waits (a writer call, the interrupted tasks, the direct release)
-FLUSH_S = 5.0  # the longest the writer's last flush may take before claims are returned without it
+STEP_S = 3.0  # the longest interrupted record tasks may take to end (cancelling them is immediate unless a bug)
+# the longest the writer's last flush may take before claims are returned without it, and the worker's own last
+# transaction (after a signal or a failure the program's deadline comes first: workers/supervisor.py)
+FLUSH_S = 30.0
+FINAL_S = 10.0
 CLAIM_WAIT_S = 0.05  # longest a free slot waits for a batch of free slots before it is claimed alone
 # At high completion rates the worker claims this much work (in seconds of completions) ahead of its free
 # slots: each claim is a write transaction with a fixed cost, and claims of a few records at thousands of
@@ -103,8 +106,6 @@ class RunWorker:
         self.supervisor = Supervisor(self._failed, hard_exit=hard_exit)
         self._abort: tuple[str, str] | None = None  # (final state, message) when the loop was cut short
         self._loop_task: asyncio.Task[tuple[str, str | None]] | None = None
-        self._stop_deadline: float | None = None  # monotonic time the grace period after a signal ends
-        self._stop_signal = ""
         self._done_why = ""  # why the run completed ("done", "cap_done"), for its final message
         self.state = "running"
         self.worker_id = 0
@@ -209,8 +210,8 @@ class RunWorker:
             log.warning("%s: stopping gracefully (in-flight requests have %g s to finish); again to stop now",
                         signame, grace)
             self.local_stop = "stop"
-            self._stop_signal = signame
-            self._stop_deadline = time.monotonic() + grace
+            # a timer, not a check in the loop: the loop may be waiting for the writer when the grace ends
+            asyncio.get_running_loop().call_later(grace, self._grace_over, signame, grace)
             self.supervisor.deadline(grace + STOP_MARGIN_S, EXIT_CODES["stopped"], f"{signame}: stopping")
         else:
             log.warning("%s: stopping now (in-flight requests go back to pending)", signame)
@@ -220,6 +221,15 @@ class RunWorker:
             self.supervisor.deadline(HURRY_S, EXIT_CODES[self._abort[0] if self._abort else "stopped"],
                                      f"{signame} again: stopping now")
         self._wake.set()
+
+    def _grace_over(self, signame: str, grace: float) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            return  # stopped within the grace period
+        n = len(self.tasks)
+        log.warning("%s: the grace period of %g s is over; interrupting %d in-flight requests", signame, grace, n)
+        self.stop_reason = self.stop_reason or f"interrupted: the grace period of {grace:g} s after {signame} ran out"
+        self._cut_loop("stopped", f"stopped: {n} in-flight requests interrupted after the grace period of {grace:g} s,"
+                                  " their records returned to pending")
 
     def _failed(self, why: str) -> None:
         """The supervisor's report that a part of the worker died (on the event loop)."""
@@ -272,17 +282,18 @@ class RunWorker:
                 try:
                     final, message = await self._loop_task
                 except asyncio.CancelledError:
-                    if self._abort is None:
+                    current = asyncio.current_task()
+                    if self._abort is None or (current is not None and current.cancelling()):
                         raise  # the worker itself is being cancelled
                     final, message = self._abort
                 finally:
-                    if self._abort is not None and self._abort[0] == "failed":
-                        final, message = self._abort  # a part died as the loop ended: that is the outcome
                     await self._interrupt()  # while the HTTP session is still open: no request fails for its close
                     for task in helpers:
                         task.cancel()
                         with contextlib.suppress(asyncio.CancelledError, Exception):
                             await task
+                    if self._abort is not None and self._abort[0] == "failed":
+                        final, message = self._abort  # a part died as the loop ended: that is the outcome
         except Exception as exc:
             why = describe("the worker's loop", exc)
             log.error("worker failed: %s", why)
@@ -292,8 +303,7 @@ class RunWorker:
             try:
                 await self._shutdown(final, message)
             finally:
-                await sup.close()
-                sup.disarm()
+                await sup.close()  # a deadline armed stays: the program must still end in time
         return final
 
     async def _interrupt(self) -> None:
@@ -311,39 +321,35 @@ class RunWorker:
             log.error("%d record tasks did not end when interrupted; their records return to pending", len(pending))
 
     async def _shutdown(self, final: str, message: str | None) -> None:
-        """Hand every claim back, write the worker's and the run's end, flush: through the writer while it works,
-        else in a short transaction of the worker's own. Each wait is bounded."""
+        """The writer flushes what it has and ends; then one short transaction of the worker's own hands back
+        every claim still held (records never started, claims answered while stopping, and, when the writer died
+        or did not finish, every record it did not write: the interrupted ones with their attempt recorded) and
+        writes the worker's and the run's end. Each wait is bounded."""
         assert self.writer is not None
         writer = self.writer
         sup = self.supervisor
         sup.closing = True  # the writer's end is expected from here
         await self._interrupt()  # tasks started after the loop's end (none, unless a claim came back late)
-        if self._claim_fut is not None:  # a claim answered while stopping: its records are ours to hand back
-            with contextlib.suppress(Exception):
-                claimed, _ = await writer_result(writer, self._claim_fut, STEP_S)
-                self.ready.extend(claimed)
-            self._claim_fut = None
-        done = False
+        self.ready.clear()  # never started: the release below returns them untouched
         if writer.alive:
             try:
-                await self._release_ready(STEP_S)
-                await writer_result(writer, writer.call(lambda conn: self._finish(conn, final, message)), STEP_S)
                 await in_daemon_thread(lambda: writer.stop(FLUSH_S), FLUSH_S + 1, "synthwatch-stop")
-                done = not writer.alive and not sup.crashed(writer.threads["database writer thread"])
             except Exception as exc:
                 log.warning("the writer did not finish its last flush (%s: %s)", exc.__class__.__name__, exc)
-        if done:
-            return
-        # The writer is gone (or stuck): every claim goes back to pending on a connection of our own.
+        wrote = not writer.alive and not sup.crashed(writer.threads["database writer thread"])
         try:
             moved = await in_daemon_thread(
-                lambda: release_directly(self.engine, self.run_id, self.worker_id, self.interrupted,
+                lambda: release_directly(self.engine, self.run_id, self.worker_id, [] if wrote else self.interrupted,
                                          lambda conn: self._finish(conn, final, message)),
-                STEP_S, "synthwatch-release")
-            log.warning("without the writer: %d claimed records returned to pending", moved)
+                FINAL_S, "synthwatch-release")
         except Exception as exc:
             log.error("claims could not be returned to pending (%s); they return when the run is started again",
                       describe("the release", exc))
+            return
+        if moved and not wrote:
+            log.warning("without the writer: %d claimed records returned to pending", moved)
+        elif moved:
+            log.info("%d claimed records not started returned to pending", moved)
 
     def _finish(self, conn: Any, final: str, message: str | None) -> None:
         """The worker's exit and, when no other worker runs it (or it completed), the run's final status."""
@@ -463,13 +469,6 @@ class RunWorker:
                     await self._set_status("stopping", f"stopping; {len(self.tasks)} in-flight requests finishing")
                 if not self.tasks and self._claim_fut is None and not self.ready:
                     return "stopped", "stopped"
-                if self._stop_deadline is not None and m >= self._stop_deadline:
-                    grace = self.config.shutdown_grace_s
-                    self.stop_reason = f"interrupted: the grace period of {grace:g} s after {self._stop_signal} ran out"
-                    log.warning("%s: the grace period of %g s is over; interrupting %d in-flight requests",
-                                self._stop_signal, grace, len(self.tasks))
-                    return "stopped", (f"stopped: {len(self.tasks)} in-flight requests interrupted after the grace"
-                                       f" period of {grace:g} s, their records returned to pending")
             elif desired == "pause":
                 if self.state != "paused":
                     self.state = "paused"
@@ -538,7 +537,7 @@ class RunWorker:
             tasks.add(task)
             task.add_done_callback(self._task_done)
 
-    async def _release_ready(self, timeout_s: float | None = None) -> None:
+    async def _release_ready(self) -> None:
         """Return claimed records that never started to pending (no attempt is recorded: none was made)."""
         if not self.ready or self.writer is None:
             return
@@ -551,7 +550,7 @@ class RunWorker:
             writer.claimed -= moved
             return moved
 
-        await writer_result(writer, writer.call(release), timeout_s)
+        await writer_result(writer, writer.call(release))
 
     async def _adopt_config(self, version: int) -> None:
         """A new config version of the run: requests started from now on use it (running ones finish as they are)."""

@@ -89,11 +89,13 @@ class RecordTasks:
             if ep.outstanding > ep.outstanding_max:
                 ep.outstanding_max = ep.outstanding
             where["started"] = started = time.time()
+            where["sending"] = True
             try:
                 faults.hit("send")
                 res = await host.requester.attempt(ep, body, host.config.stream)
             finally:
                 ep.outstanding -= 1
+            where["sending"] = False  # not in the finally: a cancellation's handler must still see it
             where["stage"] = "capture"
             faults.hit("capture")
             last = res
@@ -200,10 +202,11 @@ class RecordTasks:
             if ep is not None:
                 host.pool.abandon(ep)
             why = host.stop_reason or "interrupted: the worker stopped"
-            attempts.append({"n": len(attempts) + 1, "t": round(started, 3), "endpoint": ep.label if ep else None,
-                             "ok": False, "kind": "interrupted", "status": None,
-                             "error": f"{why}; the record went back to pending",
-                             "latency_s": round(time.time() - started, 4)})
+            if where.get("sending"):  # a request was under way: that attempt is recorded as interrupted
+                attempts.append({"n": len(attempts) + 1, "t": round(started, 3),
+                                 "endpoint": ep.label if ep else None, "ok": False, "kind": "interrupted",
+                                 "status": None, "error": f"{why}; the record went back to pending",
+                                 "latency_s": round(time.time() - started, 4)})
             back = Outcome(claimed.id, claimed.idx, "pending", claimed.messages, attempts=attempts,
                            prior_attempts=prior, error_kind="interrupted", error=why, finished_at=time.time(),
                            endpoint=ep.label if ep else None)

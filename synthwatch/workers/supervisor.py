@@ -4,8 +4,9 @@ Every part of a worker that runs on its own is watched: the writer thread and it
 server-metrics scraper and concurrency tuner tasks, each record's task, the metrics server's thread. Each is
 meant to run until the worker stops, so when one ends early, with an exception or without, the worker fails at
 once: one log line names the part and the exception's class, the worker's loop is cancelled (whatever it was
-waiting for), in-flight requests are interrupted, claims go back to pending (with a short transaction of the
-worker's own when the writer is the part that died: :func:`release_directly`) and the process exits 1.
+waiting for), in-flight requests are interrupted, claims go back to pending (in a short transaction of the
+worker's own after the writer's end, whether it flushed or died: :func:`release_directly`) and the process
+exits 1.
 
 A stop has deadlines. After the first SIGTERM or SIGINT, in-flight requests have the grace period
 (``shutdown_grace_s``) to finish; then they are interrupted, and interrupting them, handing their records back and
@@ -184,12 +185,6 @@ class Supervisor:
         self._timer.daemon = True
         self._timer.start()
 
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = float("inf")
-
 
 def _exit_now(code: int, why: str) -> None:
     """The last resort of a stop that overran its deadline: the process ends here, whatever still runs."""
@@ -260,11 +255,17 @@ def interrupted_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
 def release_directly(engine: Engine, run_id: int, worker_id: int, interrupted: list[Outcome],
                      finish: Callable[[Connection], None]) -> int:
     """Every claim this worker still holds back to pending, in one short transaction on a connection of its own
-    (the writer thread is gone or did not finish): the interrupted records with their attempt recorded, the
-    others (never started, or finished with a result the writer never wrote) as they were; then ``finish(conn)``
-    (the worker's exit, the run's status). Returns how many records went back."""
-    with engine.connect() as conn, store.write_begin(conn):
-        store.lock_run(conn, run_id)
-        moved = store.release_worker(conn, run_id, worker_id, interrupted_rows(interrupted))
-        finish(conn)
+    (after its writer thread ended, flushed or dead): ``interrupted``, the records whose request was cut short,
+    with their attempt recorded (when the writer could not write them), the others (never started, answered while
+    stopping, or finished with a result a dead writer never wrote) as they were. Then, in a second transaction,
+    ``finish(conn)`` (the worker's exit, the run's status). Returns how many records went back."""
+    with engine.connect() as conn:
+        with store.write_begin(conn):
+            store.lock_run(conn, run_id)
+            moved = store.release_worker(conn, run_id, worker_id, interrupted_rows(interrupted))
+        try:  # a transaction of its own: whatever fails here cannot undo the release
+            with store.write_begin(conn):
+                finish(conn)
+        except Exception as exc:
+            log.error("the worker's end could not be recorded (%s: %s)", exc.__class__.__name__, exc)
     return moved
