@@ -1,4 +1,6 @@
-"""Concurrency against a server with a knee: the story's fixed 200 in flight vs `--concurrency auto`.
+"""Concurrency against two server shapes: fixed settings vs `--concurrency auto`, each in one run of this script.
+
+Shape 1, a server with a knee:
 
 The simulator (`synthwatch simulate --capacity 48`) generates at most 48 requests at once; the others wait in
 its queue, silent, as on a vLLM server whose batch is full. Each request is paced (tokens/s per stream and a
@@ -8,6 +10,13 @@ log-normal length), so past the knee a request waits for the ones ahead of it. T
 - fixed concurrency 200 (what the story's team ran): the share of records that time out;
 - `--concurrency auto` (starting at 8): how long until its output tokens/s stays within 20 % of the knee's
   (48 streams x tokens/s), and how many time out.
+
+Shape 2, a server whose queue never grows (a real vLLM far below its KV-cache limit): no capacity limit, but a
+batch makes every stream slower (`--batch-slowdown B`: each stream decodes at tokens_per_s / (1 + running / B)),
+so total tokens/s still rises with concurrency while each token takes longer; the server publishes how many
+requests fit at once (`--kv-max-concurrency`, vLLM's `cache_config_info`). Fixed concurrencies up to that
+ceiling, then auto: auto must reach at least the best fixed one's throughput (a real vLLM stopped the old tuner
+at 12 on its time-per-token guard, 260 tok/s where a fixed 32 gave 348).
 
 Throughput is read from the run's own time series (ok records' completion tokens per 5-s bucket), the
 concurrency steps from its audit log.
@@ -29,6 +38,12 @@ FULL = {"knee": 48, "tokens_per_s": 30, "reasoning": "lognormal:6.0:0.5", "conte
 QUICK = {"knee": 6, "tokens_per_s": 40, "reasoning": "40-80", "content": "10-20", "timeout_s": 5,
          "fixed": 24, "duration_s": 20, "interval_s": 1.0, "records": 600}
 SETTLE_SHARE = 0.8  # within 20 % of the knee's throughput
+# shape 2: no queue, slower tokens in a bigger batch, a published ceiling
+NO_QUEUE_FULL = {"slowdown": 16, "ceiling": 64, "tokens_per_s": 60, "reasoning": "lognormal:5.0:0.4",
+                 "content": "20-60", "timeout_s": 60, "fixed": [16, 32, 64], "duration_s": 120, "interval_s": 5.0,
+                 "records": 6000}
+NO_QUEUE_QUICK = {"slowdown": 4, "ceiling": 12, "tokens_per_s": 80, "reasoning": "30-60", "content": "10-20",
+                  "timeout_s": 10, "fixed": [12], "duration_s": 20, "interval_s": 1.0, "records": 1200}
 
 
 def _run(size: dict[str, Any], concurrency: str, tmp: Path, log: Any) -> dict[str, Any]:
@@ -36,9 +51,14 @@ def _run(size: dict[str, Any], concurrency: str, tmp: Path, log: Any) -> dict[st
 
     from synthwatch.store.db import open_engine
 
-    sim = SimProcess(capacity=size["knee"], tokens_per_s=size["tokens_per_s"], reasoning_tokens=size["reasoning"],
-                     content_tokens=size["content"], seed=7)
-    db = tmp / f"autotune-{concurrency}.db"
+    if "knee" in size:
+        sim = SimProcess(capacity=size["knee"], tokens_per_s=size["tokens_per_s"], reasoning_tokens=size["reasoning"],
+                         content_tokens=size["content"], seed=7)
+    else:
+        sim = SimProcess(batch_slowdown=size["slowdown"], kv_max_concurrency=size["ceiling"],
+                         tokens_per_s=size["tokens_per_s"], reasoning_tokens=size["reasoning"],
+                         content_tokens=size["content"], seed=7)
+    db = tmp / f"autotune-{'knee' if 'knee' in size else 'flat'}-{concurrency}.db"
     dataset = write_dataset(tmp / "prompts.jsonl", size["records"], size["records"])
     args = [sys.executable, "-m", "synthwatch", "run", "--db", str(db), "--dataset", str(dataset), "--base-url",
             sim.url, "--model", "sim-reasoner", "--name", f"c-{concurrency}", "--concurrency", concurrency,
@@ -70,13 +90,13 @@ def _run(size: dict[str, Any], concurrency: str, tmp: Path, log: Any) -> dict[st
             {"r": run["id"]}).all()
     engine.dispose()
     finished = run["n_ok"] + run["n_error"] + run["n_timeout"]
-    knee_tps = size["knee"] * size["tokens_per_s"]
+    knee_tps = size["knee"] * size["tokens_per_s"] if "knee" in size else 0
     # output tokens/s in 20-s windows (4 buckets of 5 s); the last bucket is cut short by the stop: left out
     # buckets after the stop (a graceful stop starts nothing new, so its tail only winds down) are left out
     tps = [(int(b[0]), float(b[1] or 0) / 5.0) for b in buckets if int(b[0]) + 5 <= t0 + size["duration_s"]]
     avg = [(tps[i][0], sum(x[1] for x in tps[i:i + 4]) / 4) for i in range(len(tps) - 3)]
     settle_s = None
-    for i in range(len(avg)):
+    for i in range(len(avg) if knee_tps else 0):
         if all(v >= SETTLE_SHARE * knee_tps for _, v in avg[i:]):
             settle_s = avg[i][0] + 20 - tps[0][0]  # the end of the first window from which it stays there
             break
@@ -89,12 +109,20 @@ def _run(size: dict[str, Any], concurrency: str, tmp: Path, log: Any) -> dict[st
             "steps": [(round(float(s[0]) - t0, 1), s[1], s[2]) for s in steps], "elapsed_s": time.time() - t0}
 
 
-def measure(size: dict[str, Any], log: Any = sys.stderr) -> dict[str, Any]:
+def measure(size: dict[str, Any], flat: dict[str, Any], log: Any = sys.stderr) -> dict[str, Any]:
     with workdir() as tmp:
         fixed = _run(size, str(size["fixed"]), Path(tmp), log)
         auto = _run(size, "auto", Path(tmp), log)
+        flat_fixed = [_run(flat, str(c), Path(tmp), log) for c in flat["fixed"]]
+        flat_auto = _run(flat, "auto", Path(tmp), log)
     met = (auto["timeouts"] == 0 and auto["settle_s"] is not None and auto["settle_s"] < 120)
-    return {"size": size, "fixed": fixed, "auto": auto, "met": met}
+    best = max(flat_fixed, key=lambda x: x["steady_tps"])
+    # within 10 % of the knee's throughput; at least the best fixed concurrency's on the flat server (5 % of slack
+    # for the two runs' own noise: they are measured one after the other, not at once)
+    knee_met = 0.9 <= auto["steady_tps"] / auto["knee_tps"] and auto["timeouts"] == 0
+    flat_met = flat_auto["steady_tps"] >= 0.95 * best["steady_tps"] and flat_auto["timeouts"] == 0
+    return {"size": size, "fixed": fixed, "auto": auto, "met": met and knee_met and flat_met, "knee_met": knee_met,
+            "flat": flat, "flat_fixed": flat_fixed, "flat_auto": flat_auto, "flat_best": best, "flat_met": flat_met}
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -114,18 +142,35 @@ def markdown(r: dict[str, Any]) -> str:
                      f"{x['final_concurrency']} |")
     lines += ["", "Tuning steps of the auto run (seconds from its start, new concurrency, reason):", ""]
     lines += [f"- {t} s → {v}: {d}" for t, v, d in a["steps"][:20]]
-    lines += ["", f"Target (auto settles within 20 % of the knee's throughput in under 2 minutes, 0 timeouts): "
-                  f"**{'met' if r['met'] else 'missed'}**."]
+    lines += ["", f"Target (auto settles within 20 % of the knee's throughput in under 2 minutes and stays within 10 % of "
+                  f"it, 0 timeouts): **{'met' if r['knee_met'] and a['settle_s'] is not None else 'missed'}**."]
+    fl, best, fa = r["flat"], r["flat_best"], r["flat_auto"]
+    lines += [
+        "", "### A server whose queue never grows", "",
+        f"No capacity limit: each stream decodes at {fl['tokens_per_s']} tokens/s / (1 + running / {fl['slowdown']}) "
+        f"(a bigger batch makes every token slower, total tokens/s still rises), and the server publishes that "
+        f"{fl['ceiling']} requests fit at once (`vllm:cache_config_info`'s `kv_cache_max_concurrency`). "
+        f"{fl['duration_s']} s per run, idle timeout {fl['timeout_s']} s.", "",
+        "| concurrency | ok | timeouts | steady output tokens/s | vs the best fixed | final concurrency |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for x in (*r["flat_fixed"], fa):
+        lines.append(f"| {x['concurrency']} | {x['ok']:,} | {x['timeouts']:,} | {x['steady_tps']:,.0f} | "
+                     f"{x['steady_tps'] / best['steady_tps']:.2f}x | {x['final_concurrency']} |")
+    lines += ["", "Tuning steps of the auto run:", ""]
+    lines += [f"- {t} s → {v}: {d}" for t, v, d in fa["steps"][:20]]
+    lines += ["", f"Target (auto reaches at least the best fixed concurrency's output tokens/s up to the server's "
+                  f"ceiling, 0 timeouts): **{'met' if r['flat_met'] else 'missed'}**."]
     return "\n".join(lines)
 
 
 def main(quick: bool = False) -> Any:
-    r = measure(QUICK if quick else FULL)
+    r = measure(QUICK if quick else FULL, NO_QUEUE_QUICK if quick else NO_QUEUE_FULL)
     text = markdown(r)
     print(text)
     if quick:
         return r
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    write_section("autotune", f"## Concurrency against a server with a knee (bench/bench_autotune.py)\n\n"
+    write_section("autotune", f"## Concurrency against two server shapes (bench/bench_autotune.py)\n\n"
                               f"`python -m bench autotune` ({stamp}).\n\n{text}")
     return 0 if r["met"] else 1

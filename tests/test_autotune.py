@@ -35,6 +35,36 @@ def test_tuner_raises_while_tokens_grow_and_backs_off_on_trouble() -> None:
     assert n == 8 and "time per output token" in why  # past the best concurrency, it tripled: back to the best
 
 
+def test_slower_tokens_alone_are_not_the_knee_and_the_published_ceiling_holds() -> None:
+    """On a real vLLM the old guard stopped the tuner at 12 (8 -> 12 -> 18 -> 12, "61 ms is over 2x the lowest
+    seen") while the server's queue stayed empty and it had room for 1,024 sequences: fixed 32 gave a third more
+    tokens/s. Slower tokens in a bigger batch alone do not make a back-off; with a queue behind them they do."""
+    flat = Tuner(8, 1, 512)
+    metrics = {"server_waiting": 0.0, "server_running": 8.0, "server_ceiling": 36.0}
+    per_token = 0.02
+    while flat.current < 36:
+        cur = flat.current
+        per_token *= 1.4  # every raise makes each token slower, total tokens/s still rises
+        step = flat.step(Interval(cur * 12.0 / per_token * 0.02, per_token, cur, **metrics))  # type: ignore[arg-type]
+        assert step is not None, flat.history
+        assert "raise" in step[1]
+    assert flat.current == 36 and "36 requests the server says fit" in flat.history[-1][2]
+    assert [h[1] for h in flat.history] == [12, 18, 27, 36]
+    assert flat.step(Interval(10_000.0, 1.0, 36, **metrics)) is None  # type: ignore[arg-type]  # at its ceiling
+    # the same slower tokens once the server has shown a queue: the guard applies
+    queued = Tuner(8, 1, 512)
+    assert queued.step(Interval(100.0, 0.02, 8, server_waiting=0.0, server_running=8.0)) is not None
+    # a queue at the server that is not ours (we run 10 of its 20): hold, but it is pressure seen
+    assert queued.step(Interval(101.0, 0.03, 12, server_waiting=3.0, server_running=20.0, in_flight_now=10)) is None
+    back = queued.step(Interval(101.0, 0.09, 12, server_waiting=0.0, server_running=12.0))
+    assert back is not None and back[0] == 8 and "with the server queueing or preempting" in back[1]
+    # and without server metrics at all, as before: nothing says the queue is empty
+    blind = Tuner(8, 1, 512)
+    assert blind.step(Interval(100.0, 0.02, 8)) is not None
+    back = blind.step(Interval(101.0, 0.09, 12))
+    assert back is not None and back[0] == 8
+
+
 def _events(engine: Any, run_id: int) -> list[dict[str, Any]]:
     with engine.connect() as conn:
         return [dict(r) for r in conn.execute(text(

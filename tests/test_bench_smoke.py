@@ -62,7 +62,8 @@ def test_autotune_benchmark_quick() -> None:
     from bench import bench_autotune
 
     r = bench_autotune.main(quick=True)
-    for run in (r["fixed"], r["auto"]):
+    for run in (r["fixed"], r["auto"], *r["flat_fixed"], r["flat_auto"]):
         assert run["finished"] > 0 and run["ok"] > 0, run
     assert r["auto"]["steps"] and r["auto"]["steps"][0][2].startswith("self-tuning concurrency starts at")
     assert "| auto |" in bench_autotune.markdown(r)
+    assert "A server whose queue never grows" in bench_autotune.markdown(r)

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from sqlalchemy import text
 from workerkit import Background, make_config, wait_for
@@ -44,8 +45,10 @@ def test_parse_real_names_old_and_new_and_rates() -> None:
               .replace('le="1.0",model_name="m"} 8.0', 'le="1.0",model_name="m"} 12.0')
               .replace('le="+Inf",model_name="m"} 10.0', 'le="+Inf",model_name="m"} 14.0'), 102.0)
     row = interval_row(a, b)
-    assert row["gen_tokens_s"] == 200.0 and row["preemptions_s"] == 2.0
-    assert row["queue_p50_s"] is not None and row["queue_p50_s"] <= 0.5  # the 4 new ones all queued < 0.5 s
+    assert row["gen_tokens_s"] == 200.0 and row["preemptions_s"] == 2.0 and row["preemptions"] == 4.0
+    # the 4 new ones all queued < 0.5 s: the first bucket has no lower bound, so the buckets say only "< 0.5 s"
+    assert row["queue_p50_s"] is None
+    assert orjson.loads(row["quantiles"])["queue"]["p50"] == {"below": 0.5}
     sg = parse("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"m\"} 7\n"
                "# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{model_name=\"m\"} 1\n"
                "# TYPE sglang:token_usage gauge\nsglang:token_usage{model_name=\"m\"} 0.5\n"
@@ -54,6 +57,53 @@ def test_parse_real_names_old_and_new_and_rates() -> None:
     assert interval_row(None, sg)["gen_tokens_s"] == 321
     assert parse("# TYPE x gauge\nx 1\n", 1.0).kind == "unknown"
     assert quantile([(1.0, 0.0), (float("inf"), 0.0)], 0.5) is None
+
+
+# vLLM 0.32's queue-time buckets start at 0.3 s; a server that never queues puts every request in the first one
+def _queue_page(count: float, total_s: float, first: float, second: float, preempt: float = 0.0,
+                aborted: float = 0.0) -> str:
+    return f"""# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="m"}} 4.0
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{{engine="0",model_name="m"}} {preempt}
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{{engine="0",finished_reason="stop",model_name="m"}} {count}
+vllm:request_success_total{{engine="0",finished_reason="abort",model_name="m"}} {aborted}
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{{engine="0",le="0.3",model_name="m"}} {first}
+vllm:request_queue_time_seconds_bucket{{engine="0",le="0.5",model_name="m"}} {second}
+vllm:request_queue_time_seconds_bucket{{engine="0",le="+Inf",model_name="m"}} {count}
+vllm:request_queue_time_seconds_count{{engine="0",model_name="m"}} {count}
+vllm:request_queue_time_seconds_sum{{engine="0",model_name="m"}} {total_s}
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",engine="0",kv_cache_max_concurrency="1024.00",num_gpu_blocks="9"}} 1.0
+"""
+
+
+def test_server_histograms_are_read_honestly() -> None:
+    """The issue's numbers: the card showed queue p50/p95 150/285 ms (interpolated inside the first bucket, from 0)
+    while _sum/_count gave a mean of 0.07 ms. Means come from the deltas; quantiles only where buckets resolve."""
+    from synthwatch.app.routes_server import describe
+
+    a = parse(_queue_page(100, 0.007, 100, 100), 10.0)
+    b = parse(_queue_page(300, 0.021, 300, 300, preempt=3, aborted=2), 10.5)  # 200 more, 0.014 s of queueing
+    first = interval_row(None, a)
+    # the first scrape covers the server's whole lifetime, not an interval: gauges only
+    assert first["running"] == 4.0 and first["max_concurrency"] == 1024.0
+    assert "gen_tokens_s" not in first and "quantiles" not in first and "preemptions" not in first
+    row = interval_row(a, b)
+    assert row["interval_s"] == 0.5
+    assert row["queue_mean_s"] == pytest.approx(0.014 / 200)
+    words = describe(orjson.loads(row["quantiles"])["queue"])
+    assert words == {"mean": "70 µs", "p50": "< 300 ms", "p95": "< 300 ms"}
+    # counted over the interval scraped (0.5 s here), never a rate times an assumed 2 s
+    assert row["preemptions"] == 3.0 and row["aborted"] == 2.0 and row["errored"] == 0.0
+    # a quantile inside a bounded bucket is interpolated, past the last bound only "> bound"
+    assert quantile([(0.3, 0.0), (0.5, 10.0), (float("inf"), 10.0)], 0.5) == {"value": pytest.approx(0.4)}
+    assert quantile([(0.3, 0.0), (0.5, 0.0), (float("inf"), 10.0)], 0.5) == {"above": 0.5}
+    # a server that restarted between scrapes: its counters start over, what it counted since is the interval
+    c = parse(_queue_page(50, 0.5, 40, 50), 11.0)
+    assert interval_row(b, c)["queue_mean_s"] == pytest.approx(0.01)
 
 
 def _rows(engine: Any, run_id: int) -> list[dict[str, Any]]:
@@ -134,3 +184,67 @@ def test_two_endpoints_each_have_their_own_server_lines(page, live_app, engine, 
 
         store.apply_control(engine, bg.run_id, "stop_now")
         bg.join(30)
+
+
+@pytest.mark.slow
+def test_young_run_card_tiles_and_workers_agree(live_app, engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    """A run younger than the 60 s window: the Server card's client tok/s, the tiles and the workers table all divide
+    by the time the window covers (the card used to divide 28 s of tokens by 60: "server 545 vs client 102")."""
+    url = sim(server_kind="vllm", tokens_per_s=200, ttft_ms=20, seed=7, reasoning_tokens="40-60",
+              content_tokens="20-30")
+    config = make_config(url, prompts(400), concurrency=8, name="young", server_metrics={"interval_s": 0.5})
+    bg = Background(engine, config).start()
+    try:
+        wait_for(lambda: len(_rows(engine, bg.run_id)) >= 6, timeout_s=60, what="six scrapes")
+        srv = live_app()
+
+        def both() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+            card = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/server", timeout=30).json()
+            stats = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/stats", timeout=30).json()
+            workers = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/workers", timeout=30).json()
+            return card, stats, workers
+
+        card, stats, workers = both()
+        assert card["live"] and card["client_window_s"] < 60  # the run is younger than the window
+        [ep] = card["endpoints"]
+        tile_tok_s, tile_req_s = stats["recent"]["tok_s"], stats["recent"]["req_s"]
+        assert tile_tok_s > 0
+        # read a moment apart, by different queries over the same series: the same number, not a factor of 60/age
+        assert ep["client_tokens_s"] == pytest.approx(tile_tok_s, rel=0.35)
+        [w] = workers["workers"]
+        assert w["recent_rate_s"] == pytest.approx(tile_req_s, rel=0.35)
+        [stat_ep] = stats["endpoints"]
+        assert stat_ep["tok_s"] == pytest.approx(tile_tok_s, rel=0.05)
+        # the server's interval rows: the first scrape has no interval quantities, the others do
+        rows = _rows(engine, bg.run_id)
+        assert rows[0]["interval_s"] is None and rows[0]["gen_tokens_s"] is None
+        assert all(r["interval_s"] and r["interval_s"] > 0 for r in rows[1:])
+        assert any(r["queue_mean_s"] is not None for r in rows[1:])
+        assert "other_clients_est" in ep and ep["other_clients_est"] >= 0
+    finally:
+        from synthwatch.store import queue as store
+
+        store.apply_control(engine, bg.run_id, "stop_now")
+        bg.join(30)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_simulator_metrics_count_every_request(stream, engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    """--tokens-per-s 0 sends replies at once: /metrics counted none of the streamed ones (request_success_total
+    stayed at 1 after tens of thousands)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = sim(server_kind="vllm", seed=3, reasoning_tokens="5-10", content_tokens="3-6")
+    config = make_config(url, prompts(60), concurrency=4, name=f"count-{stream}", stream=stream)
+    Background(engine, config).start().join(60)
+    with engine.connect() as conn:
+        ok = conn.execute(text("SELECT n_ok FROM run WHERE name = :n"), {"n": f"count-{stream}"}).scalar()
+    assert ok == 60
+    body = httpx.get(url.removesuffix("/v1") + "/metrics").text
+    fams = {f.name: f for f in text_string_to_metric_families(body)}
+    done = sum(s.value for s in fams["vllm:request_success"].samples if s.name.endswith("_total"))
+    assert done == 60
+    gen = sum(s.value for s in fams["vllm:generation_tokens"].samples if s.name.endswith("_total"))
+    with engine.connect() as conn:
+        tokens = conn.execute(text("SELECT SUM(completion_tokens) FROM record")).scalar()
+    assert gen == tokens

@@ -122,7 +122,7 @@ def run_stats(conn: Connection, run: dict[str, Any], window_s: int = RECENT_S) -
     st.failures, st.status_codes = _failures(conn, rid, recent, total)
     st.quality = _quality(conn, rid, recent, total, now)
     st.checks = _checks(conn, rid)
-    st.endpoints = _endpoints(conn, rid, now, window_s, recent["working"])
+    st.endpoints = _endpoints(conn, rid, now, window_s, span, recent["working"])
     st.workers = _workers(conn, rid, now)
     st.errors = latest_errors(conn, rid, 8)
     st.tiles = _tiles(st) + [Tile(**t) for t in quality_tiles(conn, run, st.checks)]
@@ -338,7 +338,8 @@ def _checks(conn: Connection, rid: int) -> list[dict[str, Any]]:
     return out
 
 
-def _endpoints(conn: Connection, rid: int, now: float, window_s: int, working: bool) -> list[dict[str, Any]]:
+def _endpoints(conn: Connection, rid: int, now: float, window_s: int, span: float,
+               working: bool) -> list[dict[str, Any]]:
     rows = conn.execute(text(
         "SELECT endpoint, SUM(ok) AS ok, SUM(finished) AS finished, SUM(timeouts) AS timeouts,"
         " SUM(errors) AS errors, SUM(attempts_failed) AS attempts_failed, SUM(completion_tokens) AS tokens,"
@@ -348,8 +349,8 @@ def _endpoints(conn: Connection, rid: int, now: float, window_s: int, working: b
     out = []
     for r in rows:
         d = dict(r)
-        d["req_s"] = (d["ok"] or 0) / window_s if working else 0.0
-        d["tok_s"] = (d["tokens"] or 0) / window_s if working else 0.0
+        d["req_s"] = (d["ok"] or 0) / span if working else 0.0  # over the time the window covers, as the tiles
+        d["tok_s"] = (d["tokens"] or 0) / span if working else 0.0
         d["timeout_share"] = _rate(d["timeouts"] or 0, d["finished"] or 0)
         d["error_share"] = _rate(d["errors"] or 0, d["finished"] or 0)
         d["mean_latency_s"] = _rate(d["latency_sum"] or 0.0, d["ok"] or 0)

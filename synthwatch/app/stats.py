@@ -192,7 +192,13 @@ def _recent_rates(s: dict[str, Any], span_s: float) -> dict[str, Any]:
 
 def _span(s: dict[str, Any], now: float, window_s: int) -> float:
     """Seconds the recent sums cover: the window, or less when the run is younger than it."""
-    t_min = s.get("t_min")
+    return covered_s(s.get("t_min"), now, window_s)
+
+
+def covered_s(t_min: float | None, now: float, window_s: float) -> float:
+    """Seconds a window of series buckets covers, given its first bucket's start: the whole window, or the elapsed
+    part of it when the run (or worker) is younger. Every rate over a window divides by this, so that the tile,
+    the Server card and the workers table say the same thing ("292 tok/s over the last 28 s", not 102 over 60)."""
     if t_min is None:
         return float(window_s)
     return max(5.0, min(float(window_s), now - float(t_min)))

@@ -9,14 +9,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from .config import SimConfig, parse_length
-
-if TYPE_CHECKING:
-    from .token_plan import _Plan
+from .plan import Plan
 
 # --------------------------------------------------------------------------------------------
 # Text: what the "model" says
@@ -265,7 +263,7 @@ def _echo_pieces(text: str, rng: random.Random) -> list[str]:
 
 
 @dataclass(slots=True)
-class _Gen:
+class Gen:
     """What the model "said" to one prompt: independent of the reasoning_field mode."""
 
     reasoning: list[str]
@@ -276,7 +274,7 @@ class _Gen:
     rendered_prompt: str
     question: str = ""
     closed: bool = True  # False: the model stopped inside its reasoning (SimConfig.unclosed_reasoning)
-    plans: dict[tuple[Any, ...], _Plan] = field(default_factory=dict)
+    plans: dict[tuple[Any, ...], Plan] = field(default_factory=dict)
     prompt_info: dict[tuple[str, bool], tuple[int, list[int] | None]] = field(default_factory=dict)
 
 
@@ -308,7 +306,7 @@ def _render_prompt(messages: list[Any]) -> str:
     return "".join(out)
 
 
-def _generate(messages: list[Any], cfg: SimConfig, request_seed: Any, thinking: bool) -> _Gen:
+def generate_answer(messages: list[Any], cfg: SimConfig, request_seed: Any, thinking: bool) -> Gen:
     question = ""
     for message in reversed(messages):
         if message.get("role") == "user":
@@ -332,5 +330,5 @@ def _generate(messages: list[Any], cfg: SimConfig, request_seed: Any, thinking: 
     split_close = rng.randint(1, 7) if rng.random() < 0.5 else 0
     # drawn last, and only when asked for: every other reply stays what it was
     closed = not (thinking and reasoning and cfg.unclosed_reasoning and rng.random() < cfg.unclosed_reasoning)
-    return _Gen(reasoning, content if closed else [], thinking, split_open, split_close, _render_prompt(messages),
-                question, closed)
+    return Gen(reasoning, content if closed else [], thinking, split_open, split_close, _render_prompt(messages),
+               question, closed)

@@ -7,16 +7,16 @@ from typing import Any
 
 import orjson
 
-from .config import _PARSER_MODES, SimConfig
-from .http import _error_json
-from .token_plan import _Plan
+from .config import PARSER_MODES, SimConfig
+from .http import error_json
+from .plan import Plan
 
 # --------------------------------------------------------------------------------------------
 # The server
 # --------------------------------------------------------------------------------------------
 
 
-class _StreamChunks:
+class StreamChunks:
     """The chunks of one stream, one per token, built on demand from the reply's shared parts.
 
     Chunk 0 carries the role chunk too; the last one carries the usage chunk and ``[DONE]``.
@@ -43,7 +43,7 @@ class _StreamChunks:
         """What follows token chunk k within its item: usage and [DONE] after the last one."""
         if k != len(self.parts) - 2 - self.usage:
             return b""
-        return (self.prefix + self.parts[-1] if self.usage else b"") + _DONE
+        return (self.prefix + self.parts[-1] if self.usage else b"") + DONE_EVENT
 
     def chunk(self, k: int) -> bytes:
         hit = self.override.get(k)
@@ -56,12 +56,12 @@ class _StreamChunks:
         return b"".join([self.chunk(k) for k in range(start, end)])
 
 
-_FAILURE = "Simulated engine failure"
-_CACHE_TOKENS = 300_000  # tokens held by the reply caches before they are emptied (~100 MB)
-_DONE = b"data: [DONE]\n\n"
+FAILURE_TEXT = "Simulated engine failure"
+CACHE_TOKENS = 300_000  # tokens held by the reply caches before they are emptied (~100 MB)
+DONE_EVENT = b"data: [DONE]\n\n"
 
 
-class _RequestError(Exception):
+class RequestError(Exception):
     """A request the simulator refuses, answered with a vLLM-style JSON error."""
 
     def __init__(self, status: int, kind: str, message: str, param: str | None = None) -> None:
@@ -69,15 +69,15 @@ class _RequestError(Exception):
         self.status, self.kind, self.message, self.param = status, kind, message, param
 
     def body(self) -> bytes:
-        return _error_json(self.status, self.kind, self.message, self.param)
+        return error_json(self.status, self.kind, self.message, self.param)
 
 
-def _bad(message: str, param: str | None = None) -> _RequestError:
-    return _RequestError(400, "BadRequestError", message, param)
+def bad_request(message: str, param: str | None = None) -> RequestError:
+    return RequestError(400, "BadRequestError", message, param)
 
 
 @dataclass(slots=True)
-class _ChatRequest:
+class ChatRequest:
     """The parts of a ``/v1/chat/completions`` body the simulator uses; everything else is ignored."""
 
     messages: list[Any]
@@ -94,24 +94,24 @@ class _ChatRequest:
     result) and ``tool_choice`` is not "none"."""
 
     @classmethod
-    def parse(cls, raw: bytes, served_model: str) -> _ChatRequest:
+    def parse(cls, raw: bytes, served_model: str) -> ChatRequest:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise _bad(f"invalid JSON body: {exc}") from None
+            raise bad_request(f"invalid JSON body: {exc}") from None
         if not isinstance(body, dict):
-            raise _bad("the request body must be a JSON object")
+            raise bad_request("the request body must be a JSON object")
         model = body.get("model")
         if model is not None and model != served_model:
-            raise _RequestError(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
+            raise RequestError(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise _bad("messages must be a non-empty list of objects", "messages")
+            raise bad_request("messages must be a non-empty list of objects", "messages")
         max_tokens = body.get("max_completion_tokens")
         if max_tokens is None:
             max_tokens = body.get("max_tokens")
         if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
-            raise _bad("max_tokens must be an integer >= 1", "max_tokens")
+            raise bad_request("max_tokens must be an integer >= 1", "max_tokens")
         stop = body.get("stop")
         stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
         stream = body.get("stream") is True
@@ -139,16 +139,16 @@ def _tool_to_call(tools: Any, choice: Any, messages: list[Any]) -> dict[str, Any
         return None
     fn = tools[0].get("function") if isinstance(tools[0], dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise _bad("tools[0].function.name must be a string", "tools")
+        raise bad_request("tools[0].function.name must be a string", "tools")
     return fn
 
 
 @dataclass(slots=True)
-class _Reply:
+class Reply:
     """One reply laid out, without its id and timestamp; cached per request body."""
 
-    chat: _ChatRequest
-    plan: _Plan
+    chat: ChatRequest
+    plan: Plan
     cut: int  # events[:cut] are sent
     finish: str
     stop_reason: str | None
@@ -160,7 +160,7 @@ class _Reply:
 
 
 @dataclass(slots=True)
-class _Faults:
+class Faults:
     status: str | None = None  # "429", "500", "wrong_content_type", "error_body"
     stall: bool = False
     drop: bool = False
@@ -170,18 +170,18 @@ class _Faults:
     position: float = 0.5  # where in the stream a drop / malformed chunk happens, 0..1
 
 
-_NO_FAULTS = _Faults()
+NO_FAULTS = Faults()
 
 
-def completion_body(reply: _Reply, config: SimConfig) -> dict[str, Any]:
+def completion_body(reply: Reply, config: SimConfig) -> dict[str, Any]:
     """The ``chat.completion`` object after its id, object and created keys, as vLLM sends it."""
     mode = reply.plan.mode
     events = reply.plan.events[: reply.cut]
-    reasoning_parts = [e[1] for e in events if e[0] == mode] if mode in _PARSER_MODES else []
+    reasoning_parts = [e[1] for e in events if e[0] == mode] if mode in PARSER_MODES else []
     content_parts = [e[1] for e in events if e[0] == "content"]
     reasoning = "".join(reasoning_parts) if reasoning_parts else None
     content: str | None = "".join(content_parts)
-    if mode in _PARSER_MODES and not content_parts:
+    if mode in PARSER_MODES and not content_parts:
         content = None
     tool_calls = []
     heads = [e[1] for e in events if e[0] == "tool_head"]
@@ -223,7 +223,7 @@ def completion_body(reply: _Reply, config: SimConfig) -> dict[str, Any]:
         "kv_transfer_params": None,
     }
 
-def usage_body(reply: _Reply, exclude_none: bool) -> dict[str, Any]:
+def usage_body(reply: Reply, exclude_none: bool) -> dict[str, Any]:
     """vLLM's UsageInfo; reasoning_tokens only where a reasoning parser runs (parser modes)."""
     completion, reasoning = reply.plan.tokens(reply.cut)
     usage: dict[str, Any] = {
@@ -233,7 +233,7 @@ def usage_body(reply: _Reply, exclude_none: bool) -> dict[str, Any]:
     }
     if not exclude_none:
         usage["prompt_tokens_details"] = None
-    if reply.plan.mode in _PARSER_MODES:
+    if reply.plan.mode in PARSER_MODES:
         usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     elif not exclude_none:
         usage["completion_tokens_details"] = None

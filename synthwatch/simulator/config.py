@@ -35,7 +35,7 @@ THINK_OPEN_ID = 128821
 THINK_CLOSE_ID = 128822
 EOS_ID = 1
 """``<｜end▁of▁sentence｜>`` of the DeepSeek-V4 tokenizer: the last completion id of a reply that stopped."""
-_PARSER_MODES = ("reasoning", "reasoning_content", "both")
+PARSER_MODES = ("reasoning", "reasoning_content", "both")
 
 
 # --------------------------------------------------------------------------------------------
@@ -85,6 +85,12 @@ class SimConfig:
         rate_preempt: With a capacity, the share of paced streams preempted once half-way while requests queue
             (as a server whose KV cache is full evicts a request and computes it again): the stream pauses for a
             second and ``num_preemptions`` counts it.
+        batch_slowdown: With paced streams, each stream decodes at ``tokens_per_s / (1 + running / B)`` where
+            ``running`` is the batch when it starts (0 = every stream at full speed): a GPU's batch makes every
+            token slower while total tokens/s still grows, with no queue (the shape of a real vLLM far below its
+            KV-cache limit).
+        kv_max_concurrency: What ``vllm:cache_config_info`` (label ``kv_cache_max_concurrency``) and SGLang's
+            ``max_running_requests`` publish as the requests that fit at once (0: the capacity, when one is set).
         server_kind: What ``/metrics`` and ``/version`` look like: ``vllm``, ``vllm-old`` (before
             ``gpu_cache_usage_perc`` was renamed), ``sglang`` (``/get_server_info``) or ``none``.
         server_version: The version those endpoints report.
@@ -122,6 +128,8 @@ class SimConfig:
     token_ids: str = "words"
     capacity: int = 0
     rate_preempt: float = 0.0
+    batch_slowdown: float = 0.0
+    kv_max_concurrency: int = 0
     server_kind: str = "vllm"
     server_version: str = "0.32.0"
     keep_requests: int = 0
@@ -136,6 +144,8 @@ class SimConfig:
             raise ValueError(f"server_kind must be one of {', '.join(SERVER_KINDS)}")
         if self.capacity < 0:
             raise ValueError("capacity must be >= 0 (0 = unlimited)")
+        if self.batch_slowdown < 0 or self.kv_max_concurrency < 0:
+            raise ValueError("batch_slowdown and kv_max_concurrency must be >= 0")
         if not 0.0 <= self.rate_preempt <= 1.0:
             raise ValueError("rate_preempt must be between 0 and 1")
         if not self.model:

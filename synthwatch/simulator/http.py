@@ -7,14 +7,11 @@ import email.utils
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
 from .config import MAX_BODY_BYTES, MAX_HEADER_BYTES
-
-if TYPE_CHECKING:
-    from .server import Simulator
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +32,8 @@ _REASONS = {
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
 }
-_JSON = b"application/json"
-_SSE = b"text/event-stream; charset=utf-8"
+JSON_TYPE = b"application/json"
+SSE_TYPE = b"text/event-stream; charset=utf-8"
 _date_cache: list[Any] = [0, b""]
 
 
@@ -49,7 +46,7 @@ def _http_date() -> bytes:
     return value
 
 
-def _head(status: int, ctype: bytes, length: int | None, keep_alive: bool, extra: bytes = b"") -> bytes:
+def response_head(status: int, ctype: bytes, length: int | None, keep_alive: bool, extra: bytes = b"") -> bytes:
     if length is None:
         framing = b"transfer-encoding: chunked\r\n"
     elif length < 0:  # the body ends when the connection closes (streams to HTTP/1.0 clients)
@@ -67,17 +64,17 @@ def _head(status: int, ctype: bytes, length: int | None, keep_alive: bool, extra
     )
 
 
-def _error_json(status: int, kind: str, message: str, param: str | None = None) -> bytes:
+def error_json(status: int, kind: str, message: str, param: str | None = None) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": status}})
 
 
-def _frame(data: bytes, chunked: bool) -> bytes:
+def chunk_frame(data: bytes, chunked: bool) -> bytes:
     """Frame stream data: HTTP/1.1 gets chunked encoding, HTTP/1.0 a body that ends at close."""
     return b"%x\r\n%s\r\n" % (len(data), data) if chunked else data
 
 
 @dataclass(slots=True)
-class _Request:
+class HttpRequest:
     method: str
     path: str
     body: bytes
@@ -85,10 +82,20 @@ class _Request:
     http11: bool = True
 
 
-class _Conn(asyncio.Protocol):
+class ConnOwner(Protocol):
+    """What a connection needs from the server that accepted it (the Simulator): its books and its router."""
+
+    stats: dict[str, Any]
+    conns: set[Conn]
+    tasks: set[asyncio.Task[None]]
+
+    def dispatch(self, conn: Conn, req: HttpRequest) -> None: ...
+
+
+class Conn(asyncio.Protocol):
     """One client connection: parses requests in order, one response at a time."""
 
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: ConnOwner) -> None:
         self.sim = sim
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
@@ -106,14 +113,14 @@ class _Conn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.sim._conns.add(self)
+        self.sim.conns.add(self)
         stats = self.sim.stats
         stats["connections"] += 1
         stats["max_connections"] = max(stats["max_connections"], stats["connections"])
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.sim._conns.discard(self)
+        self.sim.conns.discard(self)
         self.sim.stats["connections"] -= 1
         if self.task is not None and not self.task.done():
             self.sim.stats["client_disconnects"] += 1
@@ -155,9 +162,9 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
     def respond(
-        self, status: int, body: bytes, keep_alive: bool, ctype: bytes = _JSON, extra: bytes = b""
+        self, status: int, body: bytes, keep_alive: bool, ctype: bytes = JSON_TYPE, extra: bytes = b""
     ) -> None:
-        self.write(_head(status, ctype, len(body), keep_alive, extra) + body)
+        self.write(response_head(status, ctype, len(body), keep_alive, extra) + body)
         if not keep_alive:
             self.close()
 
@@ -168,20 +175,20 @@ class _Conn(asyncio.Protocol):
             if request is None:
                 return
             try:
-                self.sim._dispatch(self, request)
+                self.sim.dispatch(self, request)
             except Exception:
                 log.exception("simulator: request failed")
                 self.busy = False
-                self.respond(500, _error_json(500, "InternalServerError", "simulator bug"), False)
+                self.respond(500, error_json(500, "InternalServerError", "simulator bug"), False)
                 return
 
-    def _parse(self) -> _Request | None:
+    def _parse(self) -> HttpRequest | None:
         buf = self.buf
         if self.pending is None:
             end = buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(buf) > MAX_HEADER_BYTES:
-                    self.respond(431, _error_json(431, "BadRequestError", "headers too large"), False)
+                    self.respond(431, error_json(431, "BadRequestError", "headers too large"), False)
                 return None
             head = bytes(buf[:end])
             del buf[: end + 4]
@@ -190,7 +197,7 @@ class _Conn(asyncio.Protocol):
                 line_end = len(head)
             parts = head[:line_end].split(b" ")
             if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-                self.respond(400, _error_json(400, "BadRequestError", "bad request line"), False)
+                self.respond(400, error_json(400, "BadRequestError", "bad request line"), False)
                 return None
             headers: dict[bytes, bytes] = {}
             for line in head[line_end + 2 :].lower().split(b"\r\n"):
@@ -203,18 +210,18 @@ class _Conn(asyncio.Protocol):
             else:
                 keep_alive = b"keep-alive" in connection
             if headers.get(b"transfer-encoding", b"identity") != b"identity":
-                self.respond(411, _error_json(411, "BadRequestError", "send a Content-Length body"), False)
+                self.respond(411, error_json(411, "BadRequestError", "send a Content-Length body"), False)
                 return None
             try:
                 length = int(headers.get(b"content-length", b"0"))
                 if length < 0:
                     raise ValueError
             except ValueError:
-                self.respond(400, _error_json(400, "BadRequestError", "bad Content-Length"), False)
+                self.respond(400, error_json(400, "BadRequestError", "bad Content-Length"), False)
                 return None
             if length > MAX_BODY_BYTES:
                 message = f"request body over {MAX_BODY_BYTES} bytes"
-                self.respond(413, _error_json(413, "BadRequestError", message), False)
+                self.respond(413, error_json(413, "BadRequestError", message), False)
                 return None
             path = parts[1].partition(b"?")[0].decode("latin-1")
             self.pending = (parts[0].decode("latin-1"), path, headers, length, keep_alive)
@@ -228,16 +235,16 @@ class _Conn(asyncio.Protocol):
         body = bytes(buf[:length])
         del buf[:length]
         self.pending = None
-        return _Request(method, path, body, keep_alive, self.http11)
+        return HttpRequest(method, path, body, keep_alive, self.http11)
 
     def start_task(self, coro: Any) -> None:
         self.busy = True
         self.task = asyncio.get_running_loop().create_task(coro)
-        self.sim._tasks.add(self.task)
+        self.sim.tasks.add(self.task)
         self.task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        self.sim._tasks.discard(task)
+        self.sim.tasks.discard(task)
         self.task = None
         self.busy = False
         if not task.cancelled() and task.exception() is not None:

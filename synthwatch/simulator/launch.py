@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "capacity": "requests generating at once before the rest queue (0 = unlimited): the knee",
         "server_kind": "what /metrics and /version look like: " + ", ".join(SERVER_KINDS),
         "rate_preempt": "with a capacity: share of streams preempted once while requests queue",
+        "batch_slowdown": "B: each paced stream decodes at tokens_per_s / (1 + running / B) (0 = no slowdown)",
+        "kv_max_concurrency": "requests that fit at once, as /metrics' cache_config_info publishes it (0 = capacity)",
         "server_version": "the version /version (or SGLang's /get_server_info) reports",
         "keep_requests": "keep the messages of the last N chat requests, served by GET /sim/requests",
         "unclosed_reasoning": "share of prompts whose model stops inside its reasoning (no </think>, no answer)",

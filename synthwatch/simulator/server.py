@@ -10,9 +10,9 @@ What a reply looks like is decided in three cached steps:
 
 1. :func:`answers._generate` turns (seed, messages) into reasoning pieces and content pieces (a "token" is a
    word or punctuation piece with its leading whitespace).
-2. :func:`token_plan._events` lays those pieces out for one ``reasoning_field`` mode: which delta key each
+2. :func:`token_plan.plan_events` lays those pieces out for one ``reasoning_field`` mode: which delta key each
    piece goes to, its token ids and how many tokens it counts for.
-3. :class:`token_plan._Plan` serialises every event once, and the finished reply (minus its id and
+3. :class:`plan.Plan` serialises every event once, and the finished reply (minus its id and
    timestamp) is cached per request body, so a repeated request only glues bytes together.
 
 The wire format follows vLLM's ``serving_chat`` code: key order and nulls; ``system_fingerprint``
@@ -46,25 +46,26 @@ from typing import Any
 
 import orjson
 
-from .answers import _Gen, _generate
+from .answers import Gen, generate_answer
 from .chat import (
-    _CACHE_TOKENS,
-    _DONE,
-    _FAILURE,
-    _NO_FAULTS,
-    _bad,
-    _ChatRequest,
-    _Faults,
-    _Reply,
-    _RequestError,
-    _StreamChunks,
+    CACHE_TOKENS,
+    DONE_EVENT,
+    FAILURE_TEXT,
+    NO_FAULTS,
+    ChatRequest,
+    Faults,
+    Reply,
+    RequestError,
+    StreamChunks,
+    bad_request,
     completion_body,
     usage_body,
 )
-from .config import _PARSER_MODES, FAULT_KINDS, PREEMPT_PAUSE_S, SimConfig
-from .http import _JSON, _SSE, _Conn, _error_json, _frame, _head, _Request
+from .config import FAULT_KINDS, PARSER_MODES, PREEMPT_PAUSE_S, SimConfig
+from .http import JSON_TYPE, SSE_TYPE, Conn, HttpRequest, chunk_frame, error_json, response_head
+from .plan import Plan
 from .server_view import ServerView
-from .token_plan import _apply_stop, _events, _Plan, _TokenIds, deepseek_tokenizer
+from .token_plan import TokenIds, apply_stop, deepseek_tokenizer, plan_events
 
 
 class Simulator:
@@ -90,8 +91,8 @@ class Simulator:
             "connections": 0,
             "max_connections": 0,
         }
-        self._conns: set[_Conn] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.conns: set[Conn] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self._created = int(time.time())
         self._apply_config(config)
@@ -105,9 +106,9 @@ class Simulator:
             self._fault_rng = random.Random(config.seed)
             self._preempt_rng = random.Random(config.seed + 1)
         self._any_faults = any(getattr(config, name) > 0 for name in config.fault_rates())
-        self._ids: _TokenIds | None = None if config.token_ids == "deepseek" else _TokenIds("words")
-        self._gens: dict[bytes, _Gen] = {}
-        self._replies: dict[bytes, _Reply] = {}
+        self._ids: TokenIds | None = None if config.token_ids == "deepseek" else TokenIds("words")
+        self._gens: dict[bytes, Gen] = {}
+        self._replies: dict[bytes, Reply] = {}
         self._cached_tokens = 0
         model_json = orjson.dumps(config.model).replace(b"%", b"%%")
         self._chunk_prefix = (
@@ -120,15 +121,16 @@ class Simulator:
                                    config.max_model_len)
         else:  # counters and the queue carry on: a server whose settings changed is still the same server
             view.capacity, view.version = config.capacity, config.server_version
+        self.view.kv_max_concurrency = config.kv_max_concurrency or config.capacity
 
     def update_config(self, **changes: Any) -> SimConfig:
         """Change config fields at run time (what ``PATCH /sim/config`` does)."""
         self._apply_config(self.config.updated(changes))
         return self.config
 
-    def _token_ids(self) -> _TokenIds:
+    def _token_ids(self) -> TokenIds:
         if self._ids is None:
-            self._ids = _TokenIds(self.config.token_ids)
+            self._ids = TokenIds(self.config.token_ids)
         return self._ids
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -136,7 +138,7 @@ class Simulator:
         loop = asyncio.get_running_loop()
         if self.config.token_ids == "deepseek":
             await loop.run_in_executor(None, deepseek_tokenizer)
-        self._server = await loop.create_server(lambda: _Conn(self), host, port, backlog=4096)
+        self._server = await loop.create_server(lambda: Conn(self), host, port, backlog=4096)
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
 
@@ -144,10 +146,10 @@ class Simulator:
         """Stop listening, close every connection and end every stream task."""
         if self._server is not None:
             self._server.close()
-        for conn in list(self._conns):
+        for conn in list(self.conns):
             if conn.transport is not None:
                 conn.transport.abort()
-        tasks = list(self._tasks)
+        tasks = list(self.tasks)
         for task in tasks:
             task.cancel()
         if tasks:
@@ -158,7 +160,7 @@ class Simulator:
         await asyncio.sleep(0)
 
     # routing
-    def _dispatch(self, conn: _Conn, req: _Request) -> None:
+    def dispatch(self, conn: Conn, req: HttpRequest) -> None:
         self.stats["requests"] += 1
         method, path = req.method, req.path
         if path.startswith("/v1/sim/"):
@@ -182,7 +184,7 @@ class Simulator:
                 if body is None:
                     conn.respond(404, b'{"detail":"Not Found"}', req.keep_alive)
                 else:
-                    ctype = b"text/plain; version=0.0.4; charset=utf-8" if path == "/metrics" else _JSON
+                    ctype = b"text/plain; version=0.0.4; charset=utf-8" if path == "/metrics" else JSON_TYPE
                     conn.respond(200, body, req.keep_alive, ctype=ctype)
                 return
         elif path == "/sim/config":
@@ -219,26 +221,26 @@ class Simulator:
         }
         return orjson.dumps({"object": "list", "data": [card]})
 
-    def _patch_config(self, conn: _Conn, req: _Request) -> None:
+    def _patch_config(self, conn: Conn, req: HttpRequest) -> None:
         try:
             changes = orjson.loads(req.body)
             if not isinstance(changes, dict):
                 raise ValueError("send a JSON object of config fields")
             self.update_config(**changes)
         except (ValueError, TypeError) as exc:
-            conn.respond(400, _error_json(400, "BadRequestError", str(exc)), req.keep_alive)
+            conn.respond(400, error_json(400, "BadRequestError", str(exc)), req.keep_alive)
             return
         conn.respond(200, orjson.dumps(self.config.to_dict()), req.keep_alive)
 
-    def _bad_request(self, conn: _Conn, req: _Request, message: str, param: str | None = None) -> None:
+    def _bad_request(self, conn: Conn, req: HttpRequest, message: str, param: str | None = None) -> None:
         self.stats["bad_requests"] += 1
-        conn.respond(400, _error_json(400, "BadRequestError", message, param), req.keep_alive)
+        conn.respond(400, error_json(400, "BadRequestError", message, param), req.keep_alive)
 
-    def _draw_faults(self, stream: bool) -> _Faults:
+    def _draw_faults(self, stream: bool) -> Faults:
         """Draw every fault for one request (always the same number of draws, so runs repeat)."""
         cfg = self.config
         draws = {kind: self._fault_rng.random() < getattr(cfg, "rate_" + kind) for kind in FAULT_KINDS}
-        faults = _Faults(position=self._fault_rng.random())
+        faults = Faults(position=self._fault_rng.random())
         for kind in ("429", "500", "wrong_content_type", "error_body"):
             if draws[kind]:
                 faults.status = kind
@@ -251,10 +253,10 @@ class Simulator:
         if not (
             faults.empty_reasoning or faults.stall or faults.drop or faults.malformed or faults.truncated_json
         ):
-            return _NO_FAULTS
+            return NO_FAULTS
         return faults
 
-    def _count_faults(self, faults: _Faults) -> None:
+    def _count_faults(self, faults: Faults) -> None:
         counts = self.stats["errors_injected"]
         if faults.status:
             counts[faults.status] += 1
@@ -263,15 +265,15 @@ class Simulator:
                 counts[kind] += 1
 
     # /v1/chat/completions
-    def _chat(self, conn: _Conn, req: _Request) -> None:
+    def _chat(self, conn: Conn, req: HttpRequest) -> None:
         self.stats["chat_requests"] += 1
         raw = req.body
         cached = self._replies.get(raw)
         try:
-            chat = cached.chat if cached is not None else _ChatRequest.parse(raw, self.config.model)
+            chat = cached.chat if cached is not None else ChatRequest.parse(raw, self.config.model)
             if self.config.keep_requests:
                 self._kept.append(chat.messages)
-            faults = _NO_FAULTS
+            faults = NO_FAULTS
             if self._any_faults:
                 faults = self._draw_faults(chat.stream)
                 self._count_faults(faults)
@@ -281,7 +283,7 @@ class Simulator:
                 reply = cached
             else:
                 reply = self._reply(chat, faults, raw)
-        except _RequestError as exc:
+        except RequestError as exc:
             if exc.status == 400:
                 self.stats["bad_requests"] += 1
             conn.respond(exc.status, exc.body(), req.keep_alive)
@@ -298,22 +300,22 @@ class Simulator:
         else:
             self._send_json(conn, req, reply, faults, request_id, created)
 
-    def _send_fault(self, conn: _Conn, req: _Request, faults: _Faults, stream: bool) -> bool:
+    def _send_fault(self, conn: Conn, req: HttpRequest, faults: Faults, stream: bool) -> bool:
         """Send a whole-response fault; False when the fault happens inside the stream instead."""
         if faults.status == "429":
-            body = _error_json(429, "RateLimitError", "Too many requests (simulated)")
+            body = error_json(429, "RateLimitError", "Too many requests (simulated)")
             conn.respond(429, body, req.keep_alive, extra=b"retry-after: %d\r\n" % self.config.retry_after_s)
         elif faults.status == "500":
-            conn.respond(500, _error_json(500, "InternalServerError", _FAILURE), req.keep_alive)
+            conn.respond(500, error_json(500, "InternalServerError", FAILURE_TEXT), req.keep_alive)
         elif faults.status == "wrong_content_type":
             conn.respond(200, b"<html>Bad gateway</html>", req.keep_alive, ctype=b"text/html; charset=utf-8")
         elif faults.status == "error_body" and not stream:
-            conn.respond(200, _error_json(500, "InternalServerError", _FAILURE), req.keep_alive)
+            conn.respond(200, error_json(500, "InternalServerError", FAILURE_TEXT), req.keep_alive)
         else:
             return False
         return True
 
-    def _reply(self, chat: _ChatRequest, faults: _Faults, raw_body: bytes) -> _Reply:
+    def _reply(self, chat: ChatRequest, faults: Faults, raw_body: bytes) -> Reply:
         """Lay out the reply to a request body (cached per body unless a fault changes it)."""
         cfg = self.config
         gen = self._gen(chat, raw_body)
@@ -321,11 +323,11 @@ class Simulator:
         plan_key = (cfg.reasoning_field, chat.with_ids, faults.empty_reasoning, chat.tool is not None)
         plan = gen.plans.get(plan_key)
         if plan is None:
-            events = _events(gen, cfg.reasoning_field, faults.empty_reasoning, ids, chat.with_ids, chat.tool)
-            plan = gen.plans[plan_key] = _Plan(events, cfg.reasoning_field, chat.with_ids)
+            events = plan_events(gen, cfg.reasoning_field, faults.empty_reasoning, ids, chat.with_ids, chat.tool)
+            plan = gen.plans[plan_key] = Plan(events, cfg.reasoning_field, chat.with_ids)
         prompt_text = gen.rendered_prompt
         if gen.thinking and (
-            cfg.reasoning_field == "inline-no-open" or (cfg.token_ids == "deepseek" and cfg.reasoning_field in _PARSER_MODES)
+            cfg.reasoning_field == "inline-no-open" or (cfg.token_ids == "deepseek" and cfg.reasoning_field in PARSER_MODES)
         ):
             # The template prefilled the think block, as DeepSeek-R1-style templates do and vLLM 0.32 reports
             # in prompt_token_ids (…<｜Assistant｜> 128804, <think> 128821, "\n" 201).
@@ -337,15 +339,15 @@ class Simulator:
         budget = cfg.max_model_len - prompt_tokens
         if budget < 1:
             message = f"This model's maximum context length is {cfg.max_model_len} tokens."
-            raise _bad(message, "messages")
+            raise bad_request(message, "messages")
         stop_reason: str | None = None
         if chat.stops:
-            events, stop_reason = _apply_stop(plan.events, chat.stops)
+            events, stop_reason = apply_stop(plan.events, chat.stops)
             if stop_reason is not None:
-                plan = _Plan(events, plan.mode, chat.with_ids)
+                plan = Plan(events, plan.mode, chat.with_ids)
         cut = plan.cut(budget if chat.max_tokens is None else min(chat.max_tokens, budget))
         finish = ("tool_calls" if chat.tool is not None else "stop") if cut == len(plan.events) else "length"
-        reply = _Reply(
+        reply = Reply(
             chat=chat,
             plan=plan,
             cut=cut,
@@ -363,20 +365,20 @@ class Simulator:
     def _charge_cache(self, tokens: int) -> None:
         """Bound the reply caches by the tokens they hold (long replies cost MBs each)."""
         self._cached_tokens += tokens
-        if self._cached_tokens > _CACHE_TOKENS:
+        if self._cached_tokens > CACHE_TOKENS:
             self._replies.clear()
             self._gens.clear()
             self._cached_tokens = tokens
 
-    def _gen(self, chat: _ChatRequest, raw_body: bytes) -> _Gen:
+    def _gen(self, chat: ChatRequest, raw_body: bytes) -> Gen:
         # The raw body is a cheap cache key (it holds everything that decides the text).
         key = raw_body if len(raw_body) < 4096 else None
         gen = self._gens.get(key) if key is not None else None
         if gen is None:
             try:
-                gen = _generate(chat.messages, self.config, chat.seed, chat.thinking)
+                gen = generate_answer(chat.messages, self.config, chat.seed, chat.thinking)
             except (TypeError, ValueError) as exc:
-                raise _bad(f"cannot use these messages: {exc}", "messages") from None
+                raise bad_request(f"cannot use these messages: {exc}", "messages") from None
             if key is not None:
                 self._charge_cache(len(gen.reasoning) + len(gen.content))
                 self._gens[key] = gen
@@ -388,7 +390,7 @@ class Simulator:
 
     # non-streamed replies
     def _send_json(
-        self, conn: _Conn, req: _Request, reply: _Reply, faults: _Faults, request_id: bytes, created: int
+        self, conn: Conn, req: HttpRequest, reply: Reply, faults: Faults, request_id: bytes, created: int
     ) -> None:
         if reply.json_tail is None:
             reply.json_tail = orjson.dumps(completion_body(reply, self.config))[1:]
@@ -408,46 +410,54 @@ class Simulator:
             return
         conn.respond(200, payload, req.keep_alive)
         self.view.observe(prompt_tokens=reply.prompt_tokens, completion_tokens=self._tokens(reply)[1], queued_s=0.0,
-                          ttft_s=0.0, e2e_s=0.0)
+                          ttft_s=0.0, e2e_s=0.0, finish=reply.finish)
         self._finished()
 
     def _send_stream(
-        self, conn: _Conn, req: _Request, reply: _Reply, faults: _Faults, request_id: bytes, created: int
+        self, conn: Conn, req: HttpRequest, reply: Reply, faults: Faults, request_id: bytes, created: int
     ) -> None:
         cfg = self.config
         parts = reply.stream_parts or self._stream_parts(reply)
         prefix = self._chunk_prefix % (request_id, created)
         paced = cfg.tokens_per_s > 0 or cfg.ttft_ms > 0 or faults.stall
         chunked, keep_alive = req.http11, req.keep_alive and req.http11
-        head = _head(200, _SSE, None if chunked else -1, keep_alive)
-        if not paced and faults is _NO_FAULTS and chunked:
-            body = prefix + prefix.join(parts) + _DONE
+        head = response_head(200, SSE_TYPE, None if chunked else -1, keep_alive)
+        if not paced and faults is NO_FAULTS and chunked:
+            body = prefix + prefix.join(parts) + DONE_EVENT
             conn.write(b"%s%x\r\n%s\r\n0\r\n\r\n" % (head, len(body), body))
             if not keep_alive:
                 conn.close()
+            self._observe_unpaced(reply)
             self._finished()
             return
-        chunks = _StreamChunks(prefix, parts, reply.chat.include_usage)
+        chunks = StreamChunks(prefix, parts, reply.chat.include_usage)
         drop_at = self._stream_faults(chunks, faults, request_id)
         if paced:
             stall_at = len(chunks) // 2 if faults.stall else -1
             if cfg.rate_preempt and self._preempt_rng.random() < cfg.rate_preempt:
                 chunks.preempt_at = len(chunks) // 2
             conn.start_task(self._paced_stream(conn, head, chunks, stall_at, drop_at, chunked, keep_alive,
-                                               self._tokens(reply)))
+                                               self._tokens(reply), reply.finish))
             return
         if drop_at >= 0:
-            conn.write(head + _frame(chunks.join(0, drop_at), chunked))
+            conn.write(head + chunk_frame(chunks.join(0, drop_at), chunked))
             conn.close()
+            self._observe_unpaced(reply, finish="abort")
         else:
             conn.write(
-                head + _frame(chunks.join(0, len(chunks)), chunked) + (b"0\r\n\r\n" if chunked else b"")
+                head + chunk_frame(chunks.join(0, len(chunks)), chunked) + (b"0\r\n\r\n" if chunked else b"")
             )
             if not keep_alive:
                 conn.close()
+            self._observe_unpaced(reply)
         self._finished()
 
-    def _stream_parts(self, reply: _Reply) -> list[bytes]:
+    def _observe_unpaced(self, reply: Reply, finish: str | None = None) -> None:
+        """/metrics counts a reply sent at once like any other (it had no queue and no time to first token)."""
+        self.view.observe(prompt_tokens=reply.prompt_tokens, completion_tokens=self._tokens(reply)[1], queued_s=0.0,
+                          ttft_s=0.0, e2e_s=0.0, finish=finish or reply.finish)
+
+    def _stream_parts(self, reply: Reply) -> list[bytes]:
         """The stream's SSE events without their common ``data: {"id":…,"model":…,`` prefix.
 
         The role chunk, one part per token chunk, then the usage chunk when it was asked for.
@@ -483,7 +493,7 @@ class Simulator:
         reply.stream_parts = parts
         return parts
 
-    def _stream_faults(self, chunks: _StreamChunks, faults: _Faults, request_id: bytes) -> int:
+    def _stream_faults(self, chunks: StreamChunks, faults: Faults, request_id: bytes) -> int:
         """Apply stream faults to ``chunks``; returns the chunk index to drop the connection at (-1: none)."""
         if not (faults.status == "error_body" or faults.malformed or faults.drop):
             return -1
@@ -492,8 +502,8 @@ class Simulator:
         # With a single token chunk the fault comes right after the role chunk.
         before = chunks.role_chunk() if at == 0 else b""
         if faults.status == "error_body":
-            error = b"data: " + _error_json(500, "InternalServerError", _FAILURE) + b"\n\n"
-            chunks.override[at] = before + error + _DONE
+            error = b"data: " + error_json(500, "InternalServerError", FAILURE_TEXT) + b"\n\n"
+            chunks.override[at] = before + error + DONE_EVENT
             chunks.n = at + 1
             return -1
         if faults.malformed:
@@ -507,10 +517,10 @@ class Simulator:
             return at
         return -1
 
-    def _tokens(self, reply: _Reply) -> tuple[int, int]:
+    def _tokens(self, reply: Reply) -> tuple[int, int]:
         return reply.prompt_tokens, reply.plan.tokens(reply.cut)[0]
 
-    async def _delayed_reply(self, conn: _Conn, delay: float, payload: bytes, keep_alive: bool,
+    async def _delayed_reply(self, conn: Conn, delay: float, payload: bytes, keep_alive: bool,
                              tokens: tuple[int, int]) -> None:
         t0 = time.monotonic()
         try:
@@ -524,31 +534,36 @@ class Simulator:
 
     async def _paced_stream(
         self,
-        conn: _Conn,
+        conn: Conn,
         head: bytes,
-        chunks: _StreamChunks,
+        chunks: StreamChunks,
         stall_at: int,
         drop_at: int,
         chunked: bool,
         keep_alive: bool,
         tokens: tuple[int, int] = (0, 0),
+        finish: str = "stop",
     ) -> None:
         """Send one chunk per token at tokens_per_s after ttft_ms; one task per stream, not per token."""
         loop = asyncio.get_running_loop()
         cfg = self.config
-        interval = 1.0 / cfg.tokens_per_s if cfg.tokens_per_s > 0 else 0.0
         end = drop_at if drop_at >= 0 else len(chunks)
         t0 = time.monotonic()
         try:
             conn.write(head)
             async with self.view.slot() as queued:
+                tps = cfg.tokens_per_s
+                if tps > 0 and cfg.batch_slowdown > 0:  # a bigger batch makes every token slower
+                    tps /= 1 + self.view.running / cfg.batch_slowdown
+                interval = 1.0 / tps if tps > 0 else 0.0
                 await self._paced_body(conn, chunks, stall_at, drop_at, chunked, keep_alive, loop, interval, end)
             self.view.observe(prompt_tokens=tokens[0], completion_tokens=tokens[1], queued_s=queued,
-                              ttft_s=queued + cfg.ttft_ms / 1000, e2e_s=time.monotonic() - t0)
+                              ttft_s=queued + cfg.ttft_ms / 1000, e2e_s=time.monotonic() - t0,
+                              finish="abort" if drop_at >= 0 or conn.closed else finish)
         finally:
             self._finished()
 
-    async def _paced_body(self, conn: _Conn, chunks: _StreamChunks, stall_at: int, drop_at: int, chunked: bool,
+    async def _paced_body(self, conn: Conn, chunks: StreamChunks, stall_at: int, drop_at: int, chunked: bool,
                           keep_alive: bool, loop: asyncio.AbstractEventLoop, interval: float, end: int) -> None:
         cfg = self.config
         if cfg.ttft_ms > 0:
@@ -574,7 +589,7 @@ class Simulator:
                 j = end
             if stall_at > i:
                 j = min(j, stall_at)
-            conn.write(_frame(chunks.join(i, j), chunked))
+            conn.write(chunk_frame(chunks.join(i, j), chunked))
             i = j
             if conn.paused:
                 await conn.drain()

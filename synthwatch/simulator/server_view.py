@@ -50,8 +50,15 @@ class ServerView:
                                    registry=self.registry).labels(**lv)
             self._preempt = Counter(p + "num_preemptions", "Preempted requests", labels,
                                     registry=self.registry).labels(**lv)
-            self._success = Counter(p + "request_success", "Finished requests", labels,
-                                    registry=self.registry).labels(**lv)
+            # vLLM labels finished requests by why they finished (stop, length, abort, error)
+            self._success = Counter(p + "request_success", "Finished requests", labels + ["finished_reason"],
+                                    registry=self.registry)
+            self._prefix_queries = Counter(p + "prefix_cache_queries", "Prefix-cache queries (tokens)", labels,
+                                           registry=self.registry).labels(**lv)
+            self._prefix_hits = Counter(p + "prefix_cache_hits", "Prefix-cache hits (tokens)", labels,
+                                        registry=self.registry).labels(**lv)
+            self._cache_info = Gauge(p + "cache_config_info", "Information of the KV cache", [
+                "block_size", "num_gpu_blocks", "kv_cache_max_concurrency"], registry=self.registry)
             self._queue = Histogram(p + "request_queue_time_seconds", "Time waiting for the batch", labels,
                                     buckets=_BUCKETS, registry=self.registry).labels(**lv)
             self._ttft = Histogram(p + "time_to_first_token_seconds", "Time to the first token", labels,
@@ -76,6 +83,8 @@ class ServerView:
             self._ttft = Histogram(p + "time_to_first_token_seconds", "Time to the first token", labels,
                                    buckets=_BUCKETS, registry=self.registry).labels(**lv)
         self._tokens_window: list[tuple[float, int]] = []
+        self._lv = lv
+        self.kv_max_concurrency = capacity  # what the server says fits at once (0: it does not say)
 
     # -- the capacity model ------------------------------------------------------------------------
 
@@ -106,7 +115,7 @@ class ServerView:
             self._preempt.inc()
 
     def observe(self, *, prompt_tokens: int, completion_tokens: int, queued_s: float, ttft_s: float,
-                e2e_s: float | None) -> None:
+                e2e_s: float | None, finish: str = "stop") -> None:
         if self.kind == "none":
             return
         self._prompt.inc(prompt_tokens)
@@ -114,7 +123,12 @@ class ServerView:
         self._queue.observe(queued_s)
         self._ttft.observe(ttft_s)
         if self.kind != "sglang":
-            self._success.inc()
+            self._success.labels(**self._lv, finished_reason="length" if finish == "length" else
+                                 finish if finish in ("abort", "error") else "stop").inc()
+            # every prompt is looked up in the prefix cache; the simulator's prompts share their system part,
+            # about a quarter of the tokens (a stand-in, so that the hit rate has something to show)
+            self._prefix_queries.inc(prompt_tokens)
+            self._prefix_hits.inc(prompt_tokens // 4)
             if e2e_s is not None:
                 self._e2e.observe(e2e_s)
         now = time.monotonic()
@@ -133,6 +147,9 @@ class ServerView:
         self._kv.set(min(1.0, self.running / k) if self.capacity else min(1.0, self.running / 256))
         if self.kind == "sglang":
             self._throughput.set(sum(n for _, n in self._tokens_window) / 10.0)
+        elif self.kv_max_concurrency:
+            self._cache_info.labels(block_size="16", num_gpu_blocks=str(self.kv_max_concurrency * 64),
+                                    kv_cache_max_concurrency=f"{float(self.kv_max_concurrency):.2f}").set(1)
         return generate_latest(self.registry)
 
     def version_body(self) -> bytes | None:
@@ -145,4 +162,6 @@ class ServerView:
             return None
         info: dict[str, Any] = {"version": self.version, "model_path": self.model,
                                 "context_length": self.max_model_len}
+        if self.kv_max_concurrency:
+            info["max_running_requests"] = self.kv_max_concurrency
         return orjson.dumps(info)

@@ -426,3 +426,13 @@ class ServerMetric(SQLModel, table=True):
     ttft_p50_s: float | None = None
     ttft_p95_s: float | None = None
     error: str | None = Field(default=None, sa_column=_text())
+    interval_s: float | None = None  # the time since the previous scrape; None on the first (gauges only)
+    preemptions: float | None = None  # preemptions counted in the interval
+    queue_mean_s: float | None = None  # from the histogram's _sum/_count over the interval
+    ttft_mean_s: float | None = None
+    quantiles: str | None = Field(default=None, sa_column=_text())  # JSON: p50/p95 as the buckets resolve them
+    aborted: float | None = None  # requests the server aborted / ended in error in the interval
+    errored: float | None = None
+    prefix_hit_rate: float | None = None  # 0..1
+    max_concurrency: float | None = None  # the server's own estimate of requests that fit (vLLM, SGLang)
+    waiting_by_reason: str | None = Field(default=None, sa_column=_text())  # JSON: reason -> waiting requests

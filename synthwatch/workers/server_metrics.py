@@ -35,16 +35,38 @@ GAUGES = {
     "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
     "gen_throughput": ("sglang:gen_throughput",),
+    # older vLLM and SGLang publish the prefix-cache hit rate as a gauge; newer vLLM as two counters (below)
+    "prefix_hit_rate": ("vllm:gpu_prefix_cache_hit_rate", "sglang:cache_hit_rate"),
 }
 COUNTERS = {
     "gen_tokens": ("vllm:generation_tokens", "sglang:generation_tokens"),
     "prompt_tokens": ("vllm:prompt_tokens", "sglang:prompt_tokens"),
     "preemptions": ("vllm:num_preemptions", "sglang:num_preemptions"),
+    "prefix_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+    "prefix_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+    "sglang_aborted": ("sglang:num_aborted_requests",),
 }
 HISTOGRAMS = {
     "queue": ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds"),
     "ttft": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
 }
+# vLLM counts finished requests by why they finished: "abort" (the client went away or the server gave up)
+# and "error" are what an operator watches beside the successes
+FINISHED = ("vllm:request_success",)
+WAITING_BY_REASON = ("vllm:num_requests_waiting_by_reason",)
+# vLLM publishes its KV-cache sizing as the labels of an info gauge: how many requests of the longest length fit
+CACHE_INFO = ("vllm:cache_config_info",)
+
+
+@dataclass
+class CounterSpan:
+    """A server counter as first scraped (before this worker's requests had any effect) and as last scraped."""
+
+    first: float
+    latest: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.latest = self.latest or self.first
 
 
 @dataclass
@@ -54,6 +76,18 @@ class Snapshot:
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
     buckets: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # measure -> [(le, cumulative)]
+    sums: dict[str, tuple[float, float]] = field(default_factory=dict)  # measure -> (_sum, _count)
+    finished: dict[str, float] = field(default_factory=dict)  # finished_reason -> count (vLLM)
+    waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    max_concurrency: float | None = None  # requests of max_model_len that fit the KV cache (vLLM's own estimate)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) and f >= 0 else None
 
 
 def parse(body: str, t: float) -> Snapshot:
@@ -79,57 +113,129 @@ def parse(body: str, t: float) -> Snapshot:
         for n in names:
             if n in fams:
                 by_le: dict[float, float] = {}
+                total_sum = total_count = 0.0
                 for s in fams[n].samples:
                     if s.name.endswith("_bucket"):
                         le = float(s.labels.get("le", "inf"))
                         by_le[le] = by_le.get(le, 0.0) + s.value
+                    elif s.name.endswith("_sum"):
+                        total_sum += s.value
+                    elif s.name.endswith("_count"):
+                        total_count += s.value
                 snap.buckets[measure] = sorted(by_le.items())
+                snap.sums[measure] = (total_sum, total_count)
                 break
+    for n in FINISHED:
+        f = fams.get(n) or fams.get(n + "_total")
+        if f is not None:
+            for s in f.samples:
+                if s.name.endswith("_total"):
+                    reason = s.labels.get("finished_reason", "")
+                    snap.finished[reason] = snap.finished.get(reason, 0.0) + s.value
+    for n in WAITING_BY_REASON:
+        if n in fams:
+            for s in fams[n].samples:
+                reason = s.labels.get("reason", "")
+                snap.waiting_by_reason[reason] = snap.waiting_by_reason.get(reason, 0.0) + s.value
+    for n in CACHE_INFO:
+        if n in fams:
+            found = [_number(s.labels.get("kv_cache_max_concurrency")) for s in fams[n].samples]
+            values = [v for v in found if v]
+            if values:
+                snap.max_concurrency = sum(values)  # one info sample per engine: the engines add up
     return snap
 
 
-def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
-    """The q-quantile of a (non-cumulative-difference) histogram given as cumulative (le, count) pairs,
-    interpolated linearly inside its bucket, as Prometheus' histogram_quantile does."""
+def quantile(buckets: list[tuple[float, float]], q: float) -> dict[str, float] | None:
+    """The q-quantile of a histogram given as cumulative (le, count) pairs, where the buckets can tell it.
+
+    Inside a bucket with a lower bound it is interpolated linearly, as Prometheus' histogram_quantile does. In
+    the first bucket there is no lower bound to interpolate from (interpolating from 0 made a queue time with a
+    mean of 0.07 ms read "p50 150 ms"), so the answer is only ``{"below": le}``; past the last finite bound it
+    is ``{"above": le}``. Otherwise ``{"value": v}``. None when the interval observed nothing."""
     if not buckets:
         return None
     total = buckets[-1][1]
     if total <= 0:
         return None
     rank = q * total
-    prev_le, prev_c = 0.0, 0.0
+    prev_le: float | None = None
+    prev_c = 0.0
     for le, c in buckets:
-        if c >= rank:
+        if c >= rank and c > 0:
             if math.isinf(le):
-                return prev_le
+                return {"above": prev_le} if prev_le is not None else None
+            if prev_le is None:
+                return {"below": le}
             if c == prev_c:
-                return le
-            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+                return {"value": le}
+            return {"value": prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)}
         prev_le, prev_c = le, c
-    return buckets[-1][0]
+    return {"above": buckets[-1][0]}
+
+
+def _delta(prev: Snapshot, cur: Snapshot, get: Callable[[Snapshot], float | None]) -> float | None:
+    """A counter's change over the interval; a counter that went down means the server restarted: what it counted
+    since then is the change."""
+    a, b = get(prev), get(cur)
+    if a is None or b is None:
+        return None
+    return b - a if b >= a else b
 
 
 def interval_row(prev: Snapshot | None, cur: Snapshot) -> dict[str, Any]:
-    """What one scrape adds to the run's view: gauges as they are, counters as rates since the previous
-    scrape, histograms as quantiles of the requests observed in between."""
+    """What one scrape adds to the run's view: gauges as they are, and everything counted over the interval since
+    the previous scrape (rates, counts, means from _sum/_count, quantiles the buckets resolve). The first scrape
+    has no interval: it gives gauges only (its counters and histograms cover the server's whole lifetime)."""
     row: dict[str, Any] = {"kind": cur.kind, "running": cur.gauges.get("running"),
-                           "waiting": cur.gauges.get("waiting"), "kv_usage": cur.gauges.get("kv_usage")}
-    dt = cur.t - prev.t if prev is not None else 0.0
+                           "waiting": cur.gauges.get("waiting"), "kv_usage": cur.gauges.get("kv_usage"),
+                           "max_concurrency": cur.max_concurrency,
+                           "waiting_by_reason": (orjson.dumps(cur.waiting_by_reason).decode()
+                                                 if cur.waiting_by_reason else None)}
+    if "prefix_hit_rate" in cur.gauges:
+        row["prefix_hit_rate"] = cur.gauges["prefix_hit_rate"]
+    if prev is None or cur.t <= prev.t:
+        if cur.kind == "sglang" and "gen_throughput" in cur.gauges:
+            row["gen_tokens_s"] = cur.gauges["gen_throughput"]  # the server's own rate: no interval needed
+        return row
+    dt = cur.t - prev.t
+    row["interval_s"] = dt
     for measure, col in (("gen_tokens", "gen_tokens_s"), ("prompt_tokens", "prompt_tokens_s"),
                          ("preemptions", "preemptions_s")):
-        a = prev.counters.get(measure) if prev is not None else None
-        b = cur.counters.get(measure)
-        row[col] = max(0.0, (b - a) / dt) if a is not None and b is not None and dt > 0 and b >= a else None
+        d = _delta(prev, cur, lambda s, m=measure: s.counters.get(m))  # type: ignore[misc]
+        row[col] = d / dt if d is not None else None
+    row["preemptions"] = _delta(prev, cur, lambda s: s.counters.get("preemptions"))
     if row["gen_tokens_s"] is None and "gen_throughput" in cur.gauges:
         row["gen_tokens_s"] = cur.gauges["gen_throughput"]
+    if cur.finished or prev.finished:
+        row["aborted"] = _delta(prev, cur, lambda s: s.finished.get("abort", 0.0))
+        row["errored"] = _delta(prev, cur, lambda s: s.finished.get("error", 0.0))
+    elif "sglang_aborted" in cur.counters:
+        row["aborted"] = _delta(prev, cur, lambda s: s.counters.get("sglang_aborted"))
+    queries = _delta(prev, cur, lambda s: s.counters.get("prefix_queries"))
+    hits = _delta(prev, cur, lambda s: s.counters.get("prefix_hits"))
+    if queries and hits is not None:
+        row["prefix_hit_rate"] = min(1.0, hits / queries)
+    honest: dict[str, Any] = {}
     for measure in ("queue", "ttft"):
         now = cur.buckets.get(measure) or []
-        before = dict(prev.buckets.get(measure) or []) if prev is not None else {}
+        before = dict(prev.buckets.get(measure) or [])
         diff = [(le, c - before.get(le, 0.0)) for le, c in now]
         if diff and any(c < 0 for _, c in diff):  # the server restarted: its counters started over
             diff = now
-        row[f"{measure}_p50_s"] = quantile(diff, 0.5)
-        row[f"{measure}_p95_s"] = quantile(diff, 0.95)
+        s0, n0 = prev.sums.get(measure, (0.0, 0.0))
+        s1, n1 = cur.sums.get(measure, (0.0, 0.0))
+        if n1 < n0:
+            s0 = n0 = 0.0
+        mean = (s1 - s0) / (n1 - n0) if n1 > n0 else None
+        row[f"{measure}_mean_s"] = mean
+        q50, q95 = quantile(diff, 0.5), quantile(diff, 0.95)
+        # the plain columns hold only what the buckets resolve (charts draw them); the JSON says "< 0.3 s" too
+        row[f"{measure}_p50_s"] = q50.get("value") if q50 else None
+        row[f"{measure}_p95_s"] = q95.get("value") if q95 else None
+        if q50 or q95 or mean is not None:
+            honest[measure] = {"p50": q50, "p95": q95, "mean": mean, "n": n1 - n0 if n1 >= n0 else n1}
+    row["quantiles"] = orjson.dumps(honest).decode() if honest else None
     return row
 
 
@@ -150,11 +256,13 @@ class Scraper:
         self.write = write
         self.prev: dict[str, Snapshot | None] = {}
         self.latest: dict[str, dict[str, Any]] = {}  # label -> the newest row (the concurrency tuner reads it)
-        # label -> the server's preemption counter as last scraped: the tuner takes its change over a whole step,
-        # where one scrape's rate (0.25 s) can miss preemptions that came in bursts earlier in the step
-        self.preemptions: dict[str, float] = {}
-        self.preemptions_first: dict[str, float] = {}  # ... and at the first scrape (before this worker's requests)
+        # label -> the server's preemption counter, first and last scraped: the tuner takes its change over a whole
+        # step, where one scrape's rate (0.25 s) can miss preemptions that came in bursts earlier in the step
+        self.preemptions: dict[str, CounterSpan] = {}
         self.version: dict[str, tuple[str | None, str | None]] = {}  # label -> (kind, version)
+        # label -> the requests the server says it can run at once (SGLang's /get_server_info
+        # max_running_requests); vLLM's comes with every scrape (cache_config_info)
+        self.ceiling: dict[str, float] = {}
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
@@ -185,7 +293,10 @@ class Scraper:
         label = ep.label
         t = time.time()
         if label not in self.version:
-            self.version[label] = await self._identify(session, root, headers, ep.ssl)
+            kind, version, ceiling = await self._identify(session, root, headers, ep.ssl)
+            self.version[label] = (kind, version)
+            if ceiling:
+                self.ceiling[label] = ceiling
         kind, version = self.version[label]
         row: dict[str, Any] = {"endpoint": label, "t": t, "kind": kind or "unknown", "version": version}
         try:
@@ -200,8 +311,10 @@ class Scraper:
         vals = interval_row(self.prev.get(label), snap)
         self.prev[label] = snap
         if "preemptions" in snap.counters:
-            self.preemptions[label] = snap.counters["preemptions"]
-            self.preemptions_first.setdefault(label, snap.counters["preemptions"])
+            span = self.preemptions.setdefault(label, CounterSpan(snap.counters["preemptions"]))
+            span.latest = snap.counters["preemptions"]
+        if vals.get("max_concurrency") is None and label in self.ceiling:
+            vals["max_concurrency"] = self.ceiling[label]
         if snap.kind == "unknown":
             row["error"] = "no metrics: /metrics has no vLLM or SGLang names"
             return row
@@ -210,23 +323,25 @@ class Scraper:
         return row
 
     async def _identify(self, session: aiohttp.ClientSession, root: str, headers: dict[str, str],
-                        tls: Any) -> tuple[str | None, str | None]:
-        """(kind, version) from vLLM's /version or SGLang's /get_server_info; (None, None) when neither answers."""
+                        tls: Any) -> tuple[str | None, str | None, float | None]:
+        """(kind, version, the requests it runs at once where it says so) from vLLM's /version or SGLang's
+        /get_server_info; (None, None, None) when neither answers."""
         for path, kind in (("/version", "vllm"), ("/get_server_info", "sglang")):
             try:
                 status, body = await self._get(session, root + path, headers, tls)
                 if status == 200:
                     data = orjson.loads(body)
                     if isinstance(data, dict) and isinstance(data.get("version"), str):
-                        return kind, data["version"][:100]
+                        return kind, data["version"][:100], _number(data.get("max_running_requests"))
             except (aiohttp.ClientError, TimeoutError, ValueError, orjson.JSONDecodeError):
                 continue
-        return None, None
+        return None, None, None
 
 
 _COLS = ("run_id", "worker_id", "endpoint", "t", "kind", "version", "running", "waiting", "kv_usage",
          "preemptions_s", "gen_tokens_s", "prompt_tokens_s", "queue_p50_s", "queue_p95_s", "ttft_p50_s",
-         "ttft_p95_s", "error")
+         "ttft_p95_s", "error", "interval_s", "preemptions", "queue_mean_s", "ttft_mean_s", "quantiles", "aborted",
+         "errored", "prefix_hit_rate", "max_concurrency", "waiting_by_reason")
 _INSERT = text(f"INSERT INTO server_metric ({', '.join(_COLS)}) VALUES ({', '.join(':' + c for c in _COLS)})")
 
 

@@ -1,7 +1,7 @@
 """token columns widened to BIGINT (#25)
 
-Revision ID: 0009_writer_bigint_tokens
-Revises: 0008_turns
+Revision ID: 0010_writer_bigint_tokens
+Revises: 0009_server_numbers
 Create Date: 2026-12-02 04:40:00
 
 A 4-byte INTEGER on PostgreSQL refused a reply's prompt_tokens of 3,000,000,000, and the writer retried that
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0009_writer_bigint_tokens"
-down_revision: str | None = "0008_turns"
+revision: str = "0010_writer_bigint_tokens"
+down_revision: str | None = "0009_server_numbers"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
