@@ -72,9 +72,13 @@ def _events(engine: Any, run_id: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_worker_finds_the_knee_without_timeouts(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("kind", ["vllm-old", "vllm"])
+def test_worker_finds_the_knee_without_timeouts(kind, engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    """An older vLLM publishes no ceiling: the knee shows through its queue. A current one says in
+    cache_config_info how many requests fit at once: the tuner stops there without queueing first."""
     knee = 8
-    url = sim(capacity=knee, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=81)
+    url = sim(capacity=knee, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=81,
+              server_kind=kind)
     config = make_config(url, prompts(3000), name="auto", concurrency=1, server_metrics={"interval_s": 0.25},
                          autotune={"enabled": True, "min": 1, "max": 64, "start": 2, "interval_s": 0.75},
                          timeouts={"connect_s": 5, "total_s": 20, "idle_s": 10})
@@ -93,7 +97,11 @@ def test_worker_finds_the_knee_without_timeouts(engine, sim, prompts) -> None:  
         ev = _events(engine, bg.run_id)
         assert ev[0]["detail"].startswith("self-tuning concurrency starts at 2")
         assert any("raise:" in (e["detail"] or "") for e in ev)
-        assert any("queue" in (e["detail"] or "") for e in ev)  # it found the knee through the server's queue
+        if kind == "vllm-old":
+            assert any("queue" in (e["detail"] or "") for e in ev)  # it found the knee through the server's queue
+        else:
+            assert any("the 8 requests the server says fit" in (e["detail"] or "") for e in ev), ev
+            assert max(seen) <= knee
     finally:
         store.apply_control(engine, bg.run_id, "stop_now")
         bg.join(30)
@@ -103,8 +111,11 @@ def test_worker_finds_the_knee_without_timeouts(engine, sim, prompts) -> None:  
 def test_each_endpoint_is_tuned_to_its_own_knee(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     """Two servers with different knees (4 and 12): each endpoint gets its own limit, each step names its endpoint,
     and the run's concurrency is the sum."""
-    small = sim(capacity=4, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=82)
-    big = sim(capacity=12, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=83)
+    # servers that publish no ceiling (older vLLM): each knee shows through that server's own queue
+    small = sim(capacity=4, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=82,
+                server_kind="vllm-old")
+    big = sim(capacity=12, tokens_per_s=100, reasoning_tokens="20-30", content_tokens="10-20", seed=83,
+              server_kind="vllm-old")
     config = make_config([small, big], prompts(4000), name="auto2", concurrency=1,
                          server_metrics={"interval_s": 0.25},
                          autotune={"enabled": True, "min": 1, "max": 64, "start": 2, "interval_s": 0.75},

@@ -147,7 +147,7 @@ class ServerView:
         self._kv.set(min(1.0, self.running / k) if self.capacity else min(1.0, self.running / 256))
         if self.kind == "sglang":
             self._throughput.set(sum(n for _, n in self._tokens_window) / 10.0)
-        elif self.kv_max_concurrency:
+        elif self.kv_max_concurrency and self.kind == "vllm":  # older vLLM had no kv_cache_max_concurrency label
             self._cache_info.labels(block_size="16", num_gpu_blocks=str(self.kv_max_concurrency * 64),
                                     kv_cache_max_concurrency=f"{float(self.kv_max_concurrency):.2f}").set(1)
         return generate_latest(self.registry)
