@@ -94,12 +94,14 @@ def _property(suite: str, check: Any, **args: Any) -> None:
         raise
 
 
+@pytest.mark.slow  # 7-25 s for 300 examples here
 @settings(max_examples=examples(ci=300), phases=PHASES)
 @given(chunks=PAYLOADS, mode=st.sampled_from(MODES))
 def test_any_chunks_give_an_extracted_or_a_recorded_error(chunks: list[Any], mode: str) -> None:
     _property("capture_chunks", check_chunks, chunks=chunks, mode=mode)
 
 
+@pytest.mark.slow  # 7-25 s for 300 examples here
 @settings(max_examples=examples(ci=300), phases=PHASES)
 @given(body=st.one_of(completion_obj, values), mode=st.sampled_from(MODES))
 def test_any_whole_body_gives_an_extracted_or_a_shape_error(body: Any, mode: str) -> None:
@@ -120,6 +122,7 @@ def check_sse(data: bytes, cuts: list[int]) -> list[bytes]:
     return got
 
 
+@pytest.mark.slow  # 7-25 s for 300 examples here
 @settings(max_examples=examples(ci=300), phases=PHASES)
 @given(evs=st.lists(events, max_size=8), junk=st.binary(max_size=64), cuts=st.lists(st.integers(0, 1 << 16)))
 def test_sse_events_do_not_depend_on_how_the_bytes_arrive(evs: list[Any], junk: bytes, cuts: list[int]) -> None:
