@@ -31,11 +31,10 @@ from conftest import ROOT, LiveServer, cli_env, run_cli
 from hypothesis import given, settings
 
 from synthwatch.config import RunConfig
+from tests.fuzzchecks import check_readers, check_stored
 from tests.fuzzkit import (
     PHASES,
     Wire,
-    check_readers,
-    check_stored,
     examples,
     load_regression,
     regression_files,

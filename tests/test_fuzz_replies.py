@@ -32,14 +32,11 @@ import pytest
 from conftest import LiveServer
 from hypothesis import event, given, settings
 
+from tests.fuzzchecks import LogTrap, PeakRSS, check_readers, check_stored
 from tests.fuzzkit import (
     PHASES,
-    LogTrap,
     MiB,
-    PeakRSS,
     Wire,
-    check_readers,
-    check_stored,
     examples,
     good_wire,
     load_regression,
