@@ -325,12 +325,11 @@ def release_claims(conn: Connection, run_id: int, worker_id: int, ids: list[int]
 
 
 def release_worker(conn: Connection, run_id: int, worker_id: int, interrupted: list[dict[str, Any]]) -> int:
-    """Every record this worker still holds back to pending: what a worker whose writer is gone does as it exits.
+    """Every record this worker still holds back to pending: the last thing a worker does, after its writer ended.
 
     ``interrupted``: the records whose request was cut short, each with its attempt history (id, attempts,
     attempts_json, error_kind, error), kept on the record; the others (never started, or finished with a
     result that was never written) go back as they were. Only rows the worker still holds move. Returns how many."""
-    t = now()
     if interrupted:  # their history first (they stay held), then one statement moves all: one row count to trust
         conn.execute(
             text("UPDATE record SET attempts = :attempts, attempts_json = :attempts_json, error_kind = :error_kind,"
@@ -343,7 +342,8 @@ def release_worker(conn: Connection, run_id: int, worker_id: int, interrupted: l
         {"r": run_id, "w": worker_id},
     ).rowcount or 0
     _count_back_to_pending(conn, run_id, moved)
-    conn.execute(text("UPDATE worker SET claimed = 0, heartbeat_at = :t WHERE id = :w"), {"t": t, "w": worker_id})
+    if moved:  # its claims in all, as the writer counts them: a claim handed back was not claimed
+        conn.execute(text("UPDATE worker SET claimed = claimed - :n WHERE id = :w"), {"n": moved, "w": worker_id})
     return moved
 
 

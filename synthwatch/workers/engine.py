@@ -27,7 +27,6 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from ..config import RunConfig
-from ..quality.alarms import completion_message
 from ..settings import get_settings
 from ..store import queue as store
 from ..store.versions import versioned_changes
@@ -45,6 +44,7 @@ from .supervisor import (
     describe,
     in_daemon_thread,
     release_directly,
+    write_exit,
     writer_result,
 )
 from .writer import Writer, WriterHook
@@ -352,30 +352,8 @@ class RunWorker:
             log.info("%d claimed records not started returned to pending", moved)
 
     def _finish(self, conn: Any, final: str, message: str | None) -> None:
-        """The worker's exit and, when no other worker runs it (or it completed), the run's final status."""
-        conn.execute(text("UPDATE worker SET status = 'exited', heartbeat_at = :t WHERE id = :w"),
-                     {"t": time.time(), "w": self.worker_id})
-        others = conn.execute(
-            text("SELECT COUNT(*) FROM worker WHERE run_id = :r AND status = 'running' AND id != :w"
-                 " AND heartbeat_at > :t"),
-            {"r": self.run_id, "w": self.worker_id, "t": time.time() - get_settings().dead_worker_after_s},
-        ).scalar_one()
-        store.add_event(conn, self.run_id, "worker_exit", f"{self.worker_id}:{final}", actor="worker")
-        if not others or final == "completed":
-            msg = message
-            if final == "completed" and self._done_why:
-                # the loop's snapshot of the counters can predate the last records' write, which this
-                # transaction follows: the counters now are the final ones
-                row = conn.execute(text("SELECT cap, n_ok, n_error, n_timeout FROM run WHERE id = :r"),
-                                   {"r": self.run_id}).mappings().first()
-                if row is not None:
-                    msg = self._finished_reason(dict(row), self._done_why)
-            if final == "completed":
-                # a run whose data-quality alarm is still open is never a plain "completed"
-                failing = completion_message(conn, self.run_id)
-                if failing:
-                    msg = failing + (f" ({message})" if message else "")
-            store.set_status(conn, self.run_id, final, msg)
+        reason = (lambda row: self._finished_reason(row, self._done_why)) if self._done_why else None
+        write_exit(conn, self.run_id, self.worker_id, final, message, reason)
 
     def _start_scraper(self) -> asyncio.Task[None] | None:
         """Scrape each endpoint's own /metrics while the run goes (config server_metrics)."""

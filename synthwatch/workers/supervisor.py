@@ -31,9 +31,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
+from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
+from ..quality.alarms import completion_message
 from ..redact import redact
+from ..settings import get_settings
 from ..store import queue as store
 from .results import Outcome
 
@@ -269,3 +272,30 @@ def release_directly(engine: Engine, run_id: int, worker_id: int, interrupted: l
         except Exception as exc:
             log.error("the worker's end could not be recorded (%s: %s)", exc.__class__.__name__, exc)
     return moved
+
+
+def write_exit(conn: Connection, run_id: int, worker_id: int, final: str, message: str | None,
+               reason: Callable[[dict[str, Any]], str] | None = None) -> None:
+    """The worker's exit and, when no other worker runs the run (or it completed), the run's final status.
+    ``reason``: the completed run's message from its final counters (the loop's snapshot of them can predate the
+    last records' write, which this transaction follows)."""
+    t = time.time()
+    conn.execute(text("UPDATE worker SET status = 'exited', heartbeat_at = :t WHERE id = :w"), {"t": t, "w": worker_id})
+    others = conn.execute(
+        text("SELECT COUNT(*) FROM worker WHERE run_id = :r AND status = 'running' AND id != :w AND heartbeat_at > :t"),
+        {"r": run_id, "w": worker_id, "t": t - get_settings().dead_worker_after_s},
+    ).scalar_one()
+    store.add_event(conn, run_id, "worker_exit", f"{worker_id}:{final}", actor="worker")
+    if others and final != "completed":
+        return
+    msg = message
+    if final == "completed":
+        if reason is not None:
+            row = conn.execute(text("SELECT cap, n_ok, n_error, n_timeout FROM run WHERE id = :r"),
+                               {"r": run_id}).mappings().first()
+            if row is not None:
+                msg = reason(dict(row))
+        failing = completion_message(conn, run_id)  # a run whose data-quality alarm is open is never plain "completed"
+        if failing:
+            msg = failing + (f" ({message})" if message else "")
+    store.set_status(conn, run_id, final, msg)
