@@ -197,7 +197,7 @@ def test_postgresql_errors_are_classified_by_what_waiting_can_fix(pg_server: Any
 
 
 def test_token_sums_read_as_numbers_on_both_backends(any_engine: Any) -> None:
-    """The token columns are BIGINT (migration 0009); PostgreSQL sums BIGINT as NUMERIC, which readers get as int
+    """The token columns are BIGINT (migration 0010_writer_bigint_tokens); PostgreSQL sums BIGINT as NUMERIC, which readers get as int
     (store/db.py), the same as on SQLite, and a count of 3,000,000,000 fits."""
     with any_engine.connect() as conn:
         conn.execute(text("CREATE TABLE t_sum (n BIGINT)"))

@@ -96,7 +96,7 @@ def make_engine(url: str, *, readonly: bool = False, pool_size: int = 5) -> Engi
 
 def _pg_numbers(dbapi_conn: Any, _record: Any) -> None:
     """NUMERIC results as int (or float) on PostgreSQL, as SQLite gives them: SUM over a BIGINT column (the token
-    counts, migration 0009) is NUMERIC there, which psycopg reads as Decimal, and readers mix it with floats."""
+    counts, migration 0010_writer_bigint_tokens) is NUMERIC there, which psycopg reads as Decimal, and readers mix it with floats."""
     from psycopg.types.numeric import NumericLoader
 
     class NumberLoader(NumericLoader):

@@ -33,7 +33,7 @@ class RecordOutput(SQLModel):
     reasoning_len: int | None = None
     content_len: int | None = None
     finish_reason: str | None = None
-    # BIGINT (migration 0009): no server value may fail a write; counts outside 0..2^31-1 are not stored at all
+    # BIGINT (migration 0010_writer_bigint_tokens): no server value may fail a write; counts outside 0..2^31-1 are not stored at all
     prompt_tokens: int | None = Field(default=None, sa_type=BigInteger)
     completion_tokens: int | None = Field(default=None, sa_type=BigInteger)
     reasoning_tokens: int | None = Field(default=None, sa_type=BigInteger)
