@@ -91,6 +91,8 @@ class HostileServer:
         for w in list(self._writers):
             self._loop.call_soon_threadsafe(w.transport.abort)
         stop_thread_loop(self._loop, self._thread, self.server)
+        if not self._thread.is_alive():
+            self._loop.close()  # else the garbage collector closes it later, from any thread, with a warning
 
     async def _start(self) -> None:
         self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0, limit=1 << 20)
