@@ -8,7 +8,7 @@ text produced by orjson so the worker's hot path never builds ORM objects.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint, text
+from sqlalchemy import BigInteger, Column, Index, Integer, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 RUN_STATUSES = ("created", "running", "paused", "stopping", "stopped", "completed", "failed")
@@ -24,6 +24,10 @@ def _text(nullable: bool = True) -> Column:  # type: ignore[type-arg]
     return Column(Text, nullable=nullable)
 
 
+
+# token counts: BIGINT, except on SQLite, whose INTEGER is 8 bytes (re-typing it there would copy the record table)
+TOKENS = BigInteger().with_variant(Integer(), "sqlite")
+
 class RecordOutput(SQLModel):
     """What a record's answer is: the columns a record and each of its history rows share (nullable in both)."""
 
@@ -33,10 +37,11 @@ class RecordOutput(SQLModel):
     reasoning_len: int | None = None
     content_len: int | None = None
     finish_reason: str | None = None
-    # BIGINT (migration 0012_bigint_tokens): no server value may fail a write; counts outside 0..2^31-1 are not stored at all
-    prompt_tokens: int | None = Field(default=None, sa_type=BigInteger)
-    completion_tokens: int | None = Field(default=None, sa_type=BigInteger)
-    reasoning_tokens: int | None = Field(default=None, sa_type=BigInteger)
+    # BIGINT on PostgreSQL (migration 0012_bigint_tokens): no server value may fail a write; counts outside 0..2^31-1
+    # are not stored at all. SQLite's INTEGER holds 8 bytes already (TOKENS: the same column, altered nowhere)
+    prompt_tokens: int | None = Field(default=None, sa_type=TOKENS)
+    completion_tokens: int | None = Field(default=None, sa_type=TOKENS)
+    reasoning_tokens: int | None = Field(default=None, sa_type=TOKENS)
     usage_json: str | None = Field(default=None, sa_type=Text)
     token_ids_json: str | None = Field(default=None, sa_type=Text)
     latency_s: float | None = None
@@ -157,10 +162,10 @@ class Series(SQLModel, table=True):
     http_5xx: int = 0
     other_errors: int = 0
     cancelled: int = 0
-    prompt_tokens: int = Field(default=0, sa_type=BigInteger)
-    completion_tokens: int = Field(default=0, sa_type=BigInteger)
-    reasoning_tokens: int = Field(default=0, sa_type=BigInteger)
-    content_tokens: int = Field(default=0, sa_type=BigInteger)
+    prompt_tokens: int = Field(default=0, sa_type=TOKENS)
+    completion_tokens: int = Field(default=0, sa_type=TOKENS)
+    reasoning_tokens: int = Field(default=0, sa_type=TOKENS)
+    content_tokens: int = Field(default=0, sa_type=TOKENS)
     chunks: int = 0
     empty_reasoning: int = 0
     finish_length: int = 0
