@@ -325,6 +325,21 @@ class RunConfig(_Strict):
                                  "header in headers_env, not both")
         return self
 
+    def request_body_base(self) -> dict[str, Any]:
+        """What every chat request of this run carries besides its messages (the worker adds those per record)."""
+        s = self.sampling
+        body: dict[str, Any] = {"model": self.model, "stream": self.stream}
+        if self.stream:
+            body["stream_options"] = {"include_usage": True}
+        for key in ("temperature", "top_p", "max_tokens", "seed", "stop"):
+            v = getattr(s, key)
+            if v is not None:
+                body[key] = v
+        if self.request_token_ids:
+            body["return_token_ids"] = True
+        body.update(s.extra_body)
+        return body
+
     def snapshot(self) -> dict[str, Any]:
         """What is stored with the run: the whole config; keys appear only as env-var names."""
         return self.model_dump(mode="json")

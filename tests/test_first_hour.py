@@ -166,6 +166,21 @@ def test_old_flag_name_still_works(tmp_path: Path, sim: Any, prompts: Any) -> No
     engine.dispose()
 
 
+def test_a_flag_error_names_its_toml_key_and_the_key_named_flag_exists(tmp_path: Path) -> None:
+    """Every error that names a flag also names the TOML key, as a key's error names its flag (with_flags); the
+    flag named after the key (--prefilled-open for reasoning.prefilled_open) is accepted too."""
+    proc = run_cli("run", "--dataset", str(tmp_path / "none.jsonl"), "--base-url", "http://127.0.0.1:9/v1",
+                   "--model", "m", "--db", str(tmp_path / "x.db"), "--cap", "0")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "argument --cap (cap in a TOML file): must be at least 1" in proc.stderr, proc.stderr
+    proc = run_cli("run", "--dataset", str(tmp_path / "none.jsonl"), "--base-url", "http://127.0.0.1:9/v1",
+                   "--model", "m", "--db", str(tmp_path / "x.db"), "--max-tokens", "many")
+    assert "argument --max-tokens (sampling.max_tokens in a TOML file):" in proc.stderr, proc.stderr
+    proc = run_cli("run", "--dataset", str(tmp_path / "none.jsonl"), "--base-url", "http://127.0.0.1:9/v1",
+                   "--model", "m", "--db", str(tmp_path / "x.db"), "--prefilled-open")
+    assert proc.returncode == 2 and "no such file" in proc.stderr, proc.stderr  # the flag parsed; the file is next
+
+
 # ------------------------------------------------------------------------- configuration problems come first
 
 

@@ -282,3 +282,24 @@ def test_import_with_map_and_bad_options(tmp_path: Path, db_path: Path, engine: 
     assert rc == 2 and "unknown key 'thoughts'" in err, err
     rc, err = cli(capsys, "import", str(f), "--db", str(db_path), "--shape", "yaml")
     assert rc == 2 and "--shape 'yaml': expected one of" in err, err
+
+
+def test_a_line_too_deep_to_store_is_unmatched_and_the_rest_imported(tmp_path: Path, db_path: Path, engine: Any,
+                                                                     capsys: Any) -> None:
+    """A line nested 300 levels parsed (orjson reads 1,024) but could not be stored (it writes 254): the whole
+    import stopped with "TypeError: Recursion limit reached". What is parsed must be storable, so the line is
+    refused at parse time, kept in ingest_error with its reason, and the lines around it are imported (#25)."""
+    deep: Any = "x"
+    for _ in range(300):
+        deep = [deep]
+    path = _write(tmp_path / "gen.jsonl", [{"idx": 0, "question": "q0", "reasoning": "r", "content": "a0"},
+                                           {"idx": 1, "question": "q1", "reasoning": "r", "content": "a1",
+                                            "extra": deep},
+                                           {"idx": 2, "question": "q2", "reasoning": "r", "content": "a2"}])
+    rc, err = cli(capsys, "import", str(path), "--db", str(db_path), "--run", "deep")
+    assert rc == 0 and "Traceback" not in err, err
+    assert f"{path}:2: unmatched: JSON nested more than 128 levels" in err, err
+    with engine.connect() as conn:
+        assert [r[0] for r in conn.execute(text("SELECT source_id FROM record ORDER BY idx"))] == ["0", "2"]
+        assert conn.execute(text("SELECT line, reason FROM ingest_error")).all() == [
+            (2, "JSON nested more than 128 levels: more than a record can store")]

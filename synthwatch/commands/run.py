@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from ..capture.reasoning import MODES as REASONING_MODES
 from ..cli import CliError
@@ -34,6 +34,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "flags win. A run whose name exists is resumed: nothing is loaded twice or redone.",
     )
     add_db_arg(p)
+    # a flag's own error ("argument --cap: must be at least 1") also names the TOML key it sets, as a key's error
+    # names its flag (with_flags)
+    plain_error = p.error
+
+    def error(message: str) -> NoReturn:
+        plain_error(with_key(message))
+        raise SystemExit(2)  # not reached: argparse's error exits
+
+    p.error = error  # type: ignore[method-assign]
     p.add_argument("--config", help="TOML file with the run settings")
     p.add_argument("--name", help="run name (default: <dataset>-<model>-<6 hex of the dataset's path, the endpoints "
                    "and the model>, so the same command again resumes); an existing name resumes")
@@ -79,8 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g = p.add_argument_group("reasoning and tokenizer")
     g.add_argument("--reasoning-mode", choices=REASONING_MODES)
     g.add_argument("--no-expect-reasoning", dest="expect_reasoning", action="store_false", default=None)
-    g.add_argument("--prefilled-think", action="store_true", default=None,
-                   help="the chat template already opens the think block in the prompt")
+    g.add_argument("--prefilled-think", "--prefilled-open", dest="prefilled_think", action="store_true", default=None,
+                   help="the chat template already opens the think block in the prompt (reasoning.prefilled_open)")
     g.add_argument("--tokenizer", help="tokenizer folder or cached name ('deepseek-v4' is shipped)")
     g.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4'")
     g.add_argument("--trust-remote-code", action="store_true", default=None)
@@ -220,6 +229,20 @@ def flag_for(loc: tuple[str | int, ...]) -> str | None:
     if key.startswith("dataset."):
         return next((opt.flag for name, _i, opt in options(DatasetConfig) if f"dataset.{name}" == key), None)
     return KEY_FLAGS.get(key)
+
+
+def with_key(message: str) -> str:
+    """argparse's "argument --cap: …" with the TOML key the flag sets: "argument --cap (cap in a TOML file): …"."""
+    import re
+
+    m = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: ", message)
+    if m is None:
+        return message
+    flag = m.group(1)
+    keys = [k for k, f in KEY_FLAGS.items() if f == flag]
+    if not keys and flag == "--prefilled-open":
+        keys = ["reasoning.prefilled_open"]
+    return message if not keys else message.replace(flag, f"{flag} ({keys[0]} in a TOML file)", 1)
 
 
 def with_flags(exc: Any) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from ..capture.reasoning import REASONING_FIELDS, Extracted, ResponseShapeError, extract_response
+from ..capture.safety import MAX_JSON_DEPTH, too_deep
 
 SHAPES: dict[str, str] = {
     "chat.completion": "raw OpenAI chat.completion objects, one response per line (the prompt is not in them)",
@@ -327,6 +328,9 @@ class LineParser:
             if text.lstrip().startswith(("{", "[")):
                 raise LineError(f"not valid JSON ({exc}); an incomplete or corrupted line") from None
             raise LineError(f"not valid JSON ({exc})") from None
+        raw_bytes = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+        if too_deep(raw_bytes, obj):  # what is parsed must be storable (orjson writes at most 254 levels)
+            raise LineError(f"JSON nested more than {MAX_JSON_DEPTH} levels: more than a record can store")
         if self.shape == "mapped":
             shape = "mapped"
             if not isinstance(obj, dict):

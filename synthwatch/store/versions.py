@@ -281,3 +281,16 @@ def refusal(run_name: str, changes: list[Change]) -> str:
     lines.append(f"Resuming never changes settings silently: add {NEW_VERSION_FLAG} to make these a new config "
                  "version (records then carry the version they were generated under), or drop the flags.")
     return "\n".join(lines)
+
+
+def worker_config(conn: Connection, run_id: int, current: RunConfig) -> tuple[RunConfig, int] | None:
+    """The run's newest config version as a running worker adopts it (None: no such run): the worker keeps its own
+    controls (cap, concurrency) and process settings (PROCESS_KEYS). Raises ConfigError (or a JSON error) when the
+    stored version cannot be used."""
+    row = conn.execute(text("SELECT config_json, config_version FROM run WHERE id = :r"), {"r": run_id}).first()
+    if row is None:
+        return None
+    cfg = orjson.loads(row[0])
+    for key in ("cap", "concurrency", *PROCESS_KEYS):
+        cfg[key] = getattr(current, key)
+    return build_config(cfg, f"config version {row[1]}"), int(row[1] or 0)

@@ -43,6 +43,7 @@ from .supervisor import (
     STOP_MARGIN_S,
     Supervisor,
     describe,
+    finished_reason,
     in_daemon_thread,
     release_directly,
     write_exit,
@@ -114,7 +115,7 @@ class RunWorker:
         self.state = "running"
         self.worker_id = 0
         self.writer: Writer | None = None
-        self._body_base = self._base_body()
+        self._body_base = self.config.request_body_base()
         self._wake = asyncio.Event()
         self._wake_at = 1 << 30  # _task_done wakes the loop when at most this many records remain (running + ready)
         # claimed records not started yet (the reserve): started by _task_done as slots free up, returned to
@@ -131,21 +132,6 @@ class RunWorker:
         self._inflight_max = 0  # most requests running at once since the tuner last looked
 
     # ------------------------------------------------------------ request bodies
-
-    def _base_body(self) -> dict[str, Any]:
-        c = self.config
-        s = c.sampling
-        body: dict[str, Any] = {"model": c.model, "stream": c.stream}
-        if c.stream:
-            body["stream_options"] = {"include_usage": True}
-        for key in ("temperature", "top_p", "max_tokens", "seed", "stop"):
-            v = getattr(s, key)
-            if v is not None:
-                body[key] = v
-        if c.request_token_ids:
-            body["return_token_ids"] = True
-        body.update(s.extra_body)
-        return body
 
     def body_for(self, messages: list[dict[str, Any]] | dict[str, Any]) -> bytes:
         body = dict(self._body_base)
@@ -356,7 +342,7 @@ class RunWorker:
             log.info("%d claimed records not started returned to pending", moved)
 
     def _finish(self, conn: Any, final: str, message: str | None) -> None:
-        reason = (lambda row: self._finished_reason(row, self._done_why)) if self._done_why else None
+        reason = (lambda row: finished_reason(row, self._done_why)) if self._done_why else None
         state = write_exit(conn, self.run_id, self.worker_id, final, message, reason)
         if state != final:
             self._final = state  # every request failed: the run failed
@@ -471,7 +457,7 @@ class RunWorker:
                     await self._set_status("running", None)
                 if self._claim_fut is None and why in ("done", "cap_done") and not self.tasks and not self.ready:
                     self._done_why = why  # the message is written with the final counters (_shutdown)
-                    return "completed", self._finished_reason(writer.control, why)
+                    return "completed", finished_reason(writer.control, why)
                 conc = int(ctl.get("concurrency") or self.config.concurrency)
                 if conc != self._slots:
                     self._slots = conc
@@ -542,34 +528,30 @@ class RunWorker:
 
     async def _adopt_config(self, version: int) -> None:
         """A new config version of the run: requests started from now on use it (running ones finish as they are)."""
-        from ..config import ConfigError, build_config
+        from ..config import ConfigError
+        from ..store.versions import worker_config
 
-        def load() -> Any:
+        def load() -> tuple[RunConfig, int] | None:
             with self.engine.connect() as conn:
-                row = conn.execute(text("SELECT config_json, config_version FROM run WHERE id = :r"),
-                                   {"r": self.run_id}).first()
-                conn.rollback()
-            return row
+                try:
+                    return worker_config(conn, self.run_id, self.config)
+                finally:
+                    conn.rollback()
 
-        row = await asyncio.to_thread(load)
-        if row is None:
-            return
         try:
-            cfg = orjson.loads(row[0])
-            cfg["name"] = self.config.name
-            # cap, concurrency and per-process settings stay this worker's (controls and process settings)
-            for key in ("cap", "concurrency", "lease_s", "flush_interval_ms", "shutdown_grace_s"):
-                cfg[key] = getattr(self.config, key)
-            new = build_config(cfg, f"config version {row[1]}")
+            got = await asyncio.to_thread(load)
         except (orjson.JSONDecodeError, ConfigError, TypeError) as exc:
             log.error("config version %s of run %d cannot be used (%s); staying on version %d",
-                      row[1], self.run_id, exc, self.config_version)
-            self.config_version = int(row[1] or version)  # do not retry it on every tick
+                      version, self.run_id, exc, self.config_version)
+            self.config_version = version  # do not retry it on every tick
             return
+        if got is None:
+            return
+        new, stored_version = got
         old_endpoints = [e.model_dump() for e in self.config.endpoints]
         self.config = new
-        self.config_version = int(row[1] or version)
-        self._body_base = self._base_body()
+        self.config_version = stored_version or version
+        self._body_base = self.config.request_body_base()
         r, t = new.reasoning, new.timeouts
         req = self.requester
         req.mode, req.think_open, req.think_close, req.prefilled_open = (
@@ -578,13 +560,6 @@ class RunWorker:
         if [e.model_dump() for e in new.endpoints] != old_endpoints:
             self.pool = EndpointPool(new.endpoints, new.pool)
         log.warning("run %d: now generating under config version %d", self.run_id, self.config_version)
-
-    def _finished_reason(self, ctl: dict[str, Any], why: str) -> str:
-        n_ok = ctl.get("n_ok") or 0
-        if why == "cap_done":
-            return f"cap of {ctl.get('cap')} ok records reached"
-        return (f"all prompts processed: {n_ok} ok, {ctl.get('n_error', 0)} errors,"
-                f" {ctl.get('n_timeout', 0)} timeouts")
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)

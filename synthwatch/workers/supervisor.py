@@ -274,6 +274,14 @@ def release_directly(engine: Engine, run_id: int, worker_id: int, interrupted: l
     return moved
 
 
+def finished_reason(ctl: dict[str, Any], why: str) -> str:
+    """A completed run's closing words, from its counters ("cap_done": the cap was reached)."""
+    n_ok = ctl.get("n_ok") or 0
+    if why == "cap_done":
+        return f"cap of {ctl.get('cap')} ok records reached"
+    return f"all prompts processed: {n_ok} ok, {ctl.get('n_error', 0)} errors, {ctl.get('n_timeout', 0)} timeouts"
+
+
 def write_exit(conn: Connection, run_id: int, worker_id: int, final: str, message: str | None,
                reason: Callable[[dict[str, Any]], str] | None = None) -> str:
     """The worker's exit and, when no other worker runs the run (or it completed), the run's final status; returns
