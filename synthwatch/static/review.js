@@ -94,12 +94,14 @@
                             body: new URLSearchParams(values) })
           .then(function (r) {
             if (!r.ok) { lastFlag = null; toast("the verdict on #" + id + " was NOT saved (HTTP " + r.status + "): go back with p"); }
-            else refreshProgress();
+            return r.ok;
           });
-      }).catch(function () { lastFlag = null; toast("the verdict on #" + id + " was NOT saved: the dashboard did not answer"); });
+      }).catch(function () { lastFlag = null; toast("the verdict on #" + id + " was NOT saved: the dashboard did not answer"); return false; });
       flagged(id, values.verdict, values.reason ? button.textContent.replace(/^\d+\s*/, "") : "",
               url.replace(/\/flag$/, "/undo"), bar ? bar.dataset.verdict : "");
-      show(advanceUrl, true);
+      const posted = chain;
+      // the progress is read again once the verdict is stored and the next record is in place
+      Promise.all([posted, show(advanceUrl, true)]).then(function (done) { if (done[0]) refreshProgress(); });
       return true;
     }
     chain = chain.then(function () {
@@ -142,9 +144,9 @@
       const old = reviewRoot();
       if (!fresh || !old || typeof htmx === "undefined") { go(url); return; }
       const focusedId = document.activeElement && document.activeElement.id;
-      const node = document.importNode(fresh, true);
-      old.replaceWith(node);
-      htmx.process(node);  // the new verdict buttons post through htmx like the first page's
+      // htmx swaps it in: the new record's hx- attributes (verdict buttons, the Tokens pane) work like the first's
+      htmx.swap(old, fresh.outerHTML, { swapStyle: "outerHTML", swapDelay: 0, settleDelay: 0 });
+      const node = reviewRoot();
       if (remember) shown.push(from);
       window.history.pushState({ swReview: true }, "", got.url);
       document.title = doc.title;
@@ -158,9 +160,11 @@
   }
 
   // The prefetched page was rendered before the last verdict: its progress count is one behind, so it is read again.
+  let progressSeq = 0;
   function refreshProgress() {
+    const seq = ++progressSeq;
     getPage(window.location.href).then(function (got) {
-      if (!got) return;
+      if (!got || seq !== progressSeq) return;  // a later refresh is on its way: only the newest counts
       const doc = new DOMParser().parseFromString(got.html, "text/html");
       const fresh = doc.querySelector('[data-testid="session-progress"]');
       const here = document.querySelector('[data-testid="session-progress"]');
@@ -312,6 +316,45 @@
       else if (key === "g" || key === "b" || key === "u" || /^[1-9]$/.test(key)) handled = flagKey(key);
       else handled = false;
       if (handled) ev.preventDefault();
+    });
+  });
+})();
+
+// The records table's selection (#28 item 4): row checkboxes, a sticky "N selected" bar with bulk flag and re-run.
+// The ticked ids live here, so a table redrawn by htmx (every 5 s while following, after a flag) keeps them ticked.
+(function () {
+  const picked = new Set();
+  function sync() {
+    const bar = document.getElementById("selection-bar");
+    if (!bar) return;
+    document.querySelectorAll("#records-table input.row-select").forEach((cb) => { cb.checked = picked.has(cb.value); });
+    const all = document.getElementById("select-page");
+    const rows = document.querySelectorAll("#records-table input.row-select");
+    if (all) all.checked = rows.length > 0 && Array.from(rows).every((cb) => cb.checked);
+    bar.hidden = picked.size === 0;
+    document.getElementById("selected-count").textContent = picked.size.toLocaleString("en-US") + " selected";
+    bar.querySelectorAll("input.selected-ids").forEach((i) => { i.value = Array.from(picked).join(","); });
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    if (!document.getElementById("selection-bar")) return;
+    document.addEventListener("change", function (ev) {
+      const t = ev.target;
+      if (t.classList && t.classList.contains("row-select")) {
+        if (t.checked) picked.add(t.value); else picked.delete(t.value);
+        sync();
+      } else if (t.id === "select-page") {
+        document.querySelectorAll("#records-table input.row-select").forEach((cb) => {
+          if (t.checked) picked.add(cb.value); else picked.delete(cb.value);
+        });
+        sync();
+      }
+    });
+    document.getElementById("clear-selection").addEventListener("click", function () { picked.clear(); sync(); });
+    document.body.addEventListener("htmx:afterSwap", sync);
+    document.addEventListener("click", function (ev) {
+      const a = ev.target.closest && ev.target.closest("[data-open-details]");
+      const d = a && document.querySelector(a.dataset.openDetails);
+      if (d) d.open = true;
     });
   });
 })();
