@@ -81,12 +81,19 @@ class Rule:
     enabled: bool = True
 
 
-# The one table of defaults (docs/checks.md mirrors it; a test keeps them in step).
+# The one table of defaults (docs/checks.md mirrors it with each pause threshold's reason; a test keeps them in
+# step). A pause threshold is chosen for its failure mode:
+# - field_mismatch: one record is proof (the reasoning is in the raw response, unread): the first one pauses;
+# - empty_reasoning: a reasoning model may skip thinking on a trivial prompt (a few percent), a capture or
+#   parser fault empties most records; half of the last 100 (from 50 on) is a broken run, never a healthy one;
+# - error / timeout: a wrong model name, a base URL without /v1 or a dead port fails every request; 90% of the
+#   last 200 finished records (from 20 on) pauses those within seconds, while an overloaded server that fails
+#   a tenth of its requests raises the (non-pausing) alarm only.
 DEFAULT_RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("field_mismatch", "Reasoning is in a field this run does not read", 100, 0.0, 1,
          auto_pause=True, pause_threshold=0.0, pause_min_records=1, sticky=True),
     Rule("empty_reasoning", "Empty reasoning", 100, 0.05, 20,
-         auto_pause=True, pause_threshold=1.0, pause_min_records=50),
+         auto_pause=True, pause_threshold=0.5, pause_min_records=50),
     Rule("reasoning_tokens_no_text", "Reasoning tokens reported but no reasoning text", 100, 0.05, 20),
     Rule("both_empty_with_tokens", "Empty answer although tokens were generated", 100, 0.02, 20),
     Rule("empty_content", "Empty content", 100, 0.05, 20),
@@ -100,8 +107,8 @@ DEFAULT_RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("template_drops_reasoning", "The chat template drops the reasoning", 1, 0.0, 1, sticky=True),
     Rule("canary_failed", "Canary prompt failed", 10, 0.0, 1, sticky=True),
     Rule("server_drift", "The server changed mid-run", 100, 0.0, 1, severity="warning", sticky=True),
-    Rule("timeout", "Timeouts", 200, 0.05, 20),
-    Rule("error", "Errors", 200, 0.10, 20),
+    Rule("timeout", "Timeouts", 200, 0.05, 20, auto_pause=True, pause_threshold=0.9, pause_min_records=20),
+    Rule("error", "Errors", 200, 0.10, 20, auto_pause=True, pause_threshold=0.9, pause_min_records=20),
 )}
 
 
@@ -151,7 +158,8 @@ class WebhookSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     url: str | None = Field(None, description="POST a JSON body here when an alarm fires (else run webhook_url).")
     timeout_s: float = Field(5.0, gt=0, le=60)
-    dashboard_url: str = Field("http://127.0.0.1:8000", description="Base of the links in notifications.")
+    dashboard_url: str = Field("", description="Base of the links in notifications (empty: SYNTHWATCH_DASHBOARD_URL "
+                               "or the dashboard running on the run's database; none known: links are paths).")
 
     @field_validator("url")
     @classmethod

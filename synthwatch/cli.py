@@ -47,9 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, program: bool = False) -> int:
+    """Run one command. ``program``: this is the `synthwatch` process itself (entry()), not main() called from
+    Python (tests, scripts): a command may then change process-wide state for good (a signal left ignored, a
+    hard exit when stopping overruns its deadline). Handlers read it as ``args.program``."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.program = program
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -65,16 +69,20 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"synthwatch {args.command}: error: {exc}", file=sys.stderr)  # noqa: T201  (the CLI speaks)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a Ctrl-C before the command installed its own handling (or one that has none)
+        print(f"synthwatch {args.command}: interrupted (Ctrl-C)", file=sys.stderr)  # noqa: T201
         return 130
+    except Exception as exc:  # the last resort: no traceback reaches a user (-v shows it)
+        if args.verbose:
+            raise
+        print(f"synthwatch {args.command}: error: {type(exc).__name__}: {one_line(str(exc))} "  # noqa: T201
+              "(a bug: -v shows where)", file=sys.stderr)
+        return 1
 
 
-_PROGRAM = False  # True in the `synthwatch` process itself, False when main() is called from Python
-
-
-def in_program() -> bool:
-    """Is this the `synthwatch` process (entry()), rather than main() called in-process (tests, scripts)?"""
-    return _PROGRAM
+def one_line(message: str) -> str:
+    """A driver's message spread over lines (psycopg's "Is the server running…?") as one line."""
+    return " ".join(ln.strip() for ln in message.splitlines() if ln.strip())
 
 
 def entry() -> None:
@@ -83,9 +91,7 @@ def entry() -> None:
     The command is over when main() returns, but the interpreter still has to finish (threads, modules). A Ctrl-C
     landing then, typically the second of a double press during a graceful stop, would kill the process by SIGINT
     and hide the command's exit code."""
-    global _PROGRAM
-    _PROGRAM = True
-    code = main()
+    code = main(program=True)
     # Blocked rather than handled: finishing the interpreter resets Python's signal handlers to the default, which
     # for SIGINT kills the process. A blocked signal stays pending and is dropped when the process exits.
     with contextlib.suppress(ValueError, OSError, AttributeError):

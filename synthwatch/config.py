@@ -201,6 +201,10 @@ class TimeoutConfig(_Strict):
 class LimitsConfig(_Strict):
     max_body_bytes: int = Field(64 * 2**20, ge=1024, description="Largest reply body that is not streamed (decoded).")
     max_event_bytes: int = Field(16 * 2**20, ge=1024, description="Largest single event of a streamed reply.")
+    max_reply_bytes: int = Field(
+        64 * 2**20, ge=1024, description="Largest reply in total, streamed or not, counted after decompression.")
+    max_partial_chars: int = Field(
+        2**20, ge=0, description="Longest reasoning or content kept from a failed attempt's partial reply.")
     max_header_bytes: int = Field(
         8190, ge=256, le=2**20, description="Longest status line or header field of a reply, in bytes.")
     max_headers: int = Field(128, ge=8, le=10_000, description="Most header fields a reply may have.")
@@ -283,6 +287,9 @@ class RunConfig(_Strict):
     webhook_url: str | None = None
     lease_s: float = Field(30.0, ge=2, description="A claim not renewed this long is taken over.")
     flush_interval_ms: int = Field(200, ge=10, le=10_000)
+    shutdown_grace_s: float = Field(
+        10.0, ge=0, le=3600, description="After the first SIGTERM or SIGINT, the longest in-flight requests may take "
+        "to finish before they are interrupted (their records go back to pending).")
 
     @field_validator("name")
     @classmethod

@@ -24,6 +24,7 @@ import orjson
 
 from .capture.reasoning import ResponseShapeError, extract_response
 from .capture.stream import StreamAccumulator
+from .redact import add_secret, clip, redact, secret_problem
 
 KNOWN_THINK_IDS = {128821: "DeepSeek-V4", 128798: "DeepSeek-R1", 151667: "Qwen3", 163606: "Kimi-K2"}
 """``<think>`` ids of common reasoning vocabularies: without a tokenizer, a prompt ending with one is taken as
@@ -74,10 +75,45 @@ class ProbeError(Exception):
 
 
 def probe(options: ProbeOptions) -> ProbeReport:
+    """The report, every string in it redacted; ProbeError (redacted) when the endpoint cannot be probed.
+
+    A key is registered for redaction before the first request, so that a server echoing it back (in an
+    error, a model list, a fingerprint) never gets it printed, shown on a page or returned by the API."""
+    if options.api_key:
+        add_secret(options.api_key)
+        why = secret_problem(options.api_key)
+        if why is not None:
+            raise ProbeError(f"the API key holds {why}, which cannot be used as a key (the value is not shown)")
+    try:
+        report = _probe(options)
+    except ProbeError as exc:
+        raise ProbeError(redact(str(exc))) from None
+    except Exception as exc:  # a reply nobody foresaw: a clear, redacted line instead of a traceback
+        raise ProbeError(clip(f"the probe failed: {type(exc).__name__}: {exc}", 500)) from None
+    return _redacted(report)
+
+
+def _redacted(report: ProbeReport) -> ProbeReport:
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return redact(value)
+        if isinstance(value, dict):
+            return {clean(k): clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    for name, value in vars(report).items():
+        setattr(report, name, clean(value))
+    return report
+
+
+def _probe(options: ProbeOptions) -> ProbeReport:
     import httpx
 
     base = options.base_url.rstrip("/")
-    headers = {"authorization": f"Bearer {options.api_key}"} if options.api_key else {}
+    # bytes: UTF-8 as the worker's HTTP client (aiohttp) writes a Latin-1 key; httpx would refuse a str beyond ASCII
+    headers = {b"authorization": f"Bearer {options.api_key}".encode()} if options.api_key else {}
     report = ProbeReport()
     with httpx.Client(timeout=options.timeout_s, headers=headers) as client:
         report.server = _server(client, base, options.model)
@@ -90,8 +126,13 @@ def probe(options: ProbeOptions) -> ProbeReport:
             body.pop("return_token_ids")
             reply = _post(client, base, body)
         if reply.status_code != 200:
-            raise ProbeError(f"POST {base}/chat/completions answered {reply.status_code}: {reply.text[:300]}")
-        data = reply.json()
+            raise ProbeError(f"POST {base}/chat/completions answered {reply.status_code}: "
+                             f"{clip(reply.text, 300)}")
+        try:
+            data = reply.json()
+        except ValueError:
+            raise ProbeError(f"POST {base}/chat/completions answered 200 with a body that is not JSON: "
+                             f"{clip(reply.text, 300)}") from None
         try:
             ex = extract_response(data)
         except ResponseShapeError as exc:
@@ -189,7 +230,8 @@ def _tools(client: Any, base: str, options: ProbeOptions) -> dict[str, Any]:
             "max_tokens": options.max_tokens, "tools": [WEATHER_TOOL], "tool_choice": "auto"}
     r = _post(client, base, body)
     if r.status_code != 200:
-        return {"parsed": False, "detail": f"the server refused a request with tools ({r.status_code}): {r.text[:200]}"}
+        return {"parsed": False,
+                "detail": f"the server refused a request with tools ({r.status_code}): {clip(r.text, 200)}"}
     try:
         data = r.json()
         ex = extract_response(data)
@@ -295,7 +337,7 @@ def _verdict(report: ProbeReport, options: ProbeOptions) -> None:
         settings["export"] = "--for speculators (the server's ids, exact); --for specforge for SpecForge"
     else:
         settings["request_token_ids"] = False
-        caveats.append("no token ids come back: exports re-tokenize (give [tokenizer])")
+        caveats.append("no token ids come back: exports re-tokenize (give --tokenizer, or [tokenizer] name_or_path)")
     if ids.get("think_single_ids") is False:
         blockers.append("the tokenizer does not encode <think>/</think> to single ids (wrong tokenizer?)")
     if options.tokenizer:

@@ -19,6 +19,10 @@ class Settings(BaseSettings):
     db: str = Field("synthwatch.db", description="Database: a SQLite file path or any SQLAlchemy URL.")
     host: str = Field("127.0.0.1", description="Address the dashboard binds to.")
     port: int = Field(8000, ge=0, le=65535, description="Port the dashboard listens on.")
+    dashboard_url: str | None = Field(
+        None, description="Where the dashboard is, e.g. http://127.0.0.1:8080 (behind a proxy: its public address): "
+        "the base of every link the CLI prints and of alarms' links. Unset: the dashboard running on the same "
+        "database (`synthwatch serve` records its address there); none running: the CLI says how to start one.")
     auth_token: str | None = Field(
         None, description="Token required by every page and API call (required off loopback)."
     )
@@ -36,6 +40,9 @@ class Settings(BaseSettings):
     )
     worker_heartbeat_s: float = Field(1.0, gt=0, description="How often a worker writes its heartbeat.")
     dead_worker_after_s: float = Field(15.0, gt=0, description="A worker silent this long is shown dead.")
+    max_request_body_bytes: int = Field(
+        4 * 2**20, ge=1024, description="Largest request body the dashboard accepts (JSON API, forms); a larger one is "
+        "refused with 413 before it is read.")
     launch_key_envs: str = Field(
         "", description="Comma-separated environment variables the start-a-run form may name as api_key_env, "
         "besides those starting with SYNTHWATCH_KEY_.")
@@ -45,6 +52,10 @@ class Settings(BaseSettings):
     launch_tokenizer_dirs: str = Field(
         "tokenizers", description="Folders the start-a-run form and a run's settings may load tokenizers (and chat "
         "templates) from, besides the packaged 'deepseek-v4', separated by ':'; relative folders are resolved "
+        "against the dashboard's working directory.")
+    launch_tls_dirs: str = Field(
+        "tls", description="Folders a run's endpoints may name TLS files from (tls.ca_bundle, tls.client_cert, "
+        "tls.client_key) when set from the dashboard or its API, separated by ':'; relative folders are resolved "
         "against the dashboard's working directory.")
 
 

@@ -164,6 +164,35 @@ def popen_cli(*args: str, env: dict[str, str] | None = None, **kw: Any) -> subpr
     )
 
 
+READY_TIMEOUT_S = 180.0
+"""How long a test waits for a process it started to be ready (a dashboard's /healthz answering). A bound, not a
+wait: the test goes on the moment the process answers. Large because a loaded machine (eight sessions on two
+cores) starts a Python process in tens of seconds; a fixed 30 s made tests fail under load that pass alone."""
+HTTP_TIMEOUT_S = 60.0
+"""Per-request bound for a test's requests to a dashboard that is up: a slow answer under load is not a failure."""
+
+
+def wait_http_ready(base_url: str, proc: subprocess.Popen[Any] | None = None, *, path: str = "/healthz",
+                    headers: dict[str, str] | None = None, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Return once GET base_url+path answers 200; fail at once when ``proc`` exited first."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(base_url + path, timeout=HTTP_TIMEOUT_S, headers=headers).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{base_url}: the process exited with code {proc.returncode} before it answered")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{base_url}{path} did not answer within {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
 # ---------------------------------------------------------------- live dashboard + real browser
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"

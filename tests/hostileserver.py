@@ -70,8 +70,9 @@ def stop_thread_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread, 
 class HostileServer:
     """Runs in a thread of its own (own event loop); ``url`` is an OpenAI-style base URL."""
 
-    def __init__(self, reply: Reply, *, good_delay_s: float = 0.1) -> None:
+    def __init__(self, reply: Reply, *, good_delay_s: float = 0.1, models: tuple[str, ...] = ("sim-reasoner",)) -> None:
         self.reply = reply
+        self.models = models  # GET /v1/models lists them (`synthwatch run` checks its model there first)
         self.good_delay_s = good_delay_s
         self.hostile_seen = threading.Event()
         self.requests = 0
@@ -90,6 +91,8 @@ class HostileServer:
         for w in list(self._writers):
             self._loop.call_soon_threadsafe(w.transport.abort)
         stop_thread_loop(self._loop, self._thread, self.server)
+        if not self._thread.is_alive():
+            self._loop.close()  # else the garbage collector closes it later, from any thread, with a warning
 
     async def _start(self) -> None:
         self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0, limit=1 << 20)
@@ -103,6 +106,12 @@ class HostileServer:
                 n = next((int(line.split(b":")[1]) for line in head_.split(b"\r\n")
                           if line.lower().startswith(b"content-length:")), 0)
                 body = await r.readexactly(n)
+                if head_.startswith(b"GET ") and b"/models " in head_.split(b"\r\n", 1)[0]:
+                    listing = json.dumps({"object": "list", "data": [{"id": m, "object": "model"}
+                                                                     for m in self.models]}).encode()
+                    w.write(head(ctype="application/json", length=len(listing)) + listing)
+                    await w.drain()
+                    continue
                 self.requests += 1
                 self.heads.append(head_)
                 if b"HOSTILE" in body:

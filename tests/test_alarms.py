@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import HTTP_TIMEOUT_S
 from test_checks_kit import CheckedBackground, alarms, events, run_checked, stats
 from workerkit import make_config, records, run_row, wait_for
 
@@ -23,7 +24,7 @@ from synthwatch.store import queue as store
 def patch_sim(url: str, **changes: Any) -> None:
     req = urllib.request.Request(f"{url}/sim/config", data=json.dumps(changes).encode(), method="PATCH",
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
+    with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
         assert resp.status == 200
 
 

@@ -288,11 +288,19 @@ def test_rule_thresholds() -> None:
     er = DEFAULT_RULES["empty_reasoning"]
     assert not fires(er, 5, 19)  # too few records to judge
     assert not fires(er, 4, 100) and fires(er, 5, 100)
-    assert not should_pause(er, 49, 49) and not should_pause(er, 49, 50) and should_pause(er, 50, 50)
+    # half of the window (from 50 records on) pauses: 58% empty is a broken run (#26), a few percent is a model
+    # skipping thoughts on trivial prompts
+    assert not should_pause(er, 49, 49) and not should_pause(er, 24, 50) and should_pause(er, 25, 50)
+    assert should_pause(er, 58, 100) and not should_pause(er, 49, 100) and not should_pause(er, 10, 100)
     fm = DEFAULT_RULES["field_mismatch"]
     assert fires(fm, 1, 1) and should_pause(fm, 1, 1) and not fires(fm, 0, 100)
     to = DEFAULT_RULES["timeout"]
     assert to.window == 200 and not fires(to, 9, 200) and fires(to, 10, 200)
+    # every request failing (wrong model, URL without /v1, dead port) pauses from 20 records on; an overloaded
+    # server failing a tenth of its requests only raises the alarm
+    for rule in (DEFAULT_RULES["error"], DEFAULT_RULES["timeout"]):
+        assert rule.auto_pause and should_pause(rule, 20, 20) and should_pause(rule, 18, 20)
+        assert not should_pause(rule, 19, 19) and not should_pause(rule, 17, 20) and not should_pause(rule, 20, 200)
 
 
 @pytest.mark.parametrize(("raw", "named"), [

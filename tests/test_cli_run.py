@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cli_env, kill_9_repeatedly, popen_cli, run_cli
+from conftest import HTTP_TIMEOUT_S, cli_env, kill_9_repeatedly, popen_cli, run_cli, wait_http_ready
 from sqlalchemy import text
 from workerkit import answer_ok, counts, records, run_row, wait_for
 
@@ -74,7 +74,7 @@ def test_malformed_dataset_lines_are_reported_with_file_and_line(tmp_path) -> No
         '{"question": "no known field"}\n'  # line 4
     )
     proc = run_cli("run", "--dataset", str(data), "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
-                   "--db", str(tmp_path / "x.db"))
+                   "--db", str(tmp_path / "x.db"), "--no-preflight")  # (no endpoint: the dataset is the subject)
     assert proc.returncode == 2
     assert f"{data}:2:" in proc.stderr and f"{data}:4:" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -188,16 +188,9 @@ def test_dashboard_restart_mid_run_leaves_the_run_unaffected(tmp_path, sim, prom
     def serve_once() -> None:
         web = popen_cli("serve", "--db", str(db), "--port", str(port))
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    r = httpx.get(f"http://127.0.0.1:{port}/api/runs", timeout=2)
-                    if r.status_code == 200 and "web-restart" in r.text:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline and web.poll() is None, "dashboard did not come up"
-                time.sleep(0.2)
+            wait_http_ready(f"http://127.0.0.1:{port}", web)
+            wait_for(lambda: "web-restart" in httpx.get(f"http://127.0.0.1:{port}/api/runs",
+                                                        timeout=HTTP_TIMEOUT_S).text, 60, what="the run listed")
         finally:
             web.kill()  # an abrupt end, as a crash would be
             web.wait()

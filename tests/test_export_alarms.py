@@ -8,6 +8,7 @@ until `--allow-open-alarms`. Nothing is written before the yes.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from workerkit import make_config, run_row, wait_for
 
 from synthwatch.app.export_guard import open_alarms
 from synthwatch.app.words import check_label
+from synthwatch.export.stream import manifest_path
 from synthwatch.store import queue as store
 
 
@@ -65,7 +67,8 @@ def test_the_export_page_and_api_warn_and_need_a_yes(paused_by_alarm: int, engin
         warning = re.search(r'data-testid="export-alarm-warning">(.*?)</div>', page, re.S)
         assert warning, page[-3000:]
         w = warning.group(1)
-        assert "is paused and has 1 open data-quality alarm." in w and label in w
+        # the alarm and the open item it leaves (records failing until repaired, excluded or accepted; #26)
+        assert "is paused and has 1 open data-quality alarm and 1 open problem." in w and label in w
         assert f'data-testid="alarm-failing">{n_fail:,} record{"" if n_fail == 1 else "s"}</span>' in w
         assert f'href="/runs/{run_id}/repair?alarm={alarm["id"]}#repair"' in w
         assert re.search(r'<input type="checkbox" name="allow_open_alarms" required', page)
@@ -96,7 +99,7 @@ def test_the_cli_refuses_until_allow_open_alarms(paused_by_alarm: int, engine: A
     out = tmp_path / "out.jsonl"
     r = run_cli("export", "alarmed", "--format", "raw", "--out", str(out), "--db", str(db_path), "--quiet")
     assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "run 'alarmed' has 1 open data-quality alarm and is paused" in r.stderr
+    assert "run 'alarmed' has 1 open data-quality alarm and 1 open problem and is paused" in r.stderr
     assert f"{check_label('field_mismatch')} (alarm #" in r.stderr
     assert f"{n_fail:,} record{'' if n_fail == 1 else 's'} failing field_mismatch" in r.stderr
     assert f"/runs/{run_id}/repair?alarm=" in r.stderr and "--allow-open-alarms" in r.stderr
@@ -105,6 +108,10 @@ def test_the_cli_refuses_until_allow_open_alarms(paused_by_alarm: int, engine: A
                 "--allow-open-alarms")
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert "warning: exporting with open alarms" in r.stderr and out.is_file()
+    # the manifest says it was exported anyway, by whom and when, and names the open item (#26)
+    manifest = json.loads(manifest_path(out).read_text())
+    assert manifest["confirmed_with_open_alarms"] is True and manifest["confirmed_by"] == "cli"
+    assert manifest["confirmed_at"] and [i["check_name"] for i in manifest["open_items"]] == ["field_mismatch"]
 
 
 @pytest.mark.browser

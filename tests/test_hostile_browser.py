@@ -21,6 +21,8 @@ from synthwatch.check_catalog import DEFAULT_RULES
 from synthwatch.review import display as review_display
 from synthwatch.review import queries as review
 from synthwatch.store.db import open_engine
+from synthwatch.workers.refusals import NUL_STAND_IN
+from tests.conftest import HTTP_TIMEOUT_S
 from tests.hostile import HOSTILE
 from tests.test_checks_kit import CheckedBackground
 from tests.workerkit import counts, make_config, records, wait_for
@@ -45,8 +47,11 @@ Object.defineProperty(window, '__pwned', {configurable: false,
 """
 
 
-def shown(value: str) -> str:
-    """What the viewer's <pre> shows: segments as rendered; the HTML parser turns CR and CRLF into LF."""
+def shown(value: str, stored: bool = True) -> str:
+    """What the viewer's <pre> shows: segments as rendered; the HTML parser turns CR and CRLF into LF. A model's
+    text is stored with NUL as U+2400 (docs/limits.md); a prompt (JSON) keeps it."""
+    if stored:
+        value = value.replace("\x00", NUL_STAND_IN)
     text = "".join(s for _kind, s in review_display.segments(value))
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
@@ -70,15 +75,18 @@ def hostile_run(tmp_path: Path, db_path: Path, sim: Any) -> dict[str, Any]:
     req = urllib.request.Request(url.rstrip("/").removesuffix("/v1") + "/sim/config", method="PATCH",
                                  data=orjson.dumps({"fingerprint": FINGERPRINT}),
                                  headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=5).read()
+    urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S).read()
     assert bg.join(60) == "completed"
     recs = records(engine, bg.run_id)
     engine.dispose()
     assert len(recs) == len(STRINGS)
     by_idx = {r["idx"]: r for r in recs}
-    for i, s in enumerate(STRINGS):  # the pipeline keeps every string exactly (NUL and 1 MB included)
+    for i, s in enumerate(STRINGS):  # the pipeline keeps every string exactly (1 MB included; NUL: docs/limits.md)
         assert by_idx[i]["status"] == "ok", (i, by_idx[i]["error"])
-        assert by_idx[i]["content"] == s and by_idx[i]["reasoning"] == s, i
+        kept = s.replace("\x00", NUL_STAND_IN)
+        assert by_idx[i]["content"] == kept and by_idx[i]["reasoning"] == kept, i
+        if "\x00" in s:  # the exact text, NUL and all, is in the record's raw fields
+            assert orjson.loads(by_idx[i]["extra_json"])["nul_text"] == {"reasoning": s, "content": s}, i
     return {"run_id": bg.run_id, "recs": [by_idx[i] for i in range(len(STRINGS))]}
 
 
@@ -116,13 +124,13 @@ def test_viewer_shows_every_hostile_string_literally(hostile_run: dict[str, Any]
         s = STRINGS[i]
         assert page.locator("#side-reasoning pre.text").text_content() == shown(s), i
         assert page.locator("#side-content pre.text").text_content() == shown(s), i
-        assert page.locator(".side-prompt .turn pre.text").text_content() == shown("ECHO:" + s), i
+        assert page.locator(".side-prompt .turn pre.text").text_content() == shown("ECHO:" + s, stored=False), i
         # the raw tab: the stored fields as JSON text, shown as text
         page.click("button.tab[data-tab=raw]")
         assert page.locator("#raw-json").is_visible()
         assert page.locator("#raw-json").text_content() == review.raw_fields(rec), i
         content = page.locator("#side-content pre.text").text_content() or ""
-        for ch, marker in (("\u202e", "⟨U+202E RLO⟩"), ("\u200b", "⟨U+200B ZWSP⟩"), ("\x00", "⟨U+0000")):
+        for ch, marker in (("\u202e", "⟨U+202E RLO⟩"), ("\u200b", "⟨U+200B ZWSP⟩"), ("\x00", NUL_STAND_IN)):
             if ch in s:  # bidi, zero-width and NUL characters are made visible
                 assert marker in content, (i, marker)
         guard.check(url)

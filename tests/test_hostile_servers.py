@@ -5,7 +5,7 @@ case's reply, three others get valid, slowly streamed replies at the same time. 
 hostile record ends ``ok`` (where the reply is still valid) or with the recorded error kind the case
 names, within the configured timeouts (connect 2 s, idle 1 s, total 4 s); the other three records
 end ``ok``; and the process's resident memory grows by less than the case's bound while it runs
-(limits here: body and event 1 MiB, header line 8,190 bytes, 128 headers).
+(limits here: body and event 1 MiB, a whole reply 4 MiB, header line 8,190 bytes, 128 headers).
 
 The nastiest cases also run the real ``synthwatch run`` process and interrupt it: SIGINT is handled
 within 2 s (see ``test_sigint_is_handled_within_two_seconds``).
@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ from tests.workerkit import make_config, records, run_to_end
 
 MiB = 2**20
 TIMEOUTS = {"connect_s": 2, "total_s": 4, "idle_s": 1}
-LIMITS = {"max_body_bytes": MiB, "max_event_bytes": MiB}
+LIMITS = {"max_body_bytes": MiB, "max_event_bytes": MiB, "max_reply_bytes": 4 * MiB}
 
 
 def send(*parts: bytes, hold_s: float = 0.0, keep: bool = False) -> Reply:
@@ -102,6 +103,23 @@ def gzip_bomb() -> Reply:
     return send(head("200 OK", "application/json", "Content-Encoding: gzip", length=len(bomb)) + bomb)
 
 
+def gzip_stream(n: int, size: int) -> Reply:
+    """A streamed reply, gzipped: ``n`` events of ``size`` characters each (~1,000 times smaller on the wire)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    ev = sse(chunk({"content": "y" * size}))
+    body = b"".join(z.compress(ev) for _ in range(n)) + z.compress(b"".join(GOOD_EVENTS)) + z.flush()
+    return send(head("200 OK", "text/event-stream", "Content-Encoding: gzip")
+                + chunked(*(body[i:i + 65536] for i in range(0, len(body), 65536))), hold_s=1)
+
+
+def deep_json(n: int) -> bytes:
+    return b"[" * n + b"]" * n
+
+
+def usage_of(**usage: Any) -> Reply:
+    return stream_of(*GOOD_EVENTS[:3], sse({**USAGE, "usage": usage}), sse(b"[DONE]"))
+
+
 GOOD = b"".join(GOOD_EVENTS)
 JSON_HEAD = head(ctype="application/json", length=len(GOOD_JSON))
 
@@ -127,6 +145,18 @@ def _status_and_location(rec: dict[str, Any]) -> None:
 
 def _finish_stop(rec: dict[str, Any]) -> None:
     assert rec["finish_reason"] == "stop"
+
+
+def _count_not_stored(rec: dict[str, Any]) -> None:
+    """An impossible usage count is a problem of the record, not a number in its column."""
+    assert rec["prompt_tokens"] is None
+    problems = json.loads(rec["extra_json"])["problems"]
+    assert any("usage.prompt_tokens" in p and "is impossible" in p for p in problems), problems
+
+
+def _nul_replaced_and_kept(rec: dict[str, Any]) -> None:
+    assert rec["content"] == "a\u2400b"
+    assert json.loads(rec["extra_json"])["nul_text"] == {"content": "a\u0000b"}
 
 
 CASES = [
@@ -224,6 +254,23 @@ CASES = [
         sse({"error": {"message": "model overloaded", "code": 503}})), "error_body"),
     Case("html_instead_of_events", lambda: send(head(ctype="text/html", length=13) + b"<html></html>"),
          "bad_content_type"),
+    # -- values the store could not hold (#25): made safe where they are read
+    Case("usage_2_64_minus_1_streamed", lambda: usage_of(prompt_tokens=2**64 - 1, completion_tokens=4), "ok",
+         check=_count_not_stored),
+    Case("usage_3_billion_streamed", lambda: usage_of(prompt_tokens=3_000_000_000, completion_tokens=4), "ok",
+         check=_count_not_stored),
+    Case("content_with_nul", lambda: stream_of(sse(chunk({"content": "a\u0000b"})), sse(chunk({}, "stop")),
+                                               sse(b"[DONE]")), "ok", check=_nul_replaced_and_kept),
+    Case("field_nested_1000_deep", lambda: stream_of(
+        sse(b'{"choices": [{"index": 0, "delta": {"content": "x"}}], "deep": ' + deep_json(1000) + b"}"),
+        *GOOD_EVENTS), "reply_too_deep"),
+    Case("field_nested_1000_deep_not_streamed", lambda: send(
+        head(ctype="application/json", length=len(GOOD_JSON) + 10 + 2000)
+        + GOOD_JSON[:-1] + b', "deep": ' + deep_json(1000) + b"}", keep=True), "reply_too_deep", stream=False),
+    # -- the whole reply's size (limits.max_reply_bytes, decoded), each event under max_event_bytes
+    Case("stream_over_reply_limit", lambda: forever(head(), chunked(sse(chunk({"content": "y" * 500_000})),
+                                                                    end=False)), "reply_too_large"),
+    Case("stream_gzip_bomb", lambda: gzip_stream(300, 1_000_000), "reply_too_large"),
     Case("status_429_bad_retry_after", lambda: send(head("429 Too Many Requests", "application/json",
                                                          "Retry-After: soon", length=2) + b"{}"), "http_429"),
 ]
@@ -318,7 +365,9 @@ def test_sigint_is_handled_within_two_seconds(case: str, tmp_path: Path) -> None
             f'name = "sig"\nmodel = "sim-reasoner"\nconcurrency = 4\ndataset = {{ path = "{data}" }}\n'
             f'endpoints = [{{ base_url = "{srv.url}" }}]\n'
             f'timeouts = {{ connect_s = 5, total_s = 120, idle_s = 60 }}\nretries = {{ max_attempts = 1 }}\n'
-            f'limits = {{ max_event_bytes = {MiB} }}\n')
+            f'limits = {{ max_event_bytes = {MiB} }}\n'
+            # every request fails here on purpose: the errors' auto-pause (#26) would end the run before the signals
+            '[checks.rules.error]\npause_min_records = 100000\n')
         proc = subprocess.Popen([sys.executable, "-m", "synthwatch", "run", "--config", str(cfg), "--db", str(db),
                                  "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=cli_env(), cwd=ROOT, preexec_fn=_default_sigint)

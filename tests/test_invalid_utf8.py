@@ -131,7 +131,10 @@ def test_invalid_bytes_become_recorded_outcomes(raw_run: dict[str, Any]) -> None
     for key in ("BAD_CONTENT", "BAD_SPLIT"):
         assert recs[key]["status"] == "error" and "not valid UTF-8" in recs[key]["error"], key
     assert recs["RAW_NUL"]["status"] == "error" and "control character" in recs["RAW_NUL"]["error"]
-    assert recs["ESC_NUL"]["status"] == "ok" and recs["ESC_NUL"]["content"] == "x\x00y"
+    # an escaped NUL is valid JSON: stored as U+2400 (␀) on every backend (PostgreSQL text cannot hold NUL), the
+    # exact text kept in extra_json.nul_text (#25, docs/limits.md)
+    assert recs["ESC_NUL"]["status"] == "ok" and recs["ESC_NUL"]["content"] == "x\u2400y"
+    assert json.loads(recs["ESC_NUL"]["extra_json"])["nul_text"] == {"reasoning": "escaped \x00 nul", "content": "x\x00y"}
     assert recs["HTML"]["status"] == "error" and "text/html" in recs["HTML"]["error"]
     assert recs["BAD_JSON_UTF8"]["status"] == "error" and "\ufffd" in recs["BAD_JSON_UTF8"]["error"]
 

@@ -8,7 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 import httpx
-from conftest import ROOT
+from conftest import HTTP_TIMEOUT_S, ROOT
 from prometheus_client.parser import text_string_to_metric_families
 from test_checks_kit import CheckedBackground
 from workerkit import make_config, run_row
@@ -86,7 +86,7 @@ def test_a_worker_serves_its_own_metrics(db_path, sim, prompts) -> None:  # type
         assert port, "the worker printed no metrics address"
         samples: dict[str, float] = {}
         while time.monotonic() < deadline:
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=HTTP_TIMEOUT_S).text
             samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
                        if s.name.startswith("synthwatch_worker_") and s.labels.get("outcome", "ok") == "ok"}
             if samples.get("synthwatch_worker_records_total", 0) >= 3:

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from conftest import HTTP_TIMEOUT_S
 from test_checks_kit import CheckedBackground, alarms, completed_mismatch_run, events, stats
 from workerkit import make_config, records, run_row, wait_for
 
@@ -25,7 +26,7 @@ from synthwatch.store import versions
 
 
 def _sim_chat_requests(url: str) -> int:
-    return int(httpx.get(f"{url.removesuffix('/v1')}/sim/stats", timeout=5).json()["chat_requests"])
+    return int(httpx.get(f"{url.removesuffix('/v1')}/sim/stats", timeout=HTTP_TIMEOUT_S).json()["chat_requests"])
 
 
 def _finished(engine: Any, run_id: int) -> int:

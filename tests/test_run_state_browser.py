@@ -33,7 +33,8 @@ def test_alarm_pause_reaches_controls_eta_and_rates_without_reload(page: Page, e
         # the server starts sending `reasoning`: the alarm pauses the run; nobody touches the page
         patch_sim(url, reasoning_field="reasoning")
         wait_for(lambda: run_row(engine, bg.run_id)["status"] == "paused", timeout_s=20, what="auto-pause")
-        expect(page.locator('[data-control="resume"]')).to_be_visible(timeout=3_000)
+        # the open alarm holds the run: Resume is "Acknowledge and resume" (#26)
+        expect(page.locator('[data-control="ack-resume"]')).to_be_visible(timeout=3_000)
         expect(page.locator('[data-control="pause"]')).to_have_count(0)
         expect(page.get_by_test_id("run-status")).to_have_text("paused")
         expect(page.get_by_test_id("eta")).to_have_text("ETA paused")
@@ -43,7 +44,7 @@ def test_alarm_pause_reaches_controls_eta_and_rates_without_reload(page: Page, e
 
         # and back: Resume from the page flips everything again, still without a reload
         patch_sim(url, reasoning_field="reasoning_content")
-        store.apply_control(engine, bg.run_id, "resume")
+        store.apply_control(engine, bg.run_id, "resume", ack_records=100)
         expect(page.locator('[data-control="pause"]')).to_be_visible(timeout=5_000)
         assert page.evaluate("window.__sameDocument") is True
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
@@ -23,6 +24,8 @@ def _diff(url: str) -> list:
 
 
 def _include(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]
+    if type_ == "index" and name == "ix_record_fts":  # PostgreSQL-only search index (0003_pg_search)
+        return False
     return not (type_ == "table" and name and (name.startswith("record_fts") or name.startswith("sqlite_")))
 
 
@@ -49,3 +52,38 @@ def test_env_var_selects_database(tmp_path: Path, monkeypatch) -> None:  # type:
     monkeypatch.setenv("SYNTHWATCH_DB", str(tmp_path / "env.db"))
     assert resolve_url(None) == "sqlite:///" + str(tmp_path / "env.db")
     assert resolve_url("postgresql://u:p@127.0.0.1/x").startswith("postgresql+psycopg://")
+
+
+def test_models_and_migrations_agree_on_postgresql(pg_server) -> None:  # type: ignore[no-untyped-def]
+    db = pg_server.new_database()
+    open_engine(db).dispose()
+    assert _diff(resolve_url(db)) == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_open_items_migration_backfills_earlier_runs(backend: str, tmp_path: Path, request) -> None:  # type: ignore[no-untyped-def]
+    """A database made before open items: each (run, check) that had an alarm gets an open item (#26)."""
+    from alembic import command
+
+    from synthwatch.store.db import alembic_config
+
+    db = str(tmp_path / "old.db") if backend == "sqlite" else request.getfixturevalue("pg_server").new_database()
+    url = resolve_url(db)
+    command.upgrade(alembic_config(url), "0012_bigint_tokens")  # the revision before open items
+    eng = create_engine(url)
+    with eng.begin() as conn:
+        conn.execute(text("INSERT INTO run (id, name, kind, status, desired, config_json, expects_reasoning, created_at,"
+                          " updated_at, total, n_pending, n_in_flight, n_ok, n_error, n_timeout, n_cancelled,"
+                          " concurrency) VALUES (1, 'old', 'generate', 'completed', 'run', '{}', true, 1, 1, 5, 0, 0,"
+                          " 5, 0, 0, 0, 1)"))
+        for aid, rule, t, count in ((1, "empty_reasoning", 10.0, 3), (2, "empty_reasoning", 20.0, 4),
+                                    (3, "truncated", 15.0, 1)):
+            conn.execute(text("INSERT INTO alarm (id, run_id, rule, severity, title, message, count, raised_at,"
+                              " updated_at, active, auto_paused) VALUES (:i, 1, :rule, 'error', 't', 'm', :c, :t, :t,"
+                              " false, false)"), {"i": aid, "rule": rule, "t": t, "c": count})
+    command.upgrade(alembic_config(url), "head")
+    with eng.connect() as conn:
+        rows = conn.execute(text("SELECT check_name, alarm_id, state, opened_at, n_records FROM open_item"
+                                 " ORDER BY check_name")).all()
+    eng.dispose()
+    assert [tuple(r) for r in rows] == [("empty_reasoning", 1, "open", 10.0, 4), ("truncated", 3, "open", 15.0, 1)]

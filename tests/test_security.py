@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 import socket
-import time
 
 import httpx
 import pytest
-from conftest import popen_cli, run_cli
+from conftest import HTTP_TIMEOUT_S, popen_cli, run_cli, wait_http_ready
 from fastapi.routing import APIRoute
 
 from synthwatch.app.main import create_app
@@ -109,15 +108,9 @@ def test_serve_off_loopback_with_token_or_insecure(tmp_path, extra) -> None:  # 
     port = _free_port()
     proc = popen_cli("serve", "--db", str(tmp_path / "x.db"), "--host", "0.0.0.0", "--port", str(port), *extra)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                r = httpx.get(f"http://127.0.0.1:{port}/api/runs", timeout=2,
-                              headers={"Authorization": "Bearer tok"})
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[1]
-                time.sleep(0.2)
+        wait_http_ready(f"http://127.0.0.1:{port}", proc, headers={"Authorization": "Bearer tok"})
+        r = httpx.get(f"http://127.0.0.1:{port}/api/runs", timeout=HTTP_TIMEOUT_S,
+                      headers={"Authorization": "Bearer tok"})
         assert r.status_code == 200
     finally:
         proc.terminate()

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from conftest import cli_env, kill_9_repeatedly, popen_cli
+from conftest import HTTP_TIMEOUT_S, cli_env, kill_9_repeatedly, popen_cli
 from sqlalchemy import text
 from test_checks_kit import run_checked
 from workerkit import make_config, records, run_row, run_to_end, wait_for
@@ -56,11 +56,11 @@ def _conv_key(messages: list[dict[str, Any]]) -> tuple[str, int]:
 
 
 def _requests(url: str) -> list[list[dict[str, Any]]]:
-    return list(httpx.get(url.removesuffix("/v1") + "/sim/requests", timeout=5).json())
+    return list(httpx.get(url.removesuffix("/v1") + "/sim/requests", timeout=HTTP_TIMEOUT_S).json())
 
 
 def _requests_seen(url: str) -> int:
-    return int(httpx.get(url.removesuffix("/v1") + "/sim/stats", timeout=5).json()["chat_requests"])
+    return int(httpx.get(url.removesuffix("/v1") + "/sim/stats", timeout=HTTP_TIMEOUT_S).json()["chat_requests"])
 
 
 def _sent_assistants(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

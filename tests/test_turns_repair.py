@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+from conftest import HTTP_TIMEOUT_S
 from test_checks_kit import CheckedBackground, stats
 from test_turns import write_conversations
 from workerkit import Background, make_config, records, run_row
@@ -71,7 +72,7 @@ def test_rerun_starts_a_conversation_over_and_keeps_its_turns(engine, tmp_path, 
     assert bg.join(60) == "completed"
     run = run_row(engine, run_id)
     assert run["n_turns_done"] == run["n_turns"] == total
-    sent = httpx.get(url.removesuffix("/v1") + "/sim/requests", timeout=5).json()
+    sent = httpx.get(url.removesuffix("/v1") + "/sim/requests", timeout=HTTP_TIMEOUT_S).json()
     assert len(sent) == total + 6  # the two conversations' three turns, once more each
     for i in three:
         r = records(engine, run_id, f"id = {i}")[0]

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import popen_cli, require
+from conftest import HTTP_TIMEOUT_S, popen_cli, require
 from sqlalchemy import text
 
 from synthwatch.sources.follow import Follower
@@ -222,7 +222,7 @@ def test_dashboard_shows_appended_lines_within_2s_and_kill_restart_is_exact(
     proc = popen_cli(*args)
     procs = [proc]
     try:
-        with httpx.Client(base_url=srv.url, timeout=5) as client:
+        with httpx.Client(base_url=srv.url, timeout=HTTP_TIMEOUT_S) as client:
             run_id = wait_for(lambda: _run_id(client, "gen"), 60, "the watched run to appear")
             time.sleep(0.5)
             written: dict[int, float] = {}

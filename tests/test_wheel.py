@@ -11,13 +11,12 @@ from __future__ import annotations
 import site
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ROOT, require
+from conftest import HTTP_TIMEOUT_S, ROOT, require, wait_http_ready
 
 
 @pytest.mark.slow
@@ -74,16 +73,10 @@ def test_wheel_installs_and_works_away_from_checkout(tmp_path: Path, prompts) ->
     serve = subprocess.Popen([str(py), "-m", "synthwatch", "serve", "--db", str(db), "--port", str(port)],
                              cwd=away, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                r = httpx.get(f"http://127.0.0.1:{port}/runs", timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline and serve.poll() is None, "dashboard did not start"
-                time.sleep(0.2)
+        wait_http_ready(f"http://127.0.0.1:{port}", serve)
+        r = httpx.get(f"http://127.0.0.1:{port}/runs", timeout=HTTP_TIMEOUT_S)
         assert r.status_code == 200 and "synthwatch" in r.text
-        js = httpx.get(f"http://127.0.0.1:{port}/static/vendor/htmx.min.js", timeout=5)
+        js = httpx.get(f"http://127.0.0.1:{port}/static/vendor/htmx.min.js", timeout=HTTP_TIMEOUT_S)
         assert js.status_code == 200 and len(js.content) > 10_000
     finally:
         serve.terminate()

@@ -181,7 +181,7 @@ def test_immediate_stop_returns_in_flight_to_pending(any_engine, sim, prompts) -
     back = records(any_engine, bg.run_id, "attempts > 0 AND status = 'pending'")
     assert len(back) == 6
     for r in back:
-        assert json.loads(r["attempts_json"])[-1]["kind"] == "cancelled"
+        assert json.loads(r["attempts_json"])[-1]["kind"] == "interrupted"
     assert counts(any_engine, bg.run_id) == {"pending": 40}
 
 

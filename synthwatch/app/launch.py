@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine
 
 from ..capture.reasoning import MODES as REASONING_MODES
 from ..config import ConfigError, DatasetConfig, RunConfig, build_config, option_kind, options
+from ..redact import SecretError, secret_from_env
 from ..settings import Settings, get_settings
 from ..store import queue as store
 from .folders import LaunchError, allowed_dirs
@@ -226,6 +227,17 @@ def check_key_env(name: str, settings: Settings) -> None:
         f"{KEY_ENV_PREFIX}VLLM), or list it in the dashboard's SYNTHWATCH_LAUNCH_KEY_ENVS setting")
 
 
+def key_for_dashboard(name: str, settings: Settings) -> str:
+    """The value of key variable ``name`` for a request from the dashboard (the probe button, a started run):
+    only a variable the dashboard may name (check_key_env), set, and usable as a key (what ``synthwatch run``
+    checks at start-up: a value HTTP can carry, long enough to redact). LaunchError names the variable only."""
+    check_key_env(name, settings)
+    try:
+        return secret_from_env(name)
+    except SecretError as exc:
+        raise LaunchError(f"api_key_env: {exc}") from None
+
+
 def dataset_dirs(settings: Settings, base_dir: Path | None = None) -> list[Path]:
     return allowed_dirs(settings.launch_dataset_dirs, base_dir)
 
@@ -250,6 +262,7 @@ def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None
              settings: Settings | None = None, errors: FormErrors | None = None) -> RunConfig:
     """The run configuration of a start form; every problem (``errors`` holds the form's own) is raised at
     once as LaunchErrors, each with its field."""
+    from .tls_limits import limit_tls
     from .tokenizer_limits import check_tokenizer
 
     settings = settings or get_settings()
@@ -258,7 +271,7 @@ def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None
         name = ep.get("api_key_env")
         if name and not errs.has("api_key_env"):
             try:
-                check_key_env(name, settings)
+                key_for_dashboard(name, settings)  # the worker gets this environment: refused here, not after
             except LaunchError as exc:
                 errs.add("api_key_env", "api_key_env", _message(exc, "api_key_env"))
     raw_path = (data.get("dataset") or {}).get("path") or ""
@@ -274,6 +287,10 @@ def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None
             data["dataset"]["path"] = str(path)
         except LaunchError as exc:
             errs.add("dataset", "dataset path", _message(exc, "dataset path"))
+    try:  # the form and the API have no TLS fields today; should one come, it obeys the folder limit
+        data["endpoints"] = limit_tls(data.get("endpoints") or [], settings, None, base_dir)
+    except LaunchError as exc:
+        errs.add("endpoints", "endpoints", str(exc))
     tok = data.get("tokenizer") or {}
     if tok.get("name_or_path"):
         try:

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -38,6 +38,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
 
     app = FastAPI(
         lifespan=lifespan,
+        dependencies=[Depends(security.ids_in_range)],  # every route: an id out of range is a 404, not a 500
         title="synthwatch",
         description="Live dashboard and JSON API for synthetic data generation runs.",
         version="0.1.0",
@@ -53,6 +54,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
     app.state.templates = make_templates()
     app.mount("/static", StaticFiles(directory=str(STATIC_DIR)), name="static")
     security.install(app, auth_token=settings.auth_token, loopback_only=security.is_loopback(settings.host))
+    app.add_middleware(security.BodyLimit, limit=settings.max_request_body_bytes)  # outside the others: first
     _install_error_pages(app)
 
     from . import (
@@ -61,6 +63,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
         routes_export,
         routes_flags,
         routes_lengths,
+        routes_open_items,
         routes_repair,
         routes_review,
         routes_runs,
@@ -69,7 +72,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
     )
 
     for mod in (routes_runs, routes_review, routes_flags, routes_alarms, routes_repair, routes_export, routes_workers,
-                routes_server, routes_cost, routes_lengths):
+                routes_server, routes_cost, routes_lengths, routes_open_items):
         app.include_router(mod.router)
 
     @app.get("/", include_in_schema=False)
@@ -116,6 +119,15 @@ def _install_error_pages(app: FastAPI) -> None:
             return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
         return render(request, "error.html", {"status": exc.status_code, "detail": exc.detail},
                       status_code=exc.status_code)
+
+    @app.exception_handler(OverflowError)
+    async def overflow(request: Request, exc: OverflowError) -> Response:
+        # a number from the request (a query parameter such as ?like=) the database's 64-bit integers cannot hold;
+        # path ids are refused before this (security.ids_in_range)
+        detail = f"a number in this request is out of range: ids and counts are whole numbers up to {2**63 - 1}"
+        if _wants_json(request):
+            return JSONResponse({"detail": detail}, status_code=400)
+        return render(request, "error.html", {"status": 400, "detail": detail}, status_code=400)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:

@@ -12,6 +12,11 @@ applied to), and is coloured by that alarm's rule (``alarms.fires``, the run's o
 - amber while the failing share is over the threshold but fewer records than the rule's ``min_records``
   were checked (the alarm waits for them);
 - otherwise green.
+
+A finished run (no longer live) has no "last 100" that means anything: its tiles show the whole run's rate,
+labelled "whole run", red while an open item on the check remains (records an alarm left failing, whether
+or not the alarm itself has ended; quality/open_items.py), or when the whole run's share fires the rule (#26:
+3,290 empty-reasoning records of 20,000 once showed green 0.0 % from the last 100).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from sqlalchemy.engine import Connection
 
 from ..check_catalog import Rule
 from ..quality.alarms import MISMATCH_SYMPTOMS, effective_rules, fires
+from ..store.models import LIVE_STATUSES
 from .words import check_label, plural
 
 TILE_CHECKS = (("empty_reasoning", "empty_reasoning"), ("length", "truncated"))  # tile key, its check
@@ -47,6 +53,8 @@ def quality_tiles(conn: Connection, run: dict[str, Any], checks: list[dict[str, 
     by_name = {c["check_name"]: c for c in checks}
     open_alarms = {r[0] for r in conn.execute(
         text("SELECT rule FROM alarm WHERE run_id = :r AND active AND acked_at IS NULL"), {"r": run["id"]})}
+    if run.get("status") not in LIVE_STATUSES:
+        return _finished_tiles(conn, run, rules, by_name)
     out = []
     for key, check in TILE_CHECKS:
         rule, row = rules[check], by_name.get(check) or {}
@@ -73,3 +81,40 @@ def quality_tiles(conn: Connection, run: dict[str, Any], checks: list[dict[str, 
         out.append({"key": key, "level": level, "title": title, "value": f"{fail / total * 100:.1f}%",
                     "detail": detail})
     return out
+
+
+def _finished_tiles(conn: Connection, run: dict[str, Any], rules: dict[str, Rule],
+                    by_name: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A finished run's tiles: the whole run's rate, red while an open item on the check remains."""
+    items = {r[0]: int(r[1] or 0) for r in conn.execute(
+        text("SELECT check_name, SUM(n_records) FROM open_item WHERE run_id = :r AND state = 'open'"
+             " GROUP BY check_name"), {"r": run["id"]})}
+    out = []
+    for key, check in TILE_CHECKS:
+        rule, row = rules[check], by_name.get(check) or {}
+        fail, total = int(row.get("n_fail") or 0), int(row.get("n_total") or 0)
+        title = f"{check_label(check)} (whole run)"
+        if not total:
+            out.append({"key": key, "level": "ok", "title": title, "value": "–", "detail": "no checked records"})
+            continue
+        level = "ok"
+        if check in items:
+            level = "warn" if rule.severity == "warning" else "bad"
+        elif rule.enabled and fail and fires(_whole_run_rule(rule), fail, total):
+            level = "warn"
+        detail = f"{fail:,} of {plural(total, 'checked record')} in the whole run"
+        if check in items:
+            detail += (f"; open problem: {plural(items[check], 'record')} still failing (repair, exclude or accept"
+                       " it)")
+        elif fail:
+            detail += "; no open problem (its records were repaired, excluded or accepted)"
+        out.append({"key": key, "level": level, "title": title, "value": f"{fail / total * 100:.1f}%",
+                    "detail": detail})
+    return out
+
+
+def _whole_run_rule(rule: Rule) -> Rule:
+    """The rule over a whole run: its threshold counts, not the window's minimum of records."""
+    from dataclasses import replace
+
+    return replace(rule, min_records=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import orjson
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import CHECK_INFO, CHECK_NAMES, DEFAULT_RULES
+from ..quality.alarm_text import render as render_alarm
 from ..quality.alarms import (
     AlarmNotFound,
     acknowledge,
@@ -26,6 +28,7 @@ from ..quality.alarms import (
     effective_rules,
     list_alarms,
     list_overrides,
+    snoozed_alarms,
 )
 from ..quality.checks import ChecksConfigError, parse_settings
 from ..quality.recompute import recompute, save_settings
@@ -61,12 +64,27 @@ def _config(run: dict[str, Any]) -> dict[str, Any]:
     return cfg if isinstance(cfg, dict) else {}
 
 
+def _rules(cfg: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return effective_rules(parse_settings(cfg.get("checks") or {}).rules)
+    except ChecksConfigError:
+        return effective_rules({})
+
+
 def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
-    """One data function for the banner fragment and the JSON list."""
+    """One data function for the banner fragment and the JSON list. Each alarm's message and fix are computed
+    from its evidence and the run's current settings (alarm_text.render), with when its rule pauses."""
     run = _run(conn, run_id)
     overrides = list_overrides(conn, run_id)
-    return {"run": {"id": run["id"], "name": run["name"], "status": run["status"]},
-            "alarms": banner_alarms(conn, run_id), "live": _live(run), "poll_s": BANNER_POLL_S,
+    cfg = _config(run)
+    rules = _rules(cfg)
+    alarms = [render_alarm(a, cfg, rules) for a in banner_alarms(conn, run_id)]
+    hold = []
+    if _live(run):
+        claimed = int(run.get("total") or 0) - int(run.get("n_pending") or 0)
+        hold = [a["id"] for a in store.alarm_gate(conn, run_id, claimed, time.time(), reopen=False)[0]]
+    return {"run": {"id": run["id"], "name": run["name"], "status": run["status"], "desired": run["desired"]},
+            "alarms": alarms, "live": _live(run), "poll_s": BANNER_POLL_S, "hold_ids": hold,
             "overrides": overrides, "overrides_by_check": {o["check_name"] for o in overrides}}
 
 
@@ -248,15 +266,19 @@ def api_alarms(run_id: int, conn: ReadConn) -> dict[str, Any]:
     """Every alarm of the run (newest first) and the ones the banner shows (active, not acknowledged)."""
     ctx = banner_context(conn, run_id)
     return {"run_id": run_id, "banner": ctx["alarms"], "alarms": list_alarms(conn, run_id),
-            "auto_pause_off": ctx["overrides"]}
+            "snoozed": snoozed_alarms(conn, run_id), "auto_pause_off": ctx["overrides"]}
 
 
 @router.post("/api/runs/{run_id}/alarms/{alarm_id}/ack", tags=["alarms"])
-def api_ack(run_id: int, alarm_id: int, engine: WriteEngine) -> dict[str, Any]:
+def api_ack(run_id: int, alarm_id: int, engine: WriteEngine, for_records: int | None = None,
+            for_minutes: float | None = None) -> dict[str, Any]:
+    """Snooze an alarm: until its check fails again, or for ``for_records`` claimed records / ``for_minutes``."""
     try:
-        return acknowledge(engine, run_id, alarm_id, actor="api")
+        return acknowledge(engine, run_id, alarm_id, actor="api", for_records=for_records, for_minutes=for_minutes)
     except AlarmNotFound as exc:
         raise HTTPException(404, str(exc)) from None
+    except store.ControlError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 @router.get("/api/runs/{run_id}/checks", tags=["alarms"])

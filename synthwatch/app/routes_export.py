@@ -6,8 +6,10 @@ serves only the file of a finished job of that run, never a path taken from the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 from sqlalchemy.engine import Connection
 
 from ..export.jobs import ExportJobs, FileGone, JobNotDone, JobNotFound
+from ..export.manifest import public_manifest, without_paths
 from ..export.plan import (
     DEFAULT_CHECKS,
     FORMATS,
@@ -27,7 +30,7 @@ from ..export.plan import (
 )
 from ..store import queue as store
 from .deps import render
-from .export_guard import CONFIRM_FIELD, OpenAlarms, open_alarms
+from .export_guard import CONFIRM_FIELD, OpenAlarms, manifest_items, open_alarms
 
 router = APIRouter()
 log = logging.getLogger("synthwatch.export")
@@ -80,6 +83,10 @@ def _job_view(job: dict[str, Any]) -> dict[str, Any]:
     job["download_url"] = f"{base}/file" if job["status"] == "done" else None
     job["manifest_url"] = f"{base}/manifest" if job["status"] == "done" else None
     job.pop("out_path")  # the server's filesystem layout is not the client's business
+    if job.get("manifest") is not None:
+        job["manifest"] = public_manifest(job["manifest"])  # nor are the paths the manifest names
+    if job.get("error"):
+        job["error"] = without_paths(str(job["error"]))
     return job
 
 
@@ -151,16 +158,21 @@ def _options_from(values: dict[str, Any], out: Path) -> ExportOptions:
     )
 
 
-def start_export(request: Request, run_id: int, values: dict[str, Any]) -> dict[str, Any]:
+def start_export(request: Request, run_id: int, values: dict[str, Any], actor: str = "ui") -> dict[str, Any]:
     """Validate (ExportError on bad input, nothing written), then start the job."""
     with request.app.state.read_engine.connect() as conn:
         run = _run_or_404(conn, run_id)
         guard = open_alarms(conn, run_id)
-    if guard is not None and values.get(CONFIRM_FIELD) is not True:
+    if guard is not None and guard.blocking and values.get(CONFIRM_FIELD) is not True:
         raise OpenAlarmsError(guard)
     jobs = _jobs(request)
     out = jobs.out_path(run["name"], str(values.get("format") or ""), bool(values.get("parquet")))
-    job_id = jobs.start(run_id, _options_from(values, out))
+    options = _options_from(values, out)
+    if guard is not None:  # the manifest names what was open and who exported anyway (#26)
+        options = dataclasses.replace(options, open_items=manifest_items(guard.items),
+                                      confirmed_by=actor if guard.blocking else None,
+                                      confirmed_at=time.time() if guard.blocking else None)
+    job_id = jobs.start(run_id, options)
     return {"id": job_id, "run_id": run_id, "url": f"/runs/{run_id}/exports/{job_id}"}
 
 
@@ -230,8 +242,13 @@ def export_download(request: Request, run_id: int, job_id: int) -> Response:
 @router.get("/runs/{run_id}/exports/{job_id}/manifest", include_in_schema=False)
 def export_manifest(request: Request, run_id: int, job_id: int) -> Response:
     path = _finished_file(request, run_id, job_id, manifest=True)
-    return FileResponse(path, media_type="application/json", filename=path.name,
-                        content_disposition_type="attachment")
+    try:
+        manifest = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise HTTPException(410, f"the manifest of export {job_id} cannot be read: {type(exc).__name__}") from None
+    # the file keeps the server's paths; what the dashboard serves names files only
+    return Response(orjson.dumps(public_manifest(manifest), option=orjson.OPT_INDENT_2), media_type="application/json",
+                    headers={"Content-Disposition": f'attachment; filename="{path.name}"'})
 
 
 # --------------------------------------------------------------------------------------------- API
@@ -264,7 +281,7 @@ async def api_start_export(request: Request, run_id: int) -> Response:
     from starlette.concurrency import run_in_threadpool
 
     try:
-        started = await run_in_threadpool(start_export, request, run_id, body)
+        started = await run_in_threadpool(start_export, request, run_id, body, "api")
     except OpenAlarmsError as exc:  # told what is wrong and how to export anyway
         return JSONResponse({"detail": str(exc), "open_alarms": exc.guard.as_dict(), "confirm": CONFIRM_FIELD},
                             status_code=409)

@@ -25,6 +25,7 @@ from ..check_catalog import CHECK_INFO, CHECK_NAMES
 from ..quality.alarms import OverrideError, list_overrides, set_auto_pause
 from ..repair import actions as repair
 from ..repair import history as repair_history
+from ..repair import settings_diff
 from ..store import queue as store
 from ..store import versions
 from .deps import ReadConn, ReadEngine, WriteEngine, render
@@ -129,6 +130,12 @@ def repair_job_fragment(request: Request, run_id: int, conn: ReadConn) -> Respon
     return render(request, "_repair_job.html", job_context(conn, run_id))
 
 
+def _kept_selection(form: Any, prefix: str = "") -> dict[str, str]:
+    """The records the page was choosing (an alarm, a check, ...), from a form, to come back to them: saving
+    settings mid-repair keeps the alarm being repaired, so Preview works right after (#26)."""
+    return {k: str(form.get(prefix + k) or "").strip()[:2000] for k in (*SELECT_KEYS, "filter", "kind")}
+
+
 def _back(run_id: int, **q: str) -> RedirectResponse:
     return RedirectResponse(f"/runs/{run_id}/repair?{urlencode({k: v for k, v in q.items() if v})}", status_code=303)
 
@@ -201,6 +208,10 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
         patch = limit_tokenizer_change(patch, settings)
     except LaunchError as exc:
         errors.add("set.tokenizer.name_or_path", "tokenizer", str(exc))
+    try:
+        patch = _limit_tls(patch, settings, cur)
+    except LaunchError as exc:
+        errors.add("set.endpoints", "endpoints", str(exc))
     if patch:  # the whole new config validated, also when some fields above could not be read
         try:
             versions.changed_config(cur, patch, run["kind"])
@@ -219,11 +230,11 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
             errors.add(None, "settings", str(exc))
     if errors:
         ctx = repair_context(conn, run_id)
-        ctx.update(prefill={k: "" for k in (*SELECT_KEYS, "filter", "kind")}, message=None, error=None, preview=None,
+        ctx.update(prefill=_kept_selection(form, "keep."), message=None, error=None, preview=None,
                    errors=errors, entered=entered)
         return render(request, "repair.html", ctx, status_code=400)
-    said = "; ".join(f"{c['path']}: {c['old']} → {c['new']}" for c in res["changes"])
-    return _back(run_id, message=f"Config version {res['version']}: {said}")
+    said = "; ".join(settings_diff.lines(res["changes"])).replace(" -> ", " → ")
+    return _back(run_id, message=f"Config version {res['version']}: {said}", **_kept_selection(form, "keep."))
 
 
 def _endpoint_lines(value: str, current: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -266,6 +277,16 @@ def _check_secret_envs(changes: dict[str, Any], settings: Any) -> None:
                     check_key_env(name, settings)
                 except LaunchError as exc:
                     raise versions.VersionError(f"endpoints[{i}]: {exc}") from None
+
+
+def _limit_tls(patch: dict[str, Any], settings: Any, current: dict[str, Any]) -> dict[str, Any]:
+    """A settings change whose endpoints name TLS files: only inside the dashboard's TLS folders (the run's own
+    paths, set from the command line, are kept)."""
+    from .tls_limits import limit_tls
+
+    if "endpoints" not in patch:
+        return patch
+    return {**patch, "endpoints": limit_tls(patch["endpoints"], settings, current.get("endpoints"))}
 
 
 def _get(cfg: dict[str, Any], path: str) -> Any:
@@ -340,6 +361,10 @@ async def apply_form(request: Request, run_id: int, engine: WriteEngine, conn: R
     max_id = str(form.get("max_id") or "")
     if max_id.isdigit():  # the records the preview counted, not ones that finished since
         sel = repair.Selection(sel.description, sel.filters, int(max_id), sel.ids)
+    if kind == "rerun":
+        prev = repair.preview_rerun(engine, run_id, sel)
+        if not prev["queued"]:  # no job, no repair row
+            return _back(run_id, message=repair.nothing_to_rerun(prev["selected"]), **_kept_selection(form))
     if not start_job(engine, run_id, kind, sel, actor="ui"):
         return _back(run_id, error="a repair of this run is already running")
     return _back(run_id, message=f"{'Re-derive' if kind == 'rederive' else 'Re-run'} started: {sel.description}")
@@ -415,6 +440,7 @@ def api_settings(request: Request, run_id: int, body: SettingsBody, engine: Writ
     try:
         _check_secret_envs(body.changes, request.app.state.settings)
         patch = limit_tokenizer_change(versions.nest(body.changes), request.app.state.settings)
+        patch = _limit_tls(patch, request.app.state.settings, versions.current(conn, run_id)[1])
         return versions.change_settings(engine, run_id, patch, actor="api", reason=body.reason)
     except (versions.VersionError, LaunchError) as exc:
         return JSONResponse({"detail": str(exc)}, status_code=400)
@@ -430,6 +456,11 @@ def _api_repair(kind: str, run_id: int, body: SelectionBody, engine: Engine, rea
     if body.dry_run:
         prev = repair.preview_rederive(read, run_id, sel) if kind == "rederive" else repair.preview_rerun(read, run_id, sel)
         return {"dry_run": True, **prev}
+    if kind == "rerun":
+        prev = repair.preview_rerun(read, run_id, sel)
+        if not prev["queued"]:  # no job, no repair row
+            return JSONResponse({"started": False, "kind": kind, "selection": sel.description, "queued": 0,
+                                 "detail": repair.nothing_to_rerun(prev["selected"])}, status_code=200)
     if not start_job(engine, run_id, kind, sel, actor="api"):
         return JSONResponse({"detail": "a repair of this run is already running"}, status_code=409)
     return JSONResponse({"started": True, "kind": kind, "selection": sel.description, "max_id": sel.max_id,

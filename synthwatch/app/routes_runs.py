@@ -21,6 +21,7 @@ from . import launch, run_stats, stats, timeseries
 from .deps import HX, ReadConn, WriteEngine, lean, render
 from .form_errors import FormErrors
 from .routes_cost import cost_context
+from .routes_open_items import flash as open_items_flash
 from .routes_server import server_context
 
 router = APIRouter()
@@ -84,7 +85,31 @@ def _charts_context(request: Request, conn: Any, run: dict[str, Any], window: st
 
 
 def _audit_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
-    return {"run": run, "events": run_stats.control_events(conn, run["id"]), "audit_poll_ms": _slow_poll_ms(request)}
+    return {"run": run, "events": run_stats.control_events(conn, run["id"]), "audit_poll_ms": _slow_poll_ms(request),
+            "hold": _hold(conn, run)}
+
+
+def _hold(conn: Any, run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The open pausing alarms a resume must acknowledge (read as the claim reads them; no write)."""
+    if run.get("status") not in ("created", "running", "paused", "stopping"):
+        return []
+    claimed = int(run.get("total") or 0) - int(run.get("n_pending") or 0)
+    return store.alarm_gate(conn, int(run["id"]), claimed, time.time(), reopen=False)[0]
+
+
+def _ack_amount(unit: str | None, amount: str | None) -> tuple[int | None, float | None]:
+    """The dialog's "for N records / M minutes" as apply_control's arguments (ControlError when unreadable)."""
+    if amount in (None, ""):
+        return None, None
+    try:
+        x = float(amount)  # type: ignore[arg-type]
+    except ValueError:
+        raise store.ControlError(f"acknowledge for how many {unit or 'records'}? got {amount!r}") from None
+    if unit == "minutes":
+        return None, x
+    if unit not in (None, "", "records") or x != int(x):
+        raise store.ControlError(f"acknowledge for a whole number of records or for minutes, got {amount!r} {unit!r}")
+    return int(x), None
 
 
 # ------------------------------------------------------------------ pages
@@ -133,8 +158,6 @@ async def _posted_form(request: Request) -> dict[str, str]:
 async def new_run_probe(request: Request) -> Response:
     """The form's "Probe the endpoint" button: synthwatch probe on its first endpoint, shown above the form,
     with the reasoning field set to where the reasoning arrived. Starts nothing."""
-    import os
-
     from ..probe import ProbeError, ProbeOptions, probe
 
     form = await _posted_form(request)
@@ -144,7 +167,13 @@ async def new_run_probe(request: Request) -> Response:
     if not urls or not form["model"].strip():
         ctx["error"] = "probe: give an endpoint base URL and a model"
         return render(request, "new_run.html", ctx, status_code=400)
-    key = os.environ.get(form["api_key_env"].strip()) if form["api_key_env"].strip() else None
+    key = None
+    if form["api_key_env"].strip():  # the same allowlist as starting a run: the key goes to the form's URL
+        try:
+            key = launch.key_for_dashboard(form["api_key_env"].strip(), request.app.state.settings)
+        except launch.LaunchError as exc:
+            ctx["error"] = f"probe: {exc}"
+            return render(request, "new_run.html", ctx, status_code=400)
     try:
         report = await run_in_threadpool(probe, ProbeOptions(urls[0], form["model"].strip(), api_key=key,
                                                              timeout_s=30.0))
@@ -189,8 +218,8 @@ def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m
     ctx = _stats_context(request, conn, run)
     ctx.update(_charts_context(request, conn, run, window))
     ctx.update(_audit_context(request, conn, run))
-    ctx["message"] = None
-    ctx["control_error"] = None
+    # an open item's accept form comes back here: what happened, from the item (routes_open_items.py)
+    ctx["message"], ctx["control_error"] = open_items_flash(conn, run_id, request.query_params)
     ctx["versions"] = list(reversed(versions.list_versions(conn, run_id, counts=False)))[:5]
     ctx["server"] = server_context(conn, run_id)
     ctx["cost"] = cost_context(conn, run_id)
@@ -202,7 +231,8 @@ def run_stats_fragment(request: Request, conn: ReadConn, run_id: int, shown_stat
     run = _run_or_404(conn, run_id)
     # shown_state: the status:desired the page's controls were drawn for; when the run moved on (an alarm
     # paused it, another tab resumed it) this poll redraws them too
-    ctx = {**_stats_context(request, conn, run), "fragment": True, "shown_state": shown_state or None}
+    ctx = {**_stats_context(request, conn, run), "fragment": True, "shown_state": shown_state or None,
+           "hold": _hold(conn, run)}
     if not run["live"]:  # the last render also switches off the controls and the audit log's polling
         ctx.update(_audit_context(request, conn, run))
     return render(request, "_run_stats.html", ctx)
@@ -228,18 +258,24 @@ def run_audit_fragment(request: Request, conn: ReadConn, run_id: int) -> Respons
 
 @router.post("/runs/{run_id}/control", include_in_schema=False)
 def run_control_form(request: Request, conn: ReadConn, write: WriteEngine, hx: HX, run_id: int,
-                     action: Annotated[str, Form()], value: Annotated[str | None, Form()] = None) -> Response:
+                     action: Annotated[str, Form()], value: Annotated[str | None, Form()] = None,
+                     ack_unit: Annotated[str | None, Form()] = None,
+                     ack_amount: Annotated[str | None, Form()] = None) -> Response:
     _run_or_404(conn, run_id)
     error = message = None
     status = 200
     try:
-        applied = store.apply_control(write, run_id, action, value, actor="ui")
+        records, minutes = _ack_amount(ack_unit, ack_amount)
+        applied = store.apply_control(write, run_id, action, value, actor="ui", ack_records=records,
+                                      ack_minutes=minutes)
         message = _describe(action, applied)
+    except store.AlarmOpen as exc:
+        error, status = str(exc).replace("RUN", str(run_id)), 409
     except store.ControlError as exc:
         error, status = str(exc), 400
     if not hx:
         if error:
-            raise HTTPException(400, error)
+            raise HTTPException(status, error)
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
     conn.rollback()  # see the row as it is after our write
     run = _run_or_404(conn, run_id)
@@ -250,6 +286,11 @@ def run_control_form(request: Request, conn: ReadConn, write: WriteEngine, hx: H
 
 def _describe(action: str, applied: dict[str, Any]) -> str:
     label = CONTROL_LABELS.get(action, action)
+    acked = applied.get("acknowledged") or []
+    if acked:
+        names = ", ".join(f"#{a['id']} {a['rule']}" for a in acked)
+        return (f"{label} with alarm {names} acknowledged for {acked[0]['for']}; the run pauses again after that if"
+                " the check failed since")
     if action == "cap":
         return f"{label}: {applied.get('cap') if applied.get('cap') is not None else 'none'}"
     if action == "concurrency":
@@ -264,6 +305,10 @@ class ControlBody(BaseModel):
     action: Literal["pause", "resume", "stop", "stop_now", "cap", "concurrency"] = Field(
         description="pause | resume | stop (graceful: in-flight requests finish) | stop_now | cap | concurrency")
     value: int | None = Field(None, description="The new cap (null removes it) or concurrency.")
+    ack_records: int | None = Field(None, ge=1, description=(
+        "resume only: acknowledge the open alarm that paused the run, for this many more claimed records (a plain"
+        " resume is refused with 409 while one is open)"))
+    ack_minutes: float | None = Field(None, gt=0, description="resume only: acknowledge it for this many minutes")
 
 
 class StartBody(BaseModel):
@@ -370,7 +415,12 @@ def api_run_control(conn: ReadConn, write: WriteEngine, run_id: int, body: Contr
     if body.action == "concurrency" and body.value is None:
         return JSONResponse({"detail": "concurrency needs a value"}, status_code=400)
     try:
-        applied = store.apply_control(write, run_id, body.action, body.value, actor="api")
+        applied = store.apply_control(write, run_id, body.action, body.value, actor="api",
+                                      ack_records=body.ack_records, ack_minutes=body.ack_minutes)
+    except store.AlarmOpen as exc:
+        return JSONResponse({"detail": str(exc).replace("RUN", str(run_id)),
+                             "alarms": [{"id": a["id"], "rule": a["rule"], "title": a["title"]} for a in exc.alarms]},
+                            status_code=409)
     except store.ControlError as exc:
         return JSONResponse({"detail": str(exc)}, status_code=400)
     return {"run_id": run_id, "action": body.action, "applied": applied, "message": _describe(body.action, applied)}

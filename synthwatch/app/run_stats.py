@@ -12,6 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
+from ..quality import open_items
 from ..store.models import LIVE_STATUSES
 from ..workers.sketch import TPS_MIN, Sketch
 from .quality_tiles import quality_tiles
@@ -67,6 +68,7 @@ class RunStats:
     errors: list[dict[str, Any]] = field(default_factory=list)
     progress: dict[str, Any] = field(default_factory=dict)
     gauge: dict[str, Any] = field(default_factory=dict)
+    open_items: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def live(self) -> bool:
@@ -79,7 +81,7 @@ class RunStats:
             "tiles": [t.__dict__ for t in self.tiles], "latency": self.latency, "failures": self.failures,
             "status_codes": self.status_codes, "quality": self.quality, "checks": self.checks,
             "endpoints": self.endpoints, "workers": self.workers, "latest_errors": self.errors,
-            "in_flight": self.gauge,
+            "in_flight": self.gauge, "open_items": self.open_items,
         }
 
 
@@ -126,6 +128,7 @@ def run_stats(conn: Connection, run: dict[str, Any], window_s: int = RECENT_S) -
     st.workers = _workers(conn, rid, now)
     st.errors = latest_errors(conn, rid, 8)
     st.tiles = _tiles(st) + [Tile(**t) for t in quality_tiles(conn, run, st.checks)]
+    st.open_items = open_items.items(conn, rid)
     return st
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
 
 CSP = (
@@ -57,6 +58,91 @@ def cross_site_reason(request: Request) -> str | None:
 
 def _wants_json(request: Request) -> bool:
     return request.url.path.startswith("/api/") or "application/json" in request.headers.get("accept", "")
+
+
+def too_large(limit: int) -> str:
+    """What a 413 says: the dashboard's body limit (FastAPI's max_body_size, set from the settings) and its name."""
+    return (f"request body too large: the dashboard accepts at most {limit:,} bytes (the max_request_body_bytes "
+            "setting, SYNTHWATCH_MAX_REQUEST_BODY_BYTES); nothing was done")
+
+
+class BodyLimit:
+    """A request body over ``limit`` bytes is refused with 413, never read whole (ASGI middleware, outside the
+    others). A Content-Length over the limit is answered at once, none of the body read. A body without one
+    (chunked) is counted as it arrives: past the limit the app is told the client went away (so nothing waits
+    for, or holds, the rest) and whatever it answers is replaced by the 413. At most the limit plus one chunk of
+    the server's reads (64 KiB) is ever held."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def _refuse(self, scope: Any, receive: Any, send: Any) -> None:
+        detail = too_large(self.limit)
+        if str(scope.get("path", "")).startswith("/api/"):
+            response: Response = JSONResponse({"detail": detail}, status_code=413)
+        else:
+            response = PlainTextResponse(detail, status_code=413)
+        response.headers["Connection"] = "close"  # the rest of the body is never read: this connection is done
+        await response(scope, receive, send)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = next((v for k, v in scope.get("headers") or () if k == b"content-length"), None)
+        if length is not None and length.strip().isdigit() and int(length) > self.limit:
+            await self._refuse(scope, receive, send)
+            return
+        received = 0
+        exceeded = started = False
+
+        async def counted() -> Any:
+            nonlocal received, exceeded
+            if exceeded:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message.get("type") == "http.request":
+                received += len(message.get("body") or b"")
+                if received > self.limit:
+                    exceeded = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded(message: Any) -> None:
+            nonlocal started
+            if exceeded and not started:
+                return  # the app's answer to a body it never got whole: replaced by the 413 below
+            started = started or message.get("type") == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, guarded)
+        except Exception:
+            if not exceeded or started:
+                raise  # not ours: the usual 500 handling
+        if exceeded and not started:
+            await self._refuse(scope, receive, send)
+
+
+ID_MAX = 2**63 - 1  # the database's integer keys are signed 64-bit
+
+
+async def ids_in_range(request: Request) -> None:
+    """Every route's dependency: a path id (``run_id``, ``record_id``, ...) that no row can have, negative or
+    beyond a 64-bit key, is a 404 naming it; without this, 2^63 reached the database driver as an OverflowError
+    (a 500)."""
+    for name, value in request.path_params.items():
+        if not (name == "id" or name.endswith("_id")):
+            continue
+        raw = str(value)
+        digits = raw[1:] if raw[:1] in "+-" else raw
+        if not digits.isdigit() or not digits.isascii():
+            continue  # not a number at all: the route's own validation says so (400)
+        if len(digits) > 25 or not 0 <= int(raw) <= ID_MAX:
+            shown = raw if len(raw) <= 40 else raw[:40] + "…"
+            raise HTTPException(404, f"{name} {shown} is out of range: ids are whole numbers from 0 to {ID_MAX}, "
+                                     "so nothing has this one")
 
 
 def install(app: FastAPI, *, auth_token: str | None, loopback_only: bool) -> None:

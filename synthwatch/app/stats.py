@@ -21,6 +21,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
+from ..quality import open_items
 from ..store.models import LIVE_STATUSES
 from .words import plural
 
@@ -106,10 +107,12 @@ def list_runs(conn: Connection, limit: int = 200) -> list[dict[str, Any]]:
             "SELECT run_id, COUNT(*), SUM(CASE WHEN severity = 'error' THEN 1 ELSE 0 END) FROM alarm"
             " WHERE active GROUP BY run_id")):
         alarms[run_id] = (n, n_err or 0)
+    items = open_items.open_counts(conn)
     for r in runs:
         r["live"] = r["status"] in LIVE_STATUSES
         r["duration_s"] = _duration(r, now)
         r["alarms"], r["alarm_errors"] = alarms.get(r["id"], (0, 0))
+        r["open_items"], r["open_records"] = items.get(r["id"], (0, 0))
         finished = r["n_ok"] + r["n_error"] + r["n_timeout"]
         r["timeout_share"] = _rate(r["n_timeout"], finished)
         r["error_share"] = _rate(r["n_error"], finished)
@@ -123,7 +126,7 @@ def list_runs(conn: Connection, limit: int = 200) -> list[dict[str, Any]]:
             d = r["duration_s"] or 0
             r.update({"req_s": _rate(r["n_ok"], d), "tok_s": None, "recent_timeout_share": None,
                       "recent_error_share": None})
-        r["badges"] = _badges(r)
+        r["badges"] = run_badges(r)
     return runs
 
 
@@ -135,7 +138,7 @@ def _duration(r: dict[str, Any], now: float) -> float | None:
     return (end or now) - start
 
 
-def _badges(r: dict[str, Any]) -> list[tuple[str, str]]:
+def run_badges(r: dict[str, Any]) -> list[tuple[str, str]]:
     """(severity, text) pairs for the runs list."""
     out: list[tuple[str, str]] = []
     share = r.get("recent_timeout_share")
@@ -143,7 +146,13 @@ def _badges(r: dict[str, Any]) -> list[tuple[str, str]]:
         share = r.get("timeout_share")
     if r["n_timeout"]:
         sev = "bad" if (share or 0) >= TIMEOUT_BAD else "warn"
-        out.append((sev, f"{plural(r['n_timeout'], 'timeout')} ({(share or 0) * 100:.1f}%)"))
+        # the count is the whole run's, so its share is too; the last minute's (which sets the colour of a live
+        # run) is labelled as such ("1 timeout (0.0%)" put a whole-run count beside a last-minute rate)
+        text = f"{plural(r['n_timeout'], 'timeout')} ({(r.get('timeout_share') or 0) * 100:.1f}% of the run"
+        recent = r.get("recent_timeout_share")
+        if recent is not None:
+            text += f"; {recent * 100:.1f}% in the last {RECENT_S} s"
+        out.append((sev, text + ")"))
     eshare = r.get("recent_error_share")
     if eshare is None:
         eshare = r.get("error_share")
@@ -153,6 +162,10 @@ def _badges(r: dict[str, Any]) -> list[tuple[str, str]]:
     if r.get("alarms"):
         sev = "bad" if r.get("alarm_errors") else "warn"
         out.append((sev, plural(r["alarms"], "alarm")))
+    if r.get("open_items"):  # records alarms left failing, whether or not the alarms have ended (#26)
+        n = r.get("open_records") or 0
+        out.append(("bad", plural(r["open_items"], "open problem")
+                    + (f" ({plural(n, 'record')})" if n else "")))
     return out
 
 

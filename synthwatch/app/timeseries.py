@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from ..quality import open_items
 from ..store.models import LIVE_STATUSES
 from . import stats
 from .stats import (
@@ -69,8 +70,10 @@ def timeseries(conn: Connection, run: dict[str, Any], window: str) -> dict[str, 
         })
     points = points[-MAX_POINTS:]
     has_server = _server_points(conn, rid, width, since, points)
+    # each alarm's time span, shaded on every chart (static/charts.js); an alarm still open runs to the end
+    alarms = [a for a in open_items.spans(conn, rid) if (a["t1"] is None or a["t1"] >= since)]
     return {"run_id": rid, "window": window, "bucket_s": width, "start": since, "end": end, "points": points,
-            "complete": complete, "server": has_server}
+            "complete": complete, "server": has_server, "alarms": alarms}
 
 
 def _server_points(conn: Connection, rid: int, width: int, since: int, points: list[dict[str, Any]]) -> bool:

@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from .safety import check_usage
+
 __all__ = [
     "KNOWN_CHOICE_KEYS",
     "KNOWN_MESSAGE_KEYS",
@@ -445,6 +447,8 @@ def extract_response(
     if usage is not None and not isinstance(usage, dict):
         problems.add(f"usage is {_tname(usage)}, not an object")
         usage = None
+    if usage is not None:
+        check_usage(usage, problems)
 
     extra: dict[str, dict[str, Any]] = {}
     for section, src, known in (

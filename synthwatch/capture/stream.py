@@ -21,6 +21,7 @@ from .reasoning import (
     _thinking_text,
     _tname,
 )
+from .safety import check_usage
 
 # --------------------------------------------------------------------------------------------
 # streaming
@@ -356,6 +357,8 @@ class StreamAccumulator:
         if usage is not None and type(usage) is not dict:
             problems.add(f"usage is {_tname(usage)}, not an object")
             usage = None
+        if usage is not None:
+            check_usage(usage, problems)
         extra: dict[str, dict[str, Any]] = {}
         if self._top_x:
             extra["top"] = dict(self._top_x)

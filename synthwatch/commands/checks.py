@@ -23,16 +23,43 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("run", help="run name or id")
     p.add_argument("--config", help="TOML file whose [checks] table becomes the run's check settings")
     p.add_argument("--recompute", action="store_true", help="re-check every stored record and rebuild rates/alarms")
-    p.add_argument("--ack", type=int, metavar="ALARM_ID", help="acknowledge an alarm (hides it from the banner)")
+    p.add_argument("--ack", type=int, metavar="ALARM_ID",
+                   help="acknowledge (snooze) an alarm: until its check fails again, or with --for-records / "
+                        "--for-minutes for that long; prints what it snoozed and until when")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--for-records", type=int, metavar="N", help="with --ack: snooze for N more claimed records")
+    g.add_argument("--for-minutes", type=float, metavar="M", help="with --ack: snooze for M minutes")
+    p.add_argument("--accept", type=int, metavar="ITEM_ID",
+                   help="accept an open item (records an alarm left failing) as it is; needs --reason")
+    p.add_argument("--reason", help="why the open item is accepted (kept with it and in the audit log)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=handle)
 
 
+def _open_items(engine: Any, run: dict[str, Any], a: argparse.Namespace, out: Any) -> list[dict[str, Any]]:
+    """--accept, then the run's open items brought up to date (quality/open_items.py)."""
+    from ..quality import open_items
+
+    run_id = int(run["id"])
+    if a.accept is not None:
+        try:
+            item = open_items.accept(engine, run_id, a.accept, a.reason, actor="cli")
+        except open_items.OpenItemError as exc:
+            raise CliError(str(exc)) from None
+        print(f"accepted open item #{item['id']}: {item['text']} (reason: {item['reason']})", file=sys.stderr)
+    elif a.reason:
+        raise CliError("--reason goes with --accept ITEM_ID")
+    open_items.sync_run(engine, run_id, actor="cli")
+    with engine.connect() as conn:
+        return open_items.items(conn, run_id)
+
+
 def handle(a: argparse.Namespace) -> int:
     from ..config import ConfigError, load_toml
-    from ..quality.alarms import AlarmNotFound, acknowledge, banner_alarms
+    from ..quality.alarms import AlarmNotFound, acknowledge, banner_alarms, snoozed_alarms
     from ..quality.checks import ChecksConfigError
     from ..quality.recompute import check_rates, recompute, save_settings
+    from ..store.queue import ControlError
     engine, run = open_run(a.db, a.run)
     run_id = int(run["id"])
     out = sys.stdout
@@ -51,11 +78,18 @@ def handle(a: argparse.Namespace) -> int:
         except ChecksConfigError as exc:
             raise CliError(f"{a.config}: {exc}") from None
         print(f"check settings of run {run['name']!r} replaced from {a.config}", file=sys.stderr)
+    if (a.for_records is not None or a.for_minutes is not None) and a.ack is None:
+        raise CliError("--for-records / --for-minutes go with --ack ALARM_ID")
+    acked = None
     if a.ack is not None:
         try:
-            acknowledge(engine, run_id, a.ack, actor="cli")
-        except AlarmNotFound as exc:
+            acked = acknowledge(engine, run_id, a.ack, actor="cli", for_records=a.for_records,
+                                for_minutes=a.for_minutes)
+        except (AlarmNotFound, ControlError) as exc:
             raise CliError(str(exc)) from None
+        state = "" if acked["active"] else " (no longer active)"
+        print(f"{'already acknowledged' if acked['already'] else 'acknowledged'}: alarm #{acked['id']}"
+              f" {acked['rule']} ({acked['title']}){state}; snoozed {acked['until']}", file=sys.stderr)
     summary: dict[str, Any] | None = None
     if a.recompute:
         try:
@@ -63,11 +97,14 @@ def handle(a: argparse.Namespace) -> int:
         except ChecksConfigError as exc:
             raise CliError(str(exc)) from None
         print(f"recomputed {summary['records']} records in {summary['seconds']} s", file=sys.stderr)
+    items = _open_items(engine, run, a, out)
     with engine.connect() as conn:
         rates = check_rates(conn, run_id)
         alarms = banner_alarms(conn, run_id)
+        snoozed = snoozed_alarms(conn, run_id)
     if a.json:
-        json.dump({"run_id": run_id, "checks": rates, "alarms": alarms, "recompute": summary}, out, indent=1)
+        json.dump({"run_id": run_id, "checks": rates, "alarms": alarms, "snoozed": snoozed, "acknowledged": acked,
+                   "open_items": items, "recompute": summary}, out, indent=1)
         out.write("\n")
         return 0
     print(f"{'check':<26} {'last window':>18} {'whole run':>20}  example", file=out)
@@ -86,6 +123,20 @@ def handle(a: argparse.Namespace) -> int:
             print(f"      {al['message']}", file=out)
             if al["fix"]:
                 print(f"      fix: {al['fix']}", file=out)
-    else:
+    if snoozed:
+        print(f"\n{len(snoozed)} snoozed alarm(s) (acknowledged, still open: an export names them):", file=out)
+        for al in snoozed:
+            print(f"  [snoozed] #{al['id']} {al['title']} ({al['count']} records), snoozed {al['until']}", file=out)
+    if not alarms and not snoozed:
         print("\nno active alarms", file=out)
+    elif not alarms:
+        print("\nno unacknowledged alarms", file=out)
+    if items:
+        print(f"\n{len(items)} open item{'' if len(items) == 1 else 's'} (records an alarm left failing):", file=out)
+        for it in items:
+            print(f"  #{it['id']} {it['text']}", file=out)
+        print(f"  close one by repairing its records (synthwatch rederive / rerun), flagging them bad, or: synthwatch"
+              f" checks {run['name']!r} --accept ITEM_ID --reason \"why\"", file=out)
+    else:
+        print("no open items", file=out)
     return 0

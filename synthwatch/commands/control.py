@@ -21,6 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("run", help="run name or id")
     p.add_argument("action", choices=list(ACTIONS), help="what to do")
     p.add_argument("value", nargs="?", help="the new cap ('none' removes it) or concurrency")
+    p.add_argument("--ack", action="store_true",
+                   help="resume: acknowledge the open alarm that paused the run, in the same action (with "
+                        "--for-records or --for-minutes); a plain resume is refused while one is open")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--for-records", type=int, metavar="N", help="with --ack: let N more records be claimed")
+    g.add_argument("--for-minutes", type=float, metavar="M", help="with --ack: go on for M minutes")
     p.set_defaults(func=handle)
 
 
@@ -33,6 +39,13 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError(f"{args.action} needs a value, e.g. `synthwatch control {args.run} {args.action} 100`")
     if action not in ("cap", "concurrency") and args.value is not None:
         raise CliError(f"{args.action} takes no value (got {args.value!r})")
+    bounded = args.for_records is not None or args.for_minutes is not None
+    if args.ack and action != "resume":
+        raise CliError("--ack goes with resume only")
+    if args.ack and not bounded:
+        raise CliError("--ack needs --for-records N or --for-minutes M (how long the alarm stays snoozed)")
+    if bounded and not args.ack:
+        raise CliError("--for-records / --for-minutes go with --ack")
     try:
         engine = open_engine(args.db)
     except DatabaseError as exc:
@@ -40,13 +53,19 @@ def handle(args: argparse.Namespace) -> int:
     try:
         with engine.connect() as conn:
             run = store.run_row(conn, args.run)
-        applied = store.apply_control(engine, int(run["id"]), action, args.value, actor="cli")
+        applied = store.apply_control(engine, int(run["id"]), action, args.value, actor="cli",
+                                      ack_records=args.for_records, ack_minutes=args.for_minutes)
+    except store.AlarmOpen as exc:
+        raise CliError(str(exc).replace("RUN", str(run["name"]))) from None
     except store.NotFound as exc:
         raise CliError(str(exc)) from None
     except store.ControlError as exc:
         raise CliError(str(exc)) from None
     finally:
         engine.dispose()
+    for a in applied.pop("acknowledged", []):
+        print(f"acknowledged alarm #{a['id']} {a['rule']} for {a['for']}: the run pauses again after that if the"
+              " check failed since", file=sys.stderr)
     shown = ", ".join(f"{k} = {v if v is not None else 'none'}" for k, v in applied.items())
     print(f"run {run['name']!r} (id {run['id']}, {run['status']}): {shown}; workers follow within a second",
           file=sys.stderr)

@@ -17,11 +17,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def handle(args: argparse.Namespace) -> int:
     from alembic import command
 
-    from ..store.db import alembic_config, migrate, resolve_url, safe_url
+    from ..cli import CliError, one_line
+    from ..store.db import DatabaseError, alembic_config, migrate, resolve_url, safe_url
 
     url = resolve_url(args.db)
     if args.action == "upgrade":
-        migrate(url)
+        try:
+            migrate(url)
+        except DatabaseError as exc:
+            raise CliError(one_line(str(exc))) from None
         print(f"{safe_url(url)}: schema at head")
     else:
         command.current(alembic_config(url))

@@ -136,23 +136,23 @@ def handle(args: argparse.Namespace) -> int:
             reasoning_field="both", tokens_per_s=args.tokens_per_s * 1.5, ttft_ms=250,
             reasoning_tokens="40-160", content_tokens="20-80", seed=2, token_ids="deepseek")))
         launched: list[launch.Launched] = []
-        try:
-            for data in run_configs(sim_a, sim_b, stamp=stamp, concurrency=args.concurrency,
-                                    tokenizer=not args.no_tokenizer):
-                config = build_config(data, "the demo")
-                env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-                lw = launch.start_worker(config, url, env=env)
-                procs.append(lw._proc)  # type: ignore[attr-defined]
-                launched.append(lw)
-        except ConfigError as exc:
-            raise CliError(str(exc)) from None
         stack.callback(_stop_workers, procs)
-        for lw in launched:
+        # one worker at a time, each once its run exists: the healthy run always gets the lower id (two workers
+        # started together raced to create their runs, and the ids swapped between launches)
+        for data in run_configs(sim_a, sim_b, stamp=stamp, concurrency=args.concurrency,
+                                tokenizer=not args.no_tokenizer):
+            try:
+                config = build_config(data, "the demo")
+            except ConfigError as exc:
+                raise CliError(str(exc)) from None
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            lw = launch.start_worker(config, url, env=env)
+            procs.append(lw._proc)  # type: ignore[attr-defined]
+            launched.append(lw)
             try:
                 launch.wait_for_run(lw, engine, timeout_s=60)
             except launch.LaunchError as exc:
                 raise CliError(f"demo run {lw.name} did not start: {exc}") from None
-        engine.dispose()
 
         def drift() -> None:
             with contextlib.suppress(OSError):
@@ -176,10 +176,31 @@ def handle(args: argparse.Namespace) -> int:
         for lw in launched:
             print(f"  run {lw.name}: {base}/runs/{lw.run_id}  (log {lw.log_path})", flush=True)
         print(f"  database {db_path}; Ctrl-C stops everything", flush=True)
+        from ..store.dashboards import forget_dashboard, record_dashboard
+
+        row = record_dashboard(engine, base)  # the workers' alarm links and the CLI find it through the database
+        stack.callback(forget_dashboard, engine, row)
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it caught: we handle it
             server.run(sockets=[sock])
         print("synthwatch demo: stopping the workers and simulators ...", flush=True)
+    # the stack closed: workers stopped (their records written), simulators and the dashboard down
+    run_ids = [lw.run_id for lw in launched if lw.run_id is not None]
+    kept = _records_kept(engine, run_ids)
+    engine.dispose()
+    print(f"synthwatch demo: stopped: {kept} records kept in {db_path} "
+          f"(see them again: synthwatch serve --db {db_path})", flush=True)
     return 0
+
+
+def _records_kept(engine: Any, run_ids: list[int]) -> int:
+    from sqlalchemy import bindparam, text
+
+    if not run_ids:
+        return 0
+    with engine.connect() as conn:
+        n = conn.execute(text("SELECT count(*) FROM record WHERE run_id IN :ids AND status = 'ok'")
+                         .bindparams(bindparam("ids", expanding=True)), {"ids": run_ids}).scalar()
+    return int(n or 0)
 
 
 def _stop_workers(procs: list[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:

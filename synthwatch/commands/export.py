@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -110,7 +111,7 @@ def _clock(seconds: float) -> str:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..app.export_guard import open_alarms
+    from ..app.export_guard import manifest_items, open_alarms
     from ..export.plan import ExportError, ExportOptions
     from ..export.stream import manifest_path, prepare_export, run_export, sqlite_path
     from ..store.db import DatabaseError, is_sqlite, open_engine, resolve_url
@@ -149,10 +150,16 @@ def handle(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         with engine.connect() as conn:
             guard = open_alarms(conn, int(plan.run["id"]))
-        if guard is not None and not args.allow_open_alarms:
+        if guard is not None and guard.blocking and not args.allow_open_alarms:
             raise CliError(guard.message(cli=True))
         if guard is not None:
-            print("warning: exporting with open alarms: " + "; ".join(guard.lines()), file=sys.stderr)
+            # the manifest names what was open, and who exported anyway (#26)
+            confirmed = guard.blocking
+            plan.options = dataclasses.replace(
+                plan.options, open_items=manifest_items(guard.items), confirmed_by="cli" if confirmed else None,
+                confirmed_at=time.time() if confirmed else None)
+            print(("warning: exporting with open alarms or problems: " if confirmed else "note: open problems: ")
+                  + "; ".join(guard.lines()), file=sys.stderr)
         bar = None if args.quiet else ProgressBar(f"export {plan.run['name']} ({fmt})")
         try:
             manifest = run_export(engine, plan, bar)
@@ -168,6 +175,9 @@ def handle(args: argparse.Namespace) -> int:
     not_ok = counts["not_ok"]
     if not_ok:
         print("not ok (never exported): " + ", ".join(f"{k} {v:,}" for k, v in not_ok.items()))
+    if manifest.get("open_items"):
+        print(f"open problems named in the manifest: {len(manifest['open_items'])}"
+              + (f" (exported anyway, confirmed by {manifest['confirmed_by']})" if manifest["confirmed_by"] else ""))
     print(f"manifest: {manifest_path(Path(plan.out))}  sha256 {manifest['file']['sha256'][:16]}…")
     for warning in manifest.get("warnings") or ():
         print(f"warning: {warning}", file=sys.stderr)

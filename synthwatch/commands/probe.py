@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
 import sys
 
 import orjson
@@ -36,15 +36,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def handle(args: argparse.Namespace) -> int:
     from ..probe import ProbeError, ProbeOptions, probe
+    from ..redact import SecretError, secret_from_env
 
+    with contextlib.suppress(AttributeError, ValueError):  # a terminal that cannot show a character gets an escape
+        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     key = None
     if args.api_key_env:
-        key = os.environ.get(args.api_key_env)
-        if not key:
-            raise CliError(f"environment variable {args.api_key_env} is not set")
+        try:  # the same rule as `synthwatch run`: a key HTTP cannot carry, or too short to redact, is refused
+            key = secret_from_env(args.api_key_env)
+        except SecretError as exc:
+            raise CliError(str(exc)) from None
     options = ProbeOptions(base_url=args.base_url, model=args.model, api_key=key, max_tokens=args.max_tokens,
                            timeout_s=args.timeout, tokenizer=args.tokenizer, chat_template=args.chat_template,
                            trust_remote_code=args.trust_remote_code)
+    from ..workers.preflight import PreflightError, check_endpoint
+
+    # the endpoint itself first, as `synthwatch run` checks it: a missing /v1, a refused key or a model the server
+    # does not serve is named with the server's words and the fix (a bare "answered 404" was all it said)
+    try:
+        check_endpoint(args.base_url, args.model, headers={"authorization": f"Bearer {key}"} if key else None,
+                       timeout_s=args.timeout)
+    except PreflightError as exc:
+        raise CliError(str(exc)) from None
     try:
         report = probe(options)
     except ProbeError as exc:
@@ -81,6 +94,37 @@ def handle(args: argparse.Namespace) -> int:
             print(f"            its prompt ids match the server's: {'yes' if tok['prompt_matches_server'] else 'NO'}")
     for problem in report.problems:
         print(f"problem:    {problem}")
-    print("settings:   " + ", ".join(f"{k} = {v}" for k, v in report.settings.items()))
+    flags, notes = recommended(report.settings)
+    print("settings:   " + (", ".join(f"{flag} ({toml})" for flag, toml in flags) or "the defaults"))
+    for note in notes:
+        print(f"            {note}")
+    command = f"synthwatch run --base-url {args.base_url} --model {args.model}"
+    command += "".join(f" {flag}" for flag, _ in flags if flag.startswith("--"))
+    print(f"run with:   {command} --dataset FILE")
     print(report.verdict)
     return 0 if report.ready else 1
+
+
+# the probe's settings (TOML keys, probe.py) as `synthwatch run` flags: every recommendation names both
+_FLAGS = {
+    "reasoning.mode": ("--reasoning-mode {v}", "[reasoning] mode = \"{v}\""),
+    "reasoning.prefilled_open": ("--prefilled-think", "[reasoning] prefilled_open = true"),
+    "tokenizer.name_or_path": ("--tokenizer {v}", "[tokenizer] name_or_path = \"{v}\""),
+    "tokenizer.chat_template": ("--chat-template {v}", "[tokenizer] chat_template = \"{v}\""),
+}
+
+
+def recommended(settings: dict[str, object]) -> tuple[list[tuple[str, str]], list[str]]:
+    """(flag, TOML) pairs for `synthwatch run`, and the notes that are not run settings (export, trainers)."""
+    flags: list[tuple[str, str]] = []
+    notes: list[str] = []
+    for key, value in settings.items():
+        if key == "request_token_ids":
+            flags.append(("--request-token-ids", "request_token_ids = true") if value
+                          else ("no --request-token-ids", "request_token_ids = false"))
+        elif key in _FLAGS and value not in (None, False):
+            flag, toml = _FLAGS[key]
+            flags.append((flag.format(v=value), toml.format(v=value)))
+        else:
+            notes.append(f"{key}: {value}")
+    return flags, notes

@@ -141,9 +141,12 @@ def handle_fix(a: argparse.Namespace) -> int:
     except VersionError as exc:
         raise CliError(str(exc)) from None
     out = sys.stdout
+    from ..repair.settings_diff import lines
+
     print(f"run {run['name']!r}: config version {res['version']}", file=out)
-    for c in res["changes"]:
-        print(f"  {c['kind']:10} {c['path']}: {json.dumps(c['old'])} -> {json.dumps(c['new'])}", file=out)
+    for c in res["changes"]:  # each changed value on its line; never a whole endpoint, TLS or header values
+        for line in lines([c]):
+            print(f"  {c['kind']:10} {line}", file=out)
     if any(c["kind"] == "reading" for c in res["changes"]):
         print(f"stored records keep their answers until re-derived: synthwatch rederive {run['name']!r} --check "
               "CHECK (or --alarm ID)", file=out)
@@ -182,6 +185,12 @@ def handle_repair(a: argparse.Namespace) -> int:
         _print_preview(a.verb, run, preview, out)
     if a.dry_run:
         return 0
+    if a.verb == "rerun" and not preview["queued"]:  # nothing to do: no question, no repair row
+        from ..repair.actions import nothing_to_rerun
+
+        msg = nothing_to_rerun(preview["selected"])
+        print(json.dumps({"queued": 0, "repair_id": None, "message": msg}) if a.json else msg, file=out)
+        return 0
     if sys.stdin.isatty() and not a.yes:
         answer = input("apply? [y/N] ").strip().lower()
         if answer not in ("y", "yes"):
@@ -197,6 +206,8 @@ def handle_repair(a: argparse.Namespace) -> int:
     elif a.verb == "rederive":
         print(f"re-derived {res['changed']:,} records (repair #{res['repair_id']}; undo: synthwatch repairs "
               f"{run['name']!r} --undo {res['repair_id']})", file=out)
+    elif res.get("repair_id") is None:  # the records changed between the preview and now
+        print(res["message"], file=out)
     else:
         print(f"re-runs: {res['queued']:,} queued (repair #{res['repair_id']}); they are generated when the run "
               f"runs: synthwatch run --name {run['name']!r}", file=out)

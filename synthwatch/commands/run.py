@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 from ..capture.reasoning import MODES as REASONING_MODES
-from ..cli import CliError, in_program
+from ..cli import CliError
 from ..config import DatasetConfig
-from ..sources.load import RunLoadError, default_name, prepare_run
+from ..sources.load import RunLoadError, prepare_run
 from ._common import (
     add_db_arg,
     add_option_flags,
@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     add_db_arg(p)
     p.add_argument("--config", help="TOML file with the run settings")
-    p.add_argument("--name", help="run name (default: <dataset>-<model>-<time>); an existing name resumes")
+    p.add_argument("--name", help="run name (default: <dataset>-<model>-<6 hex of the dataset's path, the endpoints "
+                   "and the model>, so the same command again resumes); an existing name resumes")
     p.add_argument("--join", metavar="RUN", help="add this worker to a run in progress (shares its queue)")
     p.add_argument("--new-config-version", action="store_true",
                    help="resuming with settings that differ from the run's: make them a new config version "
@@ -64,13 +65,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--history-reasoning", choices=["strip", "keep"],
                    help="--turns all: leave the model's earlier reasoning out of later requests (strip, the "
                    "default) or send it back as reasoning_content (keep)")
-    g.add_argument("--return-token-ids", action="store_true", default=None,
-                   help="ask the server (vLLM) for the exact prompt and completion token ids")
+    g.add_argument("--request-token-ids", "--return-token-ids", dest="request_token_ids", action="store_true",
+                   default=None, help="ask the server (vLLM) for the exact prompt and completion token ids "
+                   "(request_token_ids; `export --for speculators` needs them, or a --tokenizer)")
     g = p.add_argument_group("timeouts and retries")
     g.add_argument("--connect-timeout-s", type=positive_float)
     g.add_argument("--timeout-s", type=positive_float, help="total time for one request")
     g.add_argument("--idle-timeout-s", type=positive_float, help="longest silence between stream chunks")
     g.add_argument("--max-attempts", type=positive_int)
+    g.add_argument("--shutdown-grace-s", type=float, metavar="S",
+                   help="after the first SIGTERM or SIGINT, how long in-flight requests may take to finish before they"
+                   " are interrupted and their records go back to pending (default 10; a second signal stops at once)")
     g = p.add_argument_group("reasoning and tokenizer")
     g.add_argument("--reasoning-mode", choices=REASONING_MODES)
     g.add_argument("--no-expect-reasoning", dest="expect_reasoning", action="store_false", default=None)
@@ -79,8 +84,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--tokenizer", help="tokenizer folder or cached name ('deepseek-v4' is shipped)")
     g.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4'")
     g.add_argument("--trust-remote-code", action="store_true", default=None)
+    g.add_argument("--no-preflight", dest="preflight", action="store_false",
+                   help="skip the endpoint check before the run starts (GET /models: reachable, key accepted, "
+                   "model served); for an endpoint that is not up yet")
     g = p.add_argument_group("output")
-    g.add_argument("--quiet", action="store_true", help="no progress line")
+    g.add_argument("--quiet", action="store_true", help="no progress line (a pause is still said, once)")
+    g.add_argument("--exit-on-pause", action="store_true",
+                   help="when the run is paused (an alarm or `synthwatch control RUN pause`), exit with code 4 "
+                   "instead of waiting for a resume; the run stays paused (for scripts)")
     g.add_argument("--log-json", action="store_true", help="progress as JSON lines on stdout (non-interactive)")
     g.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve this worker's own Prometheus metrics on 127.0.0.1:PORT (0: any free port; docs/metrics.md)")
@@ -128,13 +139,14 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
     put("sampling.stop", a.stop)
     if a.extra_body:
         put("sampling.extra_body", json_object_flag(a.extra_body, "--extra-body"))
-    put("request_token_ids", a.return_token_ids)
+    put("request_token_ids", a.request_token_ids)
     put("turns", a.turns)
     put("history_reasoning", a.history_reasoning)
     put("timeouts.connect_s", a.connect_timeout_s)
     put("timeouts.total_s", a.timeout_s)
     put("timeouts.idle_s", a.idle_timeout_s)
     put("retries.max_attempts", a.max_attempts)
+    put("shutdown_grace_s", a.shutdown_grace_s)
     put("reasoning.mode", a.reasoning_mode)
     put("reasoning.expect", a.expect_reasoning)
     put("reasoning.prefilled_open", a.prefilled_think)
@@ -144,16 +156,28 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
     return cfg
 
 
-def resolve_config(a: argparse.Namespace, stored: dict[str, Any] | None = None) -> Any:
-    from ..config import ConfigError, build_config, deep_merge, load_toml
+def read_toml(a: argparse.Namespace) -> dict[str, Any] | None:
+    """--config's TOML, read first: a missing or bad file is reported before anything is opened or written."""
+    from ..config import ConfigError, load_toml
+
+    if not a.config:
+        return None
+    try:
+        return load_toml(a.config)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def resolve_config(a: argparse.Namespace, stored: dict[str, Any] | None = None, toml: dict[str, Any] | None = None,
+                   *, required: bool = True) -> Any:
+    """The run config from the stored one (resume), --config and the flags; None when something is missing and
+    not ``required`` (a resume by --name alone fills it from the stored run)."""
+    from ..config import ConfigError, build_config, deep_merge
 
     base: dict[str, Any] = dict(stored or {})
     source = "command line"
     if a.config:
-        try:
-            base = deep_merge(base, load_toml(a.config))
-        except ConfigError as exc:
-            raise CliError(str(exc)) from None
+        base = deep_merge(base, toml if toml is not None else (read_toml(a) or {}))
         source = f"{a.config} + command line"
     flags = _flags_to_config(a)
     key_env = flags.pop("_api_key_env", None)
@@ -162,28 +186,157 @@ def resolve_config(a: argparse.Namespace, stored: dict[str, Any] | None = None) 
         merged["endpoints"] = [{**e, "api_key_env": key_env} for e in merged["endpoints"]]
     missing = [k for k in ("dataset", "endpoints", "model") if k not in merged]
     if missing:
+        if not required:
+            return None
         flag = {"dataset": "--dataset", "endpoints": "--base-url", "model": "--model"}
         raise CliError("missing " + ", ".join(f"{k} ({flag[k]} or in --config)" for k in missing))
     try:
         return build_config(merged, source)
     except ConfigError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(with_flags(exc)) from None
+
+
+# run settings (TOML keys, docs/configuration.md) and the `synthwatch run` flag that sets each: an error naming a
+# key names its flag too (the dataset's flags come from DatasetConfig's Options)
+KEY_FLAGS = {
+    "endpoints.base_url": "--base-url", "endpoints.api_key_env": "--api-key-env", "model": "--model",
+    "stream": "--no-stream", "request_token_ids": "--request-token-ids", "concurrency": "--concurrency",
+    "cap": "--cap", "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature",
+    "sampling.top_p": "--top-p", "sampling.seed": "--seed", "sampling.stop": "--stop",
+    "sampling.extra_body": "--extra-body", "turns": "--turns", "history_reasoning": "--history-reasoning",
+    "timeouts.connect_s": "--connect-timeout-s", "timeouts.total_s": "--timeout-s",
+    "timeouts.idle_s": "--idle-timeout-s", "retries.max_attempts": "--max-attempts",
+    "reasoning.mode": "--reasoning-mode", "reasoning.expect": "--no-expect-reasoning",
+    "reasoning.prefilled_open": "--prefilled-think", "tokenizer.name_or_path": "--tokenizer",
+    "tokenizer.chat_template": "--chat-template", "tokenizer.trust_remote_code": "--trust-remote-code",
+    "autotune.min": "--concurrency-min", "autotune.max": "--concurrency-max",
+}
+
+
+def flag_for(loc: tuple[str | int, ...]) -> str | None:
+    from ..config import options
+
+    key = ".".join(str(p) for p in loc if not isinstance(p, int))
+    if key.startswith("dataset."):
+        return next((opt.flag for name, _i, opt in options(DatasetConfig) if f"dataset.{name}" == key), None)
+    return KEY_FLAGS.get(key)
+
+
+def with_flags(exc: Any) -> str:
+    """A ConfigError's message with each problem's flag after its key ("  cap: … (--cap)")."""
+    lines = str(exc).splitlines()
+    for loc, _msg in exc.problems:
+        flag = flag_for(loc)
+        if flag is None:
+            continue
+        head = "  " + ".".join(str(p) for p in loc) + ": "
+        lines = [ln + f" ({flag})" if ln.startswith(head) and not ln.endswith(f"({flag})") else ln for ln in lines]
+    return "\n".join(lines)
+
+
+def check_before_writing(config: Any, *, dataset: bool, preflight: bool) -> None:
+    """Everything that can be known wrong before a run is created: the dataset file, the key variables, and
+    (unless --no-preflight) each endpoint, asked the way `synthwatch probe` asks (GET /models)."""
+    import os
+    from pathlib import Path
+
+    from ..workers.endpoints import EndpointPool, MissingApiKey
+    from ..workers.preflight import PreflightError, check_run_endpoints
+
+    if dataset:
+        path = Path(config.dataset.path).expanduser()
+        if not path.exists():
+            raise CliError(f"dataset {config.dataset.path}: no such file or directory (--dataset, or path under "
+                           "[dataset] in --config)")
+        if not os.access(path, os.R_OK):
+            raise CliError(f"dataset {config.dataset.path}: cannot read it (permission denied)")
+    try:
+        if preflight:
+            check_run_endpoints(config, timeout_s=max(10.0, config.timeouts.connect_s))
+        else:
+            EndpointPool(config.endpoints, config.pool)  # the key variables at least
+    except MissingApiKey as exc:
+        raise CliError(f"{exc} (--api-key-env NAME, or api_key_env under [[endpoints]])") from None
+    except PreflightError as exc:
+        raise CliError(f"preflight: {exc} (--no-preflight skips this check)") from None
 
 
 class Progress:
-    """The live progress line (stderr, rewritten in place) or JSON lines (stdout)."""
+    """The live progress line (stderr, rewritten in place on a terminal; plain lines otherwise) or JSON lines.
 
-    def __init__(self, name: str, *, json_lines: bool, quiet: bool) -> None:
+    What another terminal changes shows here too: every STATE_EVERY_S the run's state, its pause reason and its
+    whole-run check rates are read from the database (a `fix` + `rederive` elsewhere changes them; this
+    process's own counters do not know). A paused run's line says why, how to resume it and where to look."""
+
+    STATE_EVERY_S = 2.0
+
+    def __init__(self, name: str, *, json_lines: bool, quiet: bool, engine: Any = None, run_id: int | None = None,
+                 resume_hint: str = "", dashboard: str = "", exit_on_pause: bool = False) -> None:
         self.name = name
         self.json_lines = json_lines
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
         self._last_json = 0.0
+        self.engine = engine
+        self.run_id = run_id
+        self.resume_hint = resume_hint
+        self.dashboard = dashboard
+        self.exit_on_pause = exit_on_pause
+        self.exited_paused = False
+        self._db: dict[str, Any] = {}
+        self._db_at = -1e9
+        self._said_pause = ""
+        self._was_paused = False
+
+    def _read_db(self) -> dict[str, Any]:
+        if self.engine is None or time.monotonic() - self._db_at < self.STATE_EVERY_S:
+            return self._db
+        self._db_at = time.monotonic()
+        from sqlalchemy import text
+
+        try:
+            with self.engine.connect() as conn:
+                er = conn.execute(text("SELECT n_fail, n_total FROM check_stat WHERE run_id = :r AND "
+                                       "check_name = 'empty_reasoning'"), {"r": self.run_id}).first()
+                alarm = conn.execute(text("SELECT title, message FROM alarm WHERE run_id = :r AND active AND "
+                                          "auto_paused ORDER BY id DESC LIMIT 1"), {"r": self.run_id}).first()
+                status = conn.execute(text("SELECT status_message FROM run WHERE id = :r"),
+                                      {"r": self.run_id}).scalar()
+                conn.rollback()
+        except Exception:  # noqa: BLE001 - a busy database: the line keeps what it last knew
+            return self._db
+        self._db = {"empty_reasoning": (int(er[0]), int(er[1])) if er else None,
+                    "alarm": f"{alarm[0]}: {alarm[1]}" if alarm else None, "status_message": status}
+        return self._db
+
+    def pause_line(self, w: Any, ctl: dict[str, Any]) -> str:
+        hint = self.resume_hint
+        note = getattr(w, "pause_note", "")
+        if note:
+            # an alarm holds the run (the claim's gate): a plain resume is refused, so the way on is to fix the cause
+            # or to acknowledge it for a number of records
+            why = note.split(". Acknowledge and resume")[0].removeprefix("paused by ")
+            hint = f"fix the cause, or acknowledge and go on: {self.resume_hint} --ack --for-records N"
+        else:
+            why = (self._db.get("alarm") or self._db.get("status_message")
+                   or "paused from the dashboard or `synthwatch control`")
+        why = " ".join(str(why).split())[:300]
+        return f"{self.name} PAUSED ({why}) | resume from another terminal: {hint} | {self.dashboard}"
 
     def tick(self, w: Any) -> None:
-        if self.quiet and not self.json_lines:
-            return
         ctl = w.writer.control if w.writer else {}
+        paused = w.state == "paused"
+        if paused and not self._was_paused:
+            self._db_at = -1e9  # the pause's reason now, not the one read up to STATE_EVERY_S ago
+        self._was_paused = paused
+        db = self._read_db()
+        if paused and self.exit_on_pause and not w.tasks and w.local_stop is None:
+            self.exited_paused = True
+            w.local_stop = "stop"  # in-flight requests are done: this worker exits, the run stays paused
+        if self.quiet and not self.json_lines:
+            if paused:
+                self._say_pause_once(w, ctl)
+            return
         s = w.stats
         rps, tps = s.rates()
         n_ok = ctl.get("n_ok", 0) or 0
@@ -191,32 +344,55 @@ class Progress:
         target = cap if cap is not None else (n_ok + (ctl.get("n_pending") or 0) + (ctl.get("n_in_flight") or 0))
         finished = s.ok + s.errors + s.timeouts
         eta_s = (target - n_ok) / rps if rps > 0 and target > n_ok else None
+        er = db.get("empty_reasoning")
+        empty_share = er[0] / er[1] if er and er[1] else (s.empty_reasoning / s.ok if s.ok else 0.0)
         info = {
             "run": self.name, "state": w.state, "ok": n_ok, "cap": cap, "target": target,
             "req_per_s": round(rps, 2), "out_tok_per_s": round(tps, 1), "in_flight": len(w.tasks),
             "concurrency": ctl.get("concurrency"), "errors": s.errors, "timeouts": s.timeouts, "retries": s.retries,
             "timeout_share": round(s.timeouts / finished, 4) if finished else 0.0,
-            "empty_reasoning_share": round(s.empty_reasoning / s.ok, 4) if s.ok else 0.0,
+            "empty_reasoning_share": round(empty_share, 4),
             "eta_s": round(eta_s) if eta_s is not None else None,
             "db_error": w.writer.error if w.writer else None,
         }
+        if paused:
+            info["pause"] = self.pause_line(w, ctl)
         if self.json_lines:
             print(json.dumps(info), flush=True)
             return
-        eta = _fmt_duration(eta_s) if eta_s is not None else "–"
-        line = (
-            f"{self.name} [{w.state}] ok {n_ok}/{target} | {rps:.1f} req/s | {tps:,.0f} tok/s | "
-            f"in flight {len(w.tasks)}/{ctl.get('concurrency')} | errors {s.errors} | "
-            f"timeouts {s.timeouts} ({info['timeout_share']:.1%}) | empty reasoning "
-            f"{info['empty_reasoning_share']:.1%} | ETA {eta}"
-        )
+        if paused:
+            # said whole, once (again when the reason changes): cut to the terminal's width, the way to resume
+            # would be lost; on a terminal it replaces the progress line, which resumes below it
+            self._say_pause_once(w, ctl)
+            return
+        else:
+            self._said_pause = ""
+            eta = _fmt_duration(eta_s) if eta_s is not None else "–"
+            line = (
+                f"{self.name} [{w.state}] ok {n_ok}/{target} | {rps:.1f} req/s | {tps:,.0f} tok/s | "
+                f"in flight {len(w.tasks)}/{ctl.get('concurrency')} | errors {s.errors} | "
+                f"timeouts {s.timeouts} ({info['timeout_share']:.1%} of this worker's finished) | empty reasoning "
+                f"{empty_share:.1%} (whole run) | ETA {eta}"
+            )
         if info["db_error"]:
             line += f" | DATABASE: {info['db_error']}"
         if self.tty:
+            import shutil
+
+            # cut to the terminal's width: a wrapped line is not rewritten in place by \r (it would repeat)
+            width = shutil.get_terminal_size((200, 24)).columns - 1
+            if len(line) > width:
+                line = line[: max(10, width - 1)] + "…"
             print("\r\x1b[2K" + line, end="", file=sys.stderr, flush=True)
         elif time.monotonic() - self._last_json >= 10:
             self._last_json = time.monotonic()
             print(line, file=sys.stderr, flush=True)
+
+    def _say_pause_once(self, w: Any, ctl: dict[str, Any]) -> None:
+        line = self.pause_line(w, ctl)
+        if line != self._said_pause:
+            self._said_pause = line
+            print(("\r\x1b[2K" if self.tty else "") + line, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.tty and not self.quiet and not self.json_lines:
@@ -260,17 +436,34 @@ def _resume_settings(engine: Any, a: argparse.Namespace, run: dict[str, Any], co
 
 
 def handle(a: argparse.Namespace) -> int:
+    from ..sources.load import matching_runs, stable_name
+    from ..store.dashboards import run_link
     from ..store.db import DatabaseError, open_engine, safe_url
     from ..store.queue import NotFound, run_row
     from ..workers.endpoints import MissingApiKey
     from ..workers.engine import EXIT_CODES, RunWorker
 
+    # Everything that can be wrong with the command is found before the database is opened (or created): the
+    # TOML file, the settings, the dataset file, the key variables and the endpoint itself.
+    toml = read_toml(a)
+    fresh = None if a.join else resolve_config(a, None, toml, required=not a.name)
+    if fresh is not None:
+        check_before_writing(fresh, dataset=True, preflight=a.preflight)
     try:
         engine = open_engine(a.db)
     except DatabaseError as exc:
         raise CliError(str(exc)) from None
     existing = None
-    ref = a.join or a.name
+    ref = a.join or a.name or (fresh.name if fresh is not None and fresh.name else None)
+    if ref is None and fresh is not None:
+        ref = stable_name(fresh)  # the same command again finds the same run
+        with engine.connect() as conn:
+            others = [n for n in matching_runs(conn, fresh) if n != ref]
+            conn.rollback()
+        if others and _find(engine, ref) is None:
+            listed = ", ".join(repr(n) for n in others[-5:])
+            raise CliError(f"this dataset, endpoint and model already have run(s) {listed}: resume run "
+                           f"{others[-1]!r}? use --name {others[-1]} (or --name NEW to start another)")
     if ref:
         try:
             with engine.connect() as conn:
@@ -283,14 +476,17 @@ def handle(a: argparse.Namespace) -> int:
             raise CliError(f"run {existing['name']!r} is a {existing['kind']} run (synthwatch {existing['kind']});"
                            " choose another --name")
         # resume (or join): the run's current config version, with what the flags and --config file change
-        config = resolve_config(a, json.loads(existing["config_json"]))
+        config = resolve_config(a, json.loads(existing["config_json"]), toml)
         config.name = existing["name"]
+        if fresh is None:
+            check_before_writing(config, dataset=False, preflight=a.preflight)
         run_id, resumed = existing["id"], True
         _resume_settings(engine, a, existing, config)
     else:
-        config = resolve_config(a)
-        if not config.name:
-            config.name = default_name(config)
+        config = fresh if fresh is not None else resolve_config(a, None, toml)
+        if fresh is None:
+            check_before_writing(config, dataset=True, preflight=a.preflight)
+        config.name = ref or stable_name(config)
         try:
             run_id, resumed = prepare_run(engine, config)
         except RunLoadError as exc:
@@ -298,8 +494,12 @@ def handle(a: argparse.Namespace) -> int:
     out = sys.stderr
     verb = "joining" if a.join else ("resuming" if resumed else "starting")
     print(f"{verb} run {config.name!r} (id {run_id}) in {safe_url(str(engine.url))}", file=out)
-    print(f"dashboard: {dashboard_hint(a.db)}  then open http://127.0.0.1:8000/runs/{run_id}", file=out)
-    progress = Progress(config.name, json_lines=a.log_json, quiet=a.quiet)
+    link = run_link(engine, run_id, dashboard_hint(a.db))
+    print(link, file=out)
+    db_flag = f" --db {a.db}" if a.db else ""
+    progress = Progress(config.name, json_lines=a.log_json, quiet=a.quiet, engine=engine, run_id=run_id,
+                        resume_hint=f"synthwatch control {config.name}{db_flag} resume", dashboard=link,
+                        exit_on_pause=a.exit_on_pause)
     from ..quality.checks import ChecksConfigError
     from ..quality.live import writer_hooks
 
@@ -308,7 +508,9 @@ def handle(a: argparse.Namespace) -> int:
     except ChecksConfigError as exc:
         raise CliError(str(exc)) from None
     try:
-        worker = RunWorker(engine, run_id, config, join=bool(a.join), hooks=hooks, on_tick=progress.tick)
+        # hard_exit: in the `synthwatch` program a stop that overruns its deadline ends the process (workers/supervisor.py)
+        worker = RunWorker(engine, run_id, config, join=bool(a.join), hooks=hooks, on_tick=progress.tick,
+                           hard_exit=a.program)
     except MissingApiKey as exc:
         raise CliError(str(exc)) from None
 
@@ -334,7 +536,10 @@ def handle(a: argparse.Namespace) -> int:
         progress.close()
         with engine.connect() as conn:
             row = run_row(conn, run_id)
-        message = row.get("status_message") or ""
+        message = (row.get("status_message") or "").replace("control RUN ", f"control {config.name} ")
+        if progress.exited_paused and final == "stopped":
+            final = "paused"
+            message = _keep_paused(engine, run_id, row, config.name)
         head = final
         if final == "completed" and message.startswith("completed with "):
             head, _, rest = message.partition(" (")
@@ -346,5 +551,35 @@ def handle(a: argparse.Namespace) -> int:
         )
         return EXIT_CODES.get(final, 1)
     finally:
-        if main_thread and not in_program():  # the program keeps ignoring it until entry() takes over
+        if main_thread and not a.program:  # the program keeps ignoring it until entry() takes over
             signal.signal(signal.SIGINT, previous)
+
+
+def _find(engine: Any, name: str) -> int | None:
+    from ..store.queue import find_run_id
+
+    with engine.connect() as conn:
+        found = find_run_id(conn, name)
+        conn.rollback()
+    return found
+
+
+def _keep_paused(engine: Any, run_id: int, row: dict[str, Any], name: str) -> str:
+    """--exit-on-pause: this worker left a paused run; the run stays paused (its status said "stopped" when this
+    was its last worker), so that `synthwatch control RUN resume` and the dashboard's resume still apply."""
+    from ..store.queue import pause_reason, set_status, write_begin
+
+    with engine.connect() as conn:
+        reason, _rules = pause_reason(conn, run_id)
+    if reason:  # an alarm holds the run: a plain resume would be refused
+        why = reason.split(". Acknowledge and resume")[0]
+        message = (f"{why}; the worker exited (--exit-on-pause): fix the cause, or acknowledge and resume with "
+                   f"`synthwatch control {name} resume --ack --for-records N`, then run again "
+                   f"(`synthwatch run --name {name}`)")
+    else:
+        message = (f"paused; the worker exited (--exit-on-pause): resume with `synthwatch control {name} resume`, "
+                   f"then run again (`synthwatch run --name {name}`)")
+    if row.get("status") == "stopped":
+        with engine.connect() as conn, write_begin(conn):
+            set_status(conn, run_id, "paused", message)
+    return message

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 
 from ..cli import CliError
 from ._common import add_db_arg
@@ -50,7 +52,6 @@ def handle(args: argparse.Namespace) -> int:
         app = create_app(settings.db, settings)
     except DatabaseError as exc:
         raise CliError(str(exc)) from None
-    import contextlib
     import socket
 
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
@@ -72,6 +73,26 @@ def handle(args: argparse.Namespace) -> int:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     print(f"synthwatch dashboard on http://{host}:{port}/runs", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
-        server.run(sockets=[sock])
+    # the CLI's links (synthwatch run, watch, alarms) find this dashboard through the database while it runs
+    link_host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(settings.host, host)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(announced(settings.db, f"http://{link_host}:{port}"))
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
+            server.run(sockets=[sock])
     return 0
+
+
+@contextlib.contextmanager
+def announced(db: str | None, url: str) -> Iterator[None]:
+    """Record the dashboard's address in the database while it serves (store.dashboards)."""
+    from ..store.dashboards import forget_dashboard, record_dashboard
+    from ..store.db import open_engine
+
+    engine = open_engine(db)
+    row = record_dashboard(engine, url)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):  # the database gone at exit: nothing to tidy
+            forget_dashboard(engine, row)
+        engine.dispose()

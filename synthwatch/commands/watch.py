@@ -12,6 +12,7 @@ from typing import Any
 
 from ..capture.reasoning import MODES as REASONING_MODES
 from ..cli import CliError
+from ..store.dashboards import run_link
 from ._common import add_db_arg, dashboard_hint, positive_int
 
 MAX_BAD_SHOWN = 20
@@ -212,7 +213,7 @@ def handle_watch(a: argparse.Namespace) -> int:
     print(f"  recognised: {report}", file=out)
     if bad:
         print(f"  {len(bad)} of the first lines match no shape, e.g. line {bad[0][0]}: {bad[0][1]}", file=out)
-    print(f"  dashboard: {dashboard_hint(a.db)}  then open http://127.0.0.1:8000/runs/{run_id}", file=out, flush=True)
+    print(f"  {run_link(engine, run_id, dashboard_hint(a.db))}", file=out, flush=True)
     hooks = _hooks(engine, run_id, config, a.quiet)
     reporter = Reporter(a.quiet)
     ing = Ingestor(engine, run_id, parser, hooks=hooks)
@@ -346,7 +347,7 @@ def handle_import(a: argparse.Namespace) -> int:
     status_msg = f"imported {len(files)} file(s): {ing.total_ok} ok, {ing.total_error} error, {ing.total_bad} unmatched"
     finish_run(engine, run_id, "completed", status_msg)
     print(f"run {name!r}: {status_msg}", file=out)
-    print(f"  dashboard: {dashboard_hint(a.db)}  then open http://127.0.0.1:8000/runs/{run_id}", file=out)
+    print(f"  {run_link(engine, run_id, dashboard_hint(a.db))}", file=out)
     if total == 0 and already < len(files):
         print("synthwatch import: error: no record could be read", file=out)
         return 1

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
+from pathlib import PurePath
 from typing import Any
+from urllib.parse import urlsplit
 
 from .plan import PRESET_FORMATS, R_EMPTY, R_TRUNCATED, TOKEN_FORMATS, ExportPlan, version
 
@@ -87,7 +90,61 @@ def build_manifest(plan: ExportPlan, scanned: int, exported: int, excluded: Coun
             "excluded": dict(sorted(excluded.items())),
             "excluded_total": sum(excluded.values()),
         },
+        # what was still open when the export started, and who chose to export anyway (#26)
+        "open_items": list(opts.open_items),
+        "confirmed_with_open_alarms": opts.confirmed_by is not None,
+        "confirmed_by": opts.confirmed_by,
+        "confirmed_at": (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(opts.confirmed_at))
+                         if opts.confirmed_at else None),
         "tokens": tok,
         "preset": preset,
         "run_config": plan.config,
     }
+
+
+# an absolute path in text: at the start, after white space, a quote, a bracket, "=", "," or a "file:" label
+_ABS_PATH = re.compile(r"""(?:(?<=^)|(?<=[\s'"(\[=,])|(?<=file:))(?:~|[A-Za-z]:)?[/\\][^\s'"(),\[\]]*""")
+
+
+def _name_of(match: re.Match[str]) -> str:
+    path = match.group(0).rstrip(".:;")
+    tail = match.group(0)[len(path):]
+    return (PurePath(path.replace("\\", "/")).name or "…") + tail
+
+
+def without_paths(text: str) -> str:
+    """``text`` with each absolute file path replaced by its file name (the server's layout is not shown)."""
+    return _ABS_PATH.sub(_name_of, text) if ("/" in text or "\\" in text) else text
+
+
+def _database(url: str) -> str:
+    """A database URL as a client may see it: the SQLite file's name, or the server and database without user."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<database>"
+    if parts.scheme.startswith("sqlite"):
+        return f"{parts.scheme}:///{PurePath(parts.path).name}"
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}/{parts.path.lstrip('/')}"
+
+
+_NOT_PATHS = {"stop", "extra_body", "think_open", "think_close"}  # model text, which may well start with "/"
+
+
+def public_manifest(manifest: Any) -> Any:
+    """The manifest as the dashboard and its API serve it: the same facts with no server file path (file names
+    only; the database as its file name, or host and name). The file beside the export keeps the full paths for
+    whoever has the file system anyway."""
+    def clean(value: Any, key: str = "") -> Any:
+        if key in _NOT_PATHS:
+            return value
+        if isinstance(value, dict):
+            return {k: clean(v, str(k)) for k, v in value.items() if not (key == "file" and k == "path")}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, str):
+            return _database(value) if key == "database" else without_paths(value)
+        return value
+
+    return clean(manifest)

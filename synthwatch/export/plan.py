@@ -80,6 +80,11 @@ class ExportOptions:
     """Only records generated under this config version (record.gen_version)."""
     turns: str = "last"
     """Conversations regenerated turn by turn: a row for the last turn only, or one for each (export_turns)."""
+    open_items: tuple[dict[str, Any], ...] = ()
+    """The run's open items when the export started (records alarms left failing; named in the manifest)."""
+    confirmed_by: str | None = None
+    """Who said "export anyway" while a data-quality alarm or open item was open (cli | ui | api), or None."""
+    confirmed_at: float | None = None
 
 
 @dataclass

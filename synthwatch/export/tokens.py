@@ -42,8 +42,9 @@ def tokens_tokenizer(
         if server_ids:
             return None, None
         raise ExportError(
-            "a tokens export needs token ids: this run did not ask the server for them (request_token_ids) "
-            "and has no tokenizer configured; give --tokenizer (and --chat-template if it has none)"
+            "a tokens export needs token ids: this run did not ask the server for them and has no tokenizer "
+            "configured; give --tokenizer (and --chat-template if it has none), or generate with "
+            "`synthwatch run --request-token-ids` (request_token_ids = true) so that the server's exact ids are kept"
         )
     spec = TokenizerSpec(str(name), chat_template=template, trust_remote_code=trust, think_open=think_open,
                          think_close=think_close)

@@ -5,8 +5,12 @@ applied to (once at least ``min_records`` were seen), the failing share is at le
 (``threshold = 0``: any failure). While it fires, one active ``alarm`` row per (run, rule) is kept
 up to date; when it stops firing the row becomes inactive, except for *sticky* rules (field
 mismatch, canary, drift, template), which stay until acknowledged or a recompute clears them.
-A rule with ``auto_pause`` pauses the run once per alarm row when the failing share reaches
-``pause_threshold`` over at least ``pause_min_records`` records.
+A rule with ``auto_pause`` marks its alarm row ``auto_paused`` (and pauses the run) when the failing share
+reaches ``pause_threshold`` over at least ``pause_min_records`` records. From then on the pause is a state,
+not an event: the claim itself (synthwatch.store.queue.alarm_gate) refuses while that alarm is open and not
+snoozed, whatever resumed the run. An acknowledgement snoozes it: for N records or M minutes
+(``acknowledge(..., for_records=, for_minutes=)``, "Acknowledge and resume"), or until the check fails again.
+The words of an alarm are in synthwatch.quality.alarm_text.
 
 The web app reads alarms with :func:`banner_alarms` / :func:`list_alarms` and writes only the
 acknowledgement (:func:`acknowledge`).
@@ -19,11 +23,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride
 from ..store import queue as store
+from ..store.dashboards import dashboard_url
+from .alarm_text import describe, server_said
 
 log = logging.getLogger("synthwatch.alarms")
 
@@ -56,101 +63,6 @@ def should_pause(rule: Rule, fail: int, total: int) -> bool:
             and fail >= rule.pause_threshold * total)
 
 
-# ------------------------------------------------------------------------------------ wording
-
-
-def _fields_text(fields: list[str]) -> str:
-    names = [("inline `<think>` tags in the content" if f == "inline" else f"`{f}`") for f in fields]
-    return " and ".join(names) if names else "another field"
-
-
-def describe(rule: Rule, fail: int, total: int, run_fail: int, run_total: int, ctx: dict[str, Any]) -> tuple[str, str]:
-    """(message, fix) in plain words for an alarm of this rule; ctx holds the latest failure's details."""
-    share = f"{fail} of the last {total} records" if total else f"{fail} records"
-    whole = f" ({run_fail} of {run_total} in the whole run)" if run_total else ""
-    mode = ctx.get("mode") or "auto"
-    name = rule.name
-    if name == "field_mismatch":
-        fields = sorted(ctx.get("fields") or [])
-        where = _fields_text(fields)
-        reads = "no reasoning field (mode `none`)" if mode == "none" else (
-            "inline `<think>` tags" if mode == "inline" else f"`{mode}`")
-        msg = (f"The endpoint sends reasoning in {where}; this run reads {reads}. {share}{whole} have it there "
-               "(so their stored reasoning is empty).")
-        target = fields[0] if fields else "auto"
-        fix = (f"Set reasoning.mode = \"{target}\" (or \"auto\"): Settings & repairs, or `synthwatch fix RUN "
-               f"--reasoning-mode {target}`. Then re-derive the affected records: their reasoning is in the raw "
-               "unread field, so no new request is needed (`synthwatch rederive RUN --check field_mismatch`).")
-        return msg, fix
-    if name == "empty_reasoning":
-        return (f"{share}{whole} have no reasoning although the run expects it.",
-                "Check where the endpoint puts the reasoning (reasoning.mode), that the server runs a reasoning "
-                "parser, and that thinking is enabled (e.g. chat_template_kwargs); set reasoning.expect = false "
-                "if this model does not reason.")
-    if name == "reasoning_tokens_no_text":
-        return (f"{share}{whole}: the server counted reasoning tokens but sent no reasoning text.",
-                "The server generates reasoning but does not return it: check include_reasoning / "
-                "separate_reasoning on the server and the reasoning.mode of this run.")
-    if name == "both_empty_with_tokens":
-        return (f"{share}{whole} have neither content nor reasoning although completion_tokens > 0.",
-                "The server dropped the text (seen with some vLLM reasoning parsers, vLLM #41902): try another "
-                "reasoning parser or server version, or read the reasoning inline (reasoning.mode = \"inline\").")
-    if name == "empty_content":
-        return (f"{share}{whole} have an empty answer (content).",
-                "The model may spend all tokens reasoning or the parser may put the answer in the reasoning: "
-                "raise max_tokens, check the reasoning parser and the think tags.")
-    if name == "truncated":
-        return (f"{share}{whole} stopped at max_tokens (finish_reason = length).",
-                "Raise sampling.max_tokens, or keep these records out of training.")
-    if name == "truncated_in_reasoning":
-        return (f"{share}{whole} were cut off before the reasoning ended: no answer at all.",
-                "Raise sampling.max_tokens; these records have no final answer.")
-    if name == "think_tags_in_content":
-        return (f"{share}{whole} still have think tags inside the content.",
-                "The reasoning was not separated: set reasoning.mode = \"inline\" (or \"auto\"), check "
-                "reasoning.think_open / think_close and reasoning.prefilled_open.")
-    if name == "repetition":
-        return (f"{share}{whole} end in repeated text (the model looped).",
-                "Raise the repetition/presence penalty or temperature, or lower max_tokens; drop these records.")
-    if name == "duplicate_output":
-        return (f"{share}{whole} repeat the output of an earlier record.",
-                "Check that prompts differ, that sampling is not greedy with a fixed seed, and the dataset "
-                "for duplicates.")
-    if name == "token_count_mismatch":
-        d = ctx
-        ex = (f" e.g. {d.get('retokenized')} re-tokenized vs {d.get('usage')} reported"
-              if d.get("usage") is not None else "")
-        return (f"{share} sampled records{whole}: the re-tokenized answer and the server's completion_tokens "
-                f"disagree;{ex}.",
-                "The configured tokenizer may not be the served model's, or the text was changed on the way; "
-                "check tokenizer.name_or_path.")
-    if name == "template_drops_reasoning":
-        return ("Rendering a record with this run's chat template leaves the reasoning out of the training "
-                f"tokens ({ctx.get('template') or 'configured template'}).",
-                "Use a chat template that renders reasoning_content for the final assistant turn (or export "
-                "with exact token ids); otherwise training loses every chain of thought.")
-    if name == "canary_failed":
-        why = ctx.get("why") or "the answer was wrong or the reasoning missing"
-        return (f"{fail} canary prompts failed{whole}: {why}.",
-                "The endpoint or the reasoning capture is not working as expected: open the example record, "
-                "compare with a manual request, check reasoning.mode and the model.")
-    if name == "server_drift":
-        what = ctx.get("field", "system_fingerprint")
-        on = f" on endpoint `{ctx['endpoint']}`" if ctx.get("endpoint") else ""
-        return (f"The server's {what}{on} changed from `{ctx.get('from')}` to `{ctx.get('to')}` at record "
-                f"#{ctx.get('record_id')} (dataset index {ctx.get('idx')}).",
-                "A different model or server version answered part of this run; check the endpoints, and "
-                "split or re-run the records after the change if that matters.")
-    if name == "timeout":
-        return (f"{share}{whole} finished as timeouts.",
-                "The server is overloaded or too slow: lower concurrency, raise timeouts.total_s / idle_s, or "
-                "add endpoints.")
-    if name == "error":
-        return (f"{share}{whole} finished as errors.",
-                "Open the latest errors: check the endpoint URL, model name, API key and server logs.")
-    return f"{share}{whole} failed the {name} check.", ""
-
-
 # ------------------------------------------------------------------------------------ evaluation
 
 
@@ -161,6 +73,7 @@ class ActiveAlarm:
     auto_paused: bool
     message: str
     acked_at: float | None = None
+    bounded: bool = False  # acknowledged for N records or M minutes: the claim ends the snooze, not a failure
 
 
 # Alarms about the data itself: a run that ends with one of these open is not a plain "completed".
@@ -175,6 +88,7 @@ class AlarmKeeper:
         self.run_name = run_name
         self.notifier = notifier
         self.dashboard_url = dashboard_url.rstrip("/")
+        self.found_url = ""  # without a configured base: the running dashboard's (store.dashboards), at refresh
         self.active: dict[str, ActiveAlarm] = {}
         self.no_pause: set[str] = set()  # checks whose auto-pause a person turned off (pause_override)
         self.loaded = False
@@ -182,21 +96,28 @@ class AlarmKeeper:
 
     def load(self, conn: Connection) -> None:
         self.active = {}
-        for aid, rule, count, paused, msg, acked in conn.execute(
-            text("SELECT id, rule, count, auto_paused, message, acked_at FROM alarm WHERE run_id = :r AND active"
-                 " ORDER BY id"), {"r": self.run_id},
+        for aid, rule, count, paused, msg, acked, until, upto in conn.execute(
+            text("SELECT id, rule, count, auto_paused, message, acked_at, snooze_until, snooze_records FROM alarm"
+                 " WHERE run_id = :r AND active ORDER BY id"), {"r": self.run_id},
         ):
-            self.active[rule] = ActiveAlarm(aid, count, bool(paused), msg, acked)
+            self.active[rule] = ActiveAlarm(aid, count, bool(paused), msg, acked,
+                                            until is not None or upto is not None)
         self.no_pause = active_overrides(conn, self.run_id)
+        self.found_url = "" if self.dashboard_url else (dashboard_url(conn) or "")
         self.loaded = True
 
     def refresh(self, conn: Connection) -> None:
-        """Acknowledgements and auto-pause overrides are written by the dashboard: read them again."""
-        acked: dict[int, float | None] = dict(conn.execute(text("SELECT id, acked_at FROM alarm WHERE run_id = :r AND active"),
-                                  {"r": self.run_id}).all())
+        """Acknowledgements, snoozes and auto-pause overrides are written by the dashboard, the CLI and the claim
+        (a snooze that is over): read them again."""
+        rows = {r[0]: r for r in conn.execute(
+            text("SELECT id, acked_at, snooze_until, snooze_records FROM alarm WHERE run_id = :r AND active"),
+            {"r": self.run_id})}
         for cur in self.active.values():
-            cur.acked_at = acked.get(cur.id, cur.acked_at)
+            r = rows.get(cur.id)
+            if r is not None:
+                cur.acked_at, cur.bounded = r[1], r[2] is not None or r[3] is not None
         self.no_pause = active_overrides(conn, self.run_id)
+        self.found_url = "" if self.dashboard_url else (dashboard_url(conn) or "")
 
     def evaluate(
         self,
@@ -244,12 +165,25 @@ class AlarmKeeper:
                 continue
             if cur is None and name in MISMATCH_SYMPTOMS and "field_mismatch" in self.active:
                 continue
-            ctx = details.get(name, {})
+            ctx = dict(details.get(name) or {})
+            if name in TRANSPORT_RULES:
+                said = self._server_said(conn, name)
+                if said:
+                    ctx["server_said"] = said
+            # without the evidence (a reload after a settings change or a repair dropped the latest details) a
+            # field mismatch keeps the words it has: describing it from nothing proposed "auto (or auto)"
+            if name == "field_mismatch" and not ctx.get("fields") and example is not None:
+                ctx = {"fields": self._example_fields(conn, example)} if cur is None else ctx
+            keep = name == "field_mismatch" and not ctx.get("fields")
             message, fix = describe(rule, fail, total, n_fail, n_total, ctx)
+            ev = None if keep else orjson.dumps(
+                {"ctx": {k: v for k, v in ctx.items() if isinstance(v, (str, int, float, list)) or v is None},
+                 "counts": [fail, total, n_fail, n_total]}).decode()
             count = n_fail or fail
             pause = allow_pause and name not in self.no_pause and should_pause(rule, fail, total)
             reraised_from = None
-            if cur is not None and cur.acked_at is not None and new_fail.get(name, 0.0) > cur.acked_at:
+            if (cur is not None and cur.acked_at is not None and not cur.bounded
+                    and new_fail.get(name, 0.0) > cur.acked_at):
                 # the snooze is over: the condition came back in records finished after the acknowledgement
                 conn.execute(text("UPDATE alarm SET active = false, updated_at = :t WHERE id = :i"),
                              {"t": t, "i": cur.id})
@@ -260,20 +194,27 @@ class AlarmKeeper:
             if cur is None:
                 aid = int(conn.execute(
                     text("INSERT INTO alarm (run_id, rule, severity, title, message, fix, count, example_record_id,"
-                         " raised_at, updated_at, active, auto_paused, reraised_from) VALUES (:r, :rule, :sev,"
-                         " :title, :msg, :fix, :count, :ex, :t, :t, true, false, :prev) RETURNING id"),
+                         " raised_at, updated_at, active, auto_paused, reraised_from, evidence_json) VALUES (:r,"
+                         " :rule, :sev, :title, :msg, :fix, :count, :ex, :t, :t, true, false, :prev, :ev)"
+                         " RETURNING id"),
                     {"r": self.run_id, "rule": name, "sev": rule.severity, "title": rule.title, "msg": message,
-                     "fix": fix, "count": count, "ex": example, "t": t, "prev": reraised_from},
+                     "fix": fix, "count": count, "ex": example, "t": t, "prev": reraised_from, "ev": ev},
                 ).scalar_one())
                 cur = self.active[name] = ActiveAlarm(aid, count, False, message)
                 raised.append(name)
                 self._notify("alarm", rule, cur.id, message, fix, fail, total, n_fail, n_total, example)
-            elif cur.count != count or cur.message != message:
+            elif keep and cur.count != count:
+                conn.execute(text("UPDATE alarm SET count = :count, example_record_id = COALESCE(:ex,"
+                                  " example_record_id), updated_at = :t WHERE id = :i"),
+                             {"count": count, "ex": example, "t": t, "i": cur.id})
+                cur.count = count
+            elif not keep and (cur.count != count or cur.message != message):
                 conn.execute(
                     text("UPDATE alarm SET count = :count, message = :msg, fix = :fix, severity = :sev,"
-                         " example_record_id = COALESCE(:ex, example_record_id), updated_at = :t WHERE id = :i"),
+                         " example_record_id = COALESCE(:ex, example_record_id), updated_at = :t,"
+                         " evidence_json = :ev WHERE id = :i"),
                     {"count": count, "msg": message, "fix": fix, "sev": rule.severity, "ex": example, "t": t,
-                     "i": cur.id},
+                     "ev": ev, "i": cur.id},
                 )
                 cur.count, cur.message = count, message
             if pause and not cur.auto_paused:
@@ -292,7 +233,12 @@ class AlarmKeeper:
 
     def would_pause(self, rules: dict[str, Rule], windows: dict[str, tuple[int, int]],
                     new_fail: dict[str, float]) -> bool:
-        """Whether evaluating now would pause the run (checked before a claim is answered)."""
+        """Whether evaluating now could pause the run (checked before a claim is answered: True writes the
+        records at once, so that the alarm lands before the next claim).
+
+        An alarm that already paused the run counts too when this writer's copy says it is not acknowledged:
+        the copy may predate an acknowledgement, and a failure after it re-raises the alarm. Only a bounded
+        snooze (the claim ends it) or an acknowledgement older than none of these failures is left alone."""
         for name in new_fail:
             rule = rules.get(name)
             if rule is None or not rule.enabled or name in self.no_pause:
@@ -301,13 +247,35 @@ class AlarmKeeper:
             if not (fires(rule, fail, total) and should_pause(rule, fail, total)):
                 continue
             cur = self.active.get(name)
-            if cur is None or not cur.auto_paused or (cur.acked_at is not None and new_fail[name] > cur.acked_at):
+            if cur is None or not cur.auto_paused or cur.acked_at is None:
+                return True
+            if not cur.bounded and new_fail[name] > cur.acked_at:
                 return True
         return False
 
+    def _example_fields(self, conn: Connection, record_id: int) -> list[str]:
+        """The fields a field mismatch found in its example record (the evidence, when a repair's reload has none)."""
+        row = conn.execute(text("SELECT check_json FROM record WHERE id = :i"), {"i": record_id}).first()
+        try:
+            det = orjson.loads(row[0]) if row is not None and row[0] else {}
+        except orjson.JSONDecodeError:
+            return []
+        fm = det.get("field_mismatch") if isinstance(det, dict) else None
+        fields = fm.get("fields") if isinstance(fm, dict) else None
+        return sorted(str(f) for f in fields) if isinstance(fields, list) else []
+
+    def _server_said(self, conn: Connection, name: str) -> str:
+        """The latest final failure's own text (HTTP status and the server's message), redacted and bounded."""
+        kinds = "IN" if name == "timeout" else "NOT IN"
+        row = conn.execute(text(f"SELECT message FROM error_event WHERE run_id = :r AND final AND kind {kinds}"
+                                " ('timeout', 'idle_timeout', 'connect_timeout') ORDER BY id DESC LIMIT 1"),
+                           {"r": self.run_id}).first()
+        return server_said(row[0]) if row is not None and row[0] else ""
+
     def _notify(self, event: str, rule: Rule, alarm_id: int, message: str, fix: str, fail: int, total: int,
                 n_fail: int, n_total: int, example: int | None) -> None:
-        link = f"{self.dashboard_url}/runs/{self.run_id}" if self.dashboard_url else f"/runs/{self.run_id}"
+        base = self.dashboard_url or self.found_url
+        link = f"{base}/runs/{self.run_id}" if base else f"/runs/{self.run_id}"
         payload = {
             "event": event,
             "run": {"id": self.run_id, "name": self.run_name},
@@ -328,7 +296,7 @@ class AlarmKeeper:
 # ------------------------------------------------------------------------------------ web side
 
 _ALARM_COLS = ("id, run_id, rule, severity, title, message, fix, count, example_record_id, raised_at, updated_at,"
-               " acked_at, acked_by, active, auto_paused, reraised_from")
+               " acked_at, acked_by, active, auto_paused, reraised_from, evidence_json")
 
 
 def banner_alarms(conn: Connection, run_id: int) -> list[dict[str, Any]]:
@@ -354,20 +322,73 @@ class AlarmNotFound(LookupError):
     pass
 
 
-def acknowledge(engine: Engine, run_id: int, alarm_id: int, actor: str = "ui") -> dict[str, Any]:
-    """Snooze an alarm: the banner hides it until its condition comes back in records finished after now."""
+def acknowledge(engine: Engine, run_id: int, alarm_id: int, actor: str = "ui", *, for_records: int | None = None,
+                for_minutes: float | None = None) -> dict[str, Any]:
+    """Snooze an alarm. Without a bound the banner hides it until its check fails again in records finished after
+    now (a new alarm is raised then, pausing again); with ``for_records`` / ``for_minutes`` the claim lets that
+    many more records (or minutes) through and then pauses again if the check failed since. Returns what was
+    snoozed and until when (``until``: words)."""
+    if for_records is not None and for_minutes is not None:
+        raise store.ControlError("acknowledge for a number of records or a number of minutes, not both")
     with engine.connect() as conn, store.write_begin(conn):
-        row = conn.execute(text("SELECT id, rule, acked_at, acked_by FROM alarm WHERE id = :i AND run_id = :r"),
-                           {"i": alarm_id, "r": run_id}).first()
+        store.lock_run(conn, run_id)
+        row = conn.execute(text("SELECT id, rule, acked_at, acked_by, active, title FROM alarm WHERE id = :i"
+                                " AND run_id = :r"), {"i": alarm_id, "r": run_id}).first()
         if row is None:
             raise AlarmNotFound(f"run {run_id} has no alarm {alarm_id}")
         t = time.time()
-        if row[2] is None:
-            conn.execute(text("UPDATE alarm SET acked_at = :t, acked_by = :a WHERE id = :i"),
-                         {"t": t, "a": actor, "i": alarm_id})
+        total, pending = conn.execute(text("SELECT total, n_pending FROM run WHERE id = :r"), {"r": run_id}).one()
+        claimed = int(total or 0) - int(pending or 0)
+        until = upto = None
+        if for_minutes is not None:
+            if not 0 < float(for_minutes) <= store.MAX_ACK_MINUTES:
+                raise store.ControlError(f"acknowledge for more than 0 and at most {store.MAX_ACK_MINUTES:,} minutes,"
+                                         f" got {for_minutes}")
+            until = t + float(for_minutes) * 60
+        if for_records is not None:
+            if not 1 <= int(for_records) <= store.MAX_ACK_RECORDS:
+                raise store.ControlError(f"acknowledge for 1 to {store.MAX_ACK_RECORDS:,} records, got {for_records}")
+            upto = claimed + int(for_records)
+        already = row[2] is not None and until is None and upto is None
+        if not already:
+            conn.execute(text("UPDATE alarm SET acked_at = :t, acked_by = :a, snooze_until = :u, snooze_records = :n"
+                              " WHERE id = :i"), {"t": t, "a": actor, "u": until, "n": upto, "i": alarm_id})
+        info = {"id": alarm_id, "rule": row[1], "title": row[5], "active": bool(row[4]),
+                "acked_at": row[2] if already else t, "acked_by": row[3] if already else actor,
+                "snooze_until": until, "snooze_records": upto, "already": already}
+        info["until"] = snooze_words(info, claimed)
+        if not already:
             store.add_event(conn, run_id, "ack_alarm", alarm_id, actor=actor,
-                            detail=f"{row[1]}: snoozed until it fails again in new records")
-    return {"id": alarm_id, "rule": row[1], "acked_at": row[2] or t, "acked_by": row[3] or actor}
+                            detail=f"{row[1]}: snoozed {info['until']}")
+    return info
+
+
+def snooze_words(alarm: dict[str, Any], claimed: int | None = None) -> str:
+    """Until when an acknowledged alarm is snoozed, in words."""
+    if alarm.get("snooze_until") is not None:
+        left = max(0.0, float(alarm["snooze_until"]) - time.time())
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(alarm["snooze_until"])))
+        return f"until {at} ({left / 60:.0f} min from now), then it pauses again if its check failed since"
+    if alarm.get("snooze_records") is not None:
+        n = int(alarm["snooze_records"])
+        more = f", {max(0, n - claimed):,} to go" if claimed is not None else ""
+        return (f"until the run has claimed {n:,} records{more}, then it pauses again if its check failed"
+                " since")
+    return "until its check fails again in a record finished after the acknowledgement (a new alarm then)"
+
+
+def snoozed_alarms(conn: Connection, run_id: int) -> list[dict[str, Any]]:
+    """Open alarms a person acknowledged: still open (export still asks about them), not on the banner."""
+    rows = conn.execute(
+        text(f"SELECT {_ALARM_COLS}, snooze_until, snooze_records FROM alarm WHERE run_id = :r AND active"
+             " AND acked_at IS NOT NULL ORDER BY id DESC LIMIT 50"), {"r": run_id}).mappings().all()
+    total, pending = conn.execute(text("SELECT total, n_pending FROM run WHERE id = :r"), {"r": run_id}).one()
+    out = []
+    for r in rows:
+        a = dict(r)
+        a["until"] = snooze_words(a, int(total or 0) - int(pending or 0))
+        out.append(a)
+    return out
 
 
 # ------------------------------------------------------------------------------------ auto-pause overrides
@@ -421,22 +442,3 @@ def set_auto_pause(engine: Engine, run_id: int, check: str, on: bool, *, reason:
                                                                "a": actor, "t": t})
         store.add_event(conn, run_id, "auto_pause_off", check, actor=actor, detail=reason[:2000])
     return {"check": check, "auto_pause": False, "changed": True, "reason": reason}
-
-
-def open_quality_alarms(conn: Connection, run_id: int) -> list[tuple[str, int]]:
-    """(check, failing records in the whole run) for every active data-quality alarm, most failures first."""
-    rows = conn.execute(
-        text("SELECT a.rule, COALESCE(s.n_fail, a.count) FROM alarm a LEFT JOIN check_stat s ON s.run_id = a.run_id"
-             " AND s.check_name = a.rule WHERE a.run_id = :r AND a.active"), {"r": run_id}).all()
-    out = [(rule, int(n or 0)) for rule, n in rows if rule not in TRANSPORT_RULES]
-    out.sort(key=lambda x: -x[1])
-    return out
-
-
-def completion_message(conn: Connection, run_id: int) -> str | None:
-    """'completed with N records failing <check>' when a data-quality alarm is open at the end, else None."""
-    failing = open_quality_alarms(conn, run_id)
-    if not failing:
-        return None
-    parts = [f"{n:,} record{'' if n == 1 else 's'} failing {rule}" for rule, n in failing]
-    return "completed with " + ", ".join(parts)

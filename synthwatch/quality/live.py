@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 from ..check_catalog import BIT, CHECK_NAMES, CheckSettings, Rule
 from ..config import ConfigError
 from ..store import queue as store
+from . import open_items
 from .alarms import AlarmKeeper, effective_rules
 from .checks import (
     ChecksConfigError,
@@ -150,6 +151,8 @@ class ChecksHook:
         self._raw_checks = orjson.dumps(ctx.settings.model_dump(mode="json"))
         self._last_reload = time.monotonic()
         self._reevaluate_all = True
+        self._items_synced = 0.0
+        self._items_open = True  # until the first sync says otherwise (a resumed run may have some)
         if load:
             self._load()
 
@@ -195,17 +198,20 @@ class ChecksHook:
                 o.check_json = orjson.dumps(det).decode() if det else None
                 staged[o.record_id] = (o.record_id, applied, failed, False)
                 continue
-            v = view_from_outcome(o)
+            v = None
             try:
+                v = view_from_outcome(o)
                 applied, failed, det = check_turns(self.checker, v, o.turns) if o.turns \
                     else self.checker.check(v)
+                check_json = orjson.dumps(det).decode() if det else None
             except Exception as exc:  # a checks bug must not stop data collection: flag the record instead
                 self.check_errors += 1
                 if self.check_errors <= 5:
                     log.exception("checks failed on record %d", o.record_id)
                 applied, failed, det = 0, 0, {"check_error": f"{exc.__class__.__name__}: {exc}"[:500]}
+                check_json = orjson.dumps(det).decode()
             o.check_flags = failed
-            o.check_json = orjson.dumps(det).decode() if det else None
+            o.check_json = check_json
             self._results[o.record_id] = (applied, failed, det)
             staged[o.record_id] = (o.record_id, applied, failed, True)
             if failed:
@@ -213,7 +219,7 @@ class ChecksHook:
                 for name in CHECK_NAMES:
                     if failed & BIT[name] and fin > self._new_fail.get(name, 0.0):
                         self._new_fail[name] = fin
-            if v.status == "ok":
+            if v is not None and v.status == "ok":
                 self.ok_seen += 1
                 self._maybe_tokenize(v, det)
         if len(self._results) > 20_000:  # keep only what a retried flush can ask for again
@@ -302,9 +308,11 @@ class ChecksHook:
                                f"wn{i}": self.windows[n].total, f"ex{i}": d[2]})
             for name, n_fail, n_total, ex in conn.execute(_stat_upsert(len(deltas)), params):
                 self.run_stats[name] = (n_fail, n_total, ex)
+        raised: list[str] = []
         if touched or self._reevaluate_all:
-            self._evaluate(conn, t, None if self._reevaluate_all else touched)
+            raised = self._evaluate(conn, t, None if self._reevaluate_all else touched)
             self._reevaluate_all = False
+        self._sync_items(conn, t, bool(raised))
         self._staged = {}
         self._new_fail = {}
 
@@ -326,14 +334,25 @@ class ChecksHook:
         if len(self._sample_details) >= 1000:
             self._sample_details.clear()
 
-    def _evaluate(self, conn: Connection, t: float, only: set[str] | None) -> None:
+    def _evaluate(self, conn: Connection, t: float, only: set[str] | None) -> list[str]:
         windows = {n: (w.fail, w.total) for n, w in self.windows.items()}
         details = dict(self.details)
         if "field_mismatch" in details:
             details["field_mismatch"] = {**details["field_mismatch"], "fields": sorted(self.mismatch_fields),
                                          "mode": self.ctx.mode}
-        self.keeper.evaluate(conn, t, self.rules, windows, self.run_stats, details, only=only,
-                             new_fail=self._new_fail)
+        return self.keeper.evaluate(conn, t, self.rules, windows, self.run_stats, details, only=only,
+                                    new_fail=self._new_fail)
+
+    def _sync_items(self, conn: Connection, t: float, now: bool) -> None:
+        """Open items (quality/open_items.py): opened as soon as an alarm is raised, recounted from the records every
+        SYNC_EVERY_S while an alarm or an item is open (a re-run's records may close one)."""
+        if not now and not (self.keeper.active or self._items_open):
+            return
+        if not now and time.monotonic() - self._items_synced < open_items.SYNC_EVERY_S:
+            return
+        self._items_synced = time.monotonic()
+        open_items.sync(conn, self.run_id, t=t)
+        self._items_open = open_items.any_open(conn, self.run_id)
 
     def _reload(self, conn: Connection) -> None:
         """Pick up what changed while running: check settings, a new config version (reading settings), and

@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection, Engine
 from ..capture.turns import load as load_turns
 from ..check_catalog import BIT, CHECK_INFO, CHECK_NAMES, CheckSettings
 from ..store import queue as store
+from . import open_items
 from .alarms import AlarmKeeper, effective_rules
 from .checks import ChecksConfigError, RecordChecker, RunContext, check_turns, parse_settings, view_from_row
 from .token_checks import TokenJob, run_token_job, tokenizer_spec
@@ -159,6 +160,7 @@ def recompute(engine: Engine, run_id: int, *, batch: int = 1000, use_tokenizer: 
                 text("INSERT INTO check_stat (run_id, check_name, n_fail, n_total, win_fail, win_total,"
                      " example_record_id, updated_at) VALUES (:r, :c, :f, :n, :wf, :wn, :ex, :t)"), stat_rows)
         raised = keeper.evaluate(conn, t, rules, windows, run_stats, details, allow_pause=False, clear_sticky=True)
+        open_items.sync(conn, run_id, t=t, actor="checks")  # re-checked records may open or close an open item
         store.add_event(conn, run_id, "recompute_checks", n_records, actor="checks")
     return {
         "run_id": run_id, "records": n_records, "seconds": round(time.time() - t0, 3), "raised": raised,

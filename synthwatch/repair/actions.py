@@ -31,6 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 from ..capture.reasoning import REASONING_FIELDS, rederive
 from ..capture.turns import load as load_turns
 from ..check_catalog import BIT, CHECK_NAMES
+from ..quality import open_items
 from ..quality.alarms import AlarmKeeper, effective_rules
 from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turns, view_from_row
 from ..quality.live import recent_windows
@@ -140,8 +141,10 @@ def iter_ids(engine: Engine, run_id: int, sel: Selection, chunk: int = CHUNK) ->
 
 
 # what reading an answer again and checking it need (not usage, token ids, attempts: read once, kept as they are)
+# every column derive() returns is read: comparing a re-derived record with its row needs them all (a record
+# already right raised KeyError 'reasoning_len' here, found by tests/test_alarm_state_machine.py)
 _READ_COLS = ("id, idx, run_id, revision, rerun, prompt_json, status, reasoning, content, content_null,"
-              " reasoning_source, finish_reason, completion_tokens, reasoning_tokens, extra_json, model,"
+              " reasoning_source, reasoning_len, content_len, finish_reason, completion_tokens, reasoning_tokens, extra_json, model,"
               " system_fingerprint, endpoint, error_kind, check_flags, check_json, derive_version, turns_json,"
               " turns_done")
 
@@ -467,6 +470,7 @@ def _finish(engine: Engine, run_id: int, repair_id: int, kind: str, out: dict[st
         keeper = AlarmKeeper(run_id, run["name"], None, ctx.settings.webhook.dashboard_url)
         keeper.evaluate(conn, time.time(), rules, {n: (w.fail, w.total) for n, w in windows.items()}, run_stats, {},
                         allow_pause=False, clear_sticky=True)
+        open_items.sync(conn, run_id, actor=actor)  # records repaired (or queued again) may close an open item
         summary = {k: v for k, v in out.items() if k not in ("examples", "cannot_examples")}
         conn.execute(text(
             "UPDATE repair SET status = 'done', n_selected = :n, n_changed = :c, n_skipped = :s, summary_json = :j"
@@ -501,6 +505,11 @@ def preview_rerun(engine: Engine, run_id: int, sel: Selection) -> dict[str, Any]
     return {**counts, "skipped_why": why, "selection": sel.description, "max_id": sel.max_id}
 
 
+def nothing_to_rerun(selected: int) -> str:
+    return (f"nothing to re-run: {selected:,} records selected, none of them finished and not already queued again"
+            " (no repair was recorded)")
+
+
 def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "cli") -> dict[str, Any]:
     """Queue the selection's finished records to be generated again under the current config version.
 
@@ -511,7 +520,8 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
         if run["kind"] != "generate":
             raise RepairError(f"run {run['name']!r} is a {run['kind']} run: its records were not generated here,"
                               " so they cannot be run again (re-derive works on them)")
-        repair_id = _start_repair(conn, run_id, "rerun", sel, version, actor)
+    # the repair row is written with the first record queued: a selection with nothing to re-run leaves no row (#26)
+    repair_id: int | None = None
     expects = bool(run["expects_reasoning"])
     fail_d = dict.fromkeys(CHECK_NAMES, 0)
     total_d = dict.fromkeys(CHECK_NAMES, 0)
@@ -528,6 +538,8 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
             counts["skipped"] += len(ids) - len(mine)
             if not mine:
                 continue
+            if repair_id is None:
+                repair_id = _start_repair(conn, run_id, "rerun", sel, version, actor)
             _copy_to_history(conn, mine, "rerun", repair_id, t)
             search_index.unindex(conn, mine)
             by = {"ok": 0, "error": 0, "timeout": 0}
@@ -560,6 +572,9 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
             counts["queued"] += len(mine)
     out: dict[str, Any] = {**counts, "changed": counts["queued"], "cannot": counts["skipped"],
                            "selection": sel.description, "config_version": version}
+    if repair_id is None:
+        out.update(repair_id=None, message=nothing_to_rerun(counts["selected"]))
+        return out
     _finish(engine, run_id, repair_id, "rerun", out, fail_d, actor, total_d)
     out["repair_id"] = repair_id
     return out

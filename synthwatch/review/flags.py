@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
+from ..quality import open_items
 from ..store import queue as store
 from .filters import BULK_CHUNK, REASON_CODES, VERDICTS, Filters, NotFound, ReviewError, _hint
 from .queries import Cursor, _select_ids, count
@@ -47,6 +48,7 @@ def flag(engine: Engine, run_id: int, record_id: int, verdict: str, reason: str 
         ).scalar_one()
         conn.execute(text("UPDATE record SET review = :v, review_reason = :reason, reviewed_at = :t WHERE id = :i"),
                      {"v": verdict, "reason": reason, "t": t, "i": record_id})
+        open_items.sync(conn, run_id, actor="review")  # a record flagged bad is excluded from its open item
     return {"id": int(flag_id), "record_id": record_id, "verdict": verdict, "reason": reason, "note": note,
             "created_at": t}
 
@@ -82,6 +84,7 @@ def undo(engine: Engine, run_id: int, record_id: int | None = None) -> dict[str,
     with engine.connect() as conn, store.write_begin(conn):
         conn.execute(text("UPDATE flag SET undone_at = :t WHERE id = :f"), {"t": t, "f": latest[0]})
         prev = _restore(conn, int(latest[1]))
+        open_items.sync(conn, run_id, actor="review")
     return {"undone": 1, "record_id": int(latest[1]), "review": prev}
 
 
@@ -94,6 +97,7 @@ def undo_bulk(engine: Engine, run_id: int, bulk_id: str) -> int:
                 text("SELECT id, record_id FROM flag WHERE run_id = :r AND bulk_id = :b AND undone_at IS NULL"
                      " LIMIT :n"), {"r": run_id, "b": bulk_id, "n": BULK_CHUNK}).all()
             if not rows:
+                open_items.sync(conn, run_id, actor="review")
                 return done
             conn.execute(text("UPDATE flag SET undone_at = :t WHERE id = :f"), [{"t": t, "f": r[0]} for r in rows])
             for r in rows:
@@ -149,6 +153,8 @@ def bulk_flag(read: Engine, write: Engine, run_id: int, f: Filters, verdict: str
             conn.execute(text("UPDATE record SET review = :v, review_reason = :reason, reviewed_at = :t WHERE id = :i"),
                          [{"v": verdict, "reason": reason, "t": t, "i": i} for i in ids])
         n += len(ids)
+    with write.connect() as conn, store.write_begin(conn):
+        open_items.sync(conn, run_id, actor="review")
     return {"bulk_id": bulk_id, "flagged": n, "verdict": verdict, "reason": reason}
 
 

@@ -94,7 +94,7 @@ class DatasetError(Exception):
         n = len(bad_lines)
         head = (
             f"{source}: {n} of {total_rows} rows {'is' if n == 1 else 'are'} bad; refusing to load "
-            f"(set on_bad_line to 'skip' to skip bad rows and go on):"
+            f"(add --skip-bad-lines, or on_bad_line = \"skip\" under [dataset] in the TOML, to skip bad rows and go on):"
         )
         listed = [f"  {bad}" for bad in bad_lines[:MAX_LISTED_BAD_LINES]]
         if n > MAX_LISTED_BAD_LINES:
@@ -342,7 +342,9 @@ def _parse_slowly(raw: bytes) -> tuple[Any, str | None]:
     try:
         return json.loads(text), None
     except json.JSONDecodeError as exc:
-        return None, f"invalid JSON: {exc.msg} at column {exc.colno}"
+        # json's own message for some errors already ends in "at" ("Invalid control character at")
+        msg = exc.msg.removesuffix(" at")
+        return None, f"invalid JSON: {msg} at column {exc.colno}"
     except RecursionError:
         return None, "invalid JSON: nested too deeply"
 

@@ -6,6 +6,7 @@ benchmarks that need a loaded run.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,38 @@ class RunLoadError(Exception):
 def default_name(config: Any) -> str:
     stem = Path(config.dataset.path).name.split(".")[0] or "dataset"
     return f"{stem}-{config.model.split('/')[-1]}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _identity(dataset_path: str, base_urls: list[str], model: str) -> str:
+    return "\n".join([str(Path(dataset_path).expanduser().resolve()), *sorted(u.rstrip("/") for u in base_urls),
+                      model])
+
+
+def stable_name(config: Any) -> str:
+    """`synthwatch run`'s name when --name is not given: the same dataset, endpoints and model give the same name,
+    so that typing the same command again resumes the run (<dataset>-<model>-<6 hex of path, endpoints, model>)."""
+    stem = Path(config.dataset.path).name.split(".")[0] or "dataset"
+    key = _identity(config.dataset.path, [e.base_url for e in config.endpoints], config.model)
+    return f"{stem}-{config.model.split('/')[-1]}-{hashlib.sha256(key.encode()).hexdigest()[:6]}"
+
+
+def matching_runs(conn: Any, config: Any) -> list[str]:
+    """Names of generate runs with this dataset (same file), endpoints and model, oldest first."""
+    import json
+
+    from sqlalchemy import text
+
+    want = _identity(config.dataset.path, [e.base_url for e in config.endpoints], config.model)
+    out = []
+    for name, cfg in conn.execute(text("SELECT name, config_json FROM run WHERE kind = 'generate' ORDER BY id")):
+        try:
+            c = json.loads(cfg or "{}")
+            key = _identity(c["dataset"]["path"], [e["base_url"] for e in c["endpoints"]], c["model"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if key == want:
+            out.append(str(name))
+    return out
 
 
 def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int, bool]:

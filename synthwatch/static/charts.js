@@ -95,6 +95,22 @@
     ctx.restore();
   }
 
+  // Each alarm's time span (the time-series JSON's "alarms": from its first failing record to its last, or to
+  // now while it is open) as a band behind the series, so a stretch of bad records stays visible after it ended.
+  function drawAlarmSpans(u, spans) {
+    if (!spans || !spans.length) { return; }
+    var ctx = u.ctx, pr = uPlot.pxRatio, xmin = u.scales.x.min, xmax = u.scales.x.max;
+    ctx.save();
+    spans.forEach(function (a) {
+      var t0 = Math.max(a.t0, xmin), t1 = Math.min(a.t1 === null || a.t1 === undefined ? xmax : a.t1, xmax);
+      if (!(t1 >= t0)) { return; }
+      var x0 = u.valToPos(t0, "x", true), x1 = Math.max(u.valToPos(t1, "x", true), x0 + 2 * pr);
+      ctx.fillStyle = a.severity === "warning" ? "rgba(214, 140, 0, 0.16)" : "rgba(200, 30, 30, 0.14)";
+      ctx.fillRect(x0, u.bbox.top, x1 - x0, u.bbox.height);
+    });
+    ctx.restore();
+  }
+
   function zoomInUrl() {
     var params = new URLSearchParams(location.search);
     var from = parseFloat(params.get("from")), to = parseFloat(params.get("to"));
@@ -208,6 +224,8 @@
     var seen = {};
     this.section.setAttribute("data-n-points", String(ts.points.length));
     this.section.setAttribute("data-last-t", String(ts.points.length ? ts.points[ts.points.length - 1].t : 0));
+    this.section.setAttribute("data-alarm-spans", String((ts.alarms || []).length));
+    this.listSpans(ts.alarms || []);
     specs(ts).forEach(function (spec) {
       seen[spec.id] = 1;
       var key = spec.series.map(function (s) { return s[0]; }).join("|");
@@ -222,6 +240,20 @@
       if (!seen[id]) { self.charts[id].u.destroy(); self.charts[id].cell.remove(); delete self.charts[id]; }
     });
     this.applyScale();
+  };
+
+  // The shaded spans in words too, under the charts (what a screen reader and a test read)
+  TimeGroup.prototype.listSpans = function (spans) {
+    var box = this.section.querySelector(".alarm-spans");
+    if (!box) {
+      box = document.createElement("p");
+      box.className = "alarm-spans muted";
+      box.setAttribute("data-testid", "alarm-spans");
+      this.grid.parentNode.insertBefore(box, this.grid.nextSibling);
+    }
+    box.textContent = spans.length ? "Shaded: " + spans.map(function (a) {
+      return a.title + " (alarm #" + a.id + ") " + hms(a.t0) + "–" + (a.t1 === null || a.t1 === undefined ? "now" : hms(a.t1));
+    }).join("; ") : "";
   };
 
   TimeGroup.prototype.make = function (spec, key, data) {
@@ -253,6 +285,7 @@
           u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
           self.setZoom({ min: min, max: max });
         }],
+        drawAxes: [function (u) { drawAlarmSpans(u, self.ts && self.ts.alarms); }],
         draw: spec.threshold ? [function (u) { drawThreshold(u, spec.threshold[0], spec.threshold[1]); }] : []
       }
     };

@@ -88,7 +88,23 @@ def make_engine(url: str, *, readonly: bool = False, pool_size: int = 5) -> Engi
     kwargs: dict[str, Any] = {"pool_pre_ping": True, "pool_size": pool_size, "max_overflow": 10}
     if readonly:
         kwargs["execution_options"] = {"postgresql_readonly": True}
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    if make_url(url).get_driver_name() == "psycopg":
+        event.listen(engine, "connect", _pg_numbers)
+    return engine
+
+
+def _pg_numbers(dbapi_conn: Any, _record: Any) -> None:
+    """NUMERIC results as int (or float) on PostgreSQL, as SQLite gives them: SUM over a BIGINT column (the token
+    counts, migration 0012_bigint_tokens) is NUMERIC there, which psycopg reads as Decimal, and readers mix it with floats."""
+    from psycopg.types.numeric import NumericLoader
+
+    class NumberLoader(NumericLoader):
+        def load(self, data: Any) -> Any:
+            d = super().load(data)
+            return int(d) if d.is_finite() and d == d.to_integral_value() else float(d)
+
+    dbapi_conn.adapters.register_loader("numeric", NumberLoader)
 
 
 def alembic_config(url: str):  # type: ignore[no-untyped-def]

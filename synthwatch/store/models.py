@@ -8,7 +8,7 @@ text produced by orjson so the worker's hot path never builds ORM objects.
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, Text, UniqueConstraint, text
+from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 RUN_STATUSES = ("created", "running", "paused", "stopping", "stopped", "completed", "failed")
@@ -33,9 +33,10 @@ class RecordOutput(SQLModel):
     reasoning_len: int | None = None
     content_len: int | None = None
     finish_reason: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    reasoning_tokens: int | None = None
+    # BIGINT (migration 0012_bigint_tokens): no server value may fail a write; counts outside 0..2^31-1 are not stored at all
+    prompt_tokens: int | None = Field(default=None, sa_type=BigInteger)
+    completion_tokens: int | None = Field(default=None, sa_type=BigInteger)
+    reasoning_tokens: int | None = Field(default=None, sa_type=BigInteger)
     usage_json: str | None = Field(default=None, sa_type=Text)
     token_ids_json: str | None = Field(default=None, sa_type=Text)
     latency_s: float | None = None
@@ -156,10 +157,10 @@ class Series(SQLModel, table=True):
     http_5xx: int = 0
     other_errors: int = 0
     cancelled: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-    content_tokens: int = 0
+    prompt_tokens: int = Field(default=0, sa_type=BigInteger)
+    completion_tokens: int = Field(default=0, sa_type=BigInteger)
+    reasoning_tokens: int = Field(default=0, sa_type=BigInteger)
+    content_tokens: int = Field(default=0, sa_type=BigInteger)
     chunks: int = 0
     empty_reasoning: int = 0
     finish_length: int = 0
@@ -257,6 +258,9 @@ class Alarm(SQLModel, table=True):
     active: bool = True
     auto_paused: bool = False
     reraised_from: int | None = None  # the acknowledged alarm whose condition came back
+    snooze_until: float | None = None  # an acknowledgement "for M minutes" ends here (read by the claim)
+    snooze_records: int | None = None  # ... "for N records": claims stop once the run claimed this many
+    evidence_json: str | None = Field(default=None, sa_type=Text)  # what the alarm saw (fields, error text)
 
 
 class Flag(SQLModel, table=True):
@@ -435,3 +439,41 @@ class ServerMetric(SQLModel, table=True):
     prefix_hit_rate: float | None = None  # 0..1
     max_concurrency: float | None = None  # the server's own estimate of requests that fit (vLLM, SGLang)
     waiting_by_reason: str | None = Field(default=None, sa_column=_text())  # JSON: reason -> waiting requests
+
+
+class Dashboard(SQLModel, table=True):
+    """A running dashboard's address (synthwatch.store.dashboards): the CLI's links point at it."""
+
+    __tablename__ = "dashboard"
+
+    id: int | None = Field(default=None, primary_key=True)
+    url: str = Field(sa_column=_text(False))
+    host: str
+    pid: int
+    started_at: float
+
+
+class OpenItem(SQLModel, table=True):
+    """What an alarm left behind: records failing its check, until repaired, excluded or accepted (migration 0012)."""
+
+    __tablename__ = "open_item"
+    __table_args__ = (Index("ix_open_item_run", "run_id", "state"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    check_name: str
+    alarm_id: int | None = None  # the alarm that opened it
+    follows: int | None = None  # the closed item on the same check before this one
+    since: float | None = None  # counts records finished after this (an item after an acceptance)
+    state: str  # open | repaired | excluded | accepted
+    opened_at: float
+    updated_at: float
+    n_records: int  # finished records failing the check now, not flagged bad
+    n_excluded: int  # failing records flagged bad
+    n_queued: int  # queued for a re-run, their earlier output failing the check (not counted as failing)
+    n_peak: int  # the most records it ever counted
+    first_t: float | None = None  # first / last finish time of the records it counts
+    last_t: float | None = None
+    closed_at: float | None = None
+    closed_by: str | None = None
+    reason: str | None = Field(default=None, sa_column=_text())  # an acceptance's typed reason

@@ -18,6 +18,7 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
+from ..check_catalog import BIT, DEFAULT_RULES
 from ..config import RunConfig
 from .models import RECORD_STATUSES
 
@@ -30,6 +31,15 @@ class NotFound(Exception):
 
 class ControlError(ValueError):
     pass
+
+
+class AlarmOpen(ControlError):
+    """A plain resume while a pausing alarm is open and not snoozed: the person must acknowledge it (for how many
+    records or minutes) in the same action, or the claim would pause the run again at once."""
+
+    def __init__(self, message: str, alarms: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.alarms = alarms
 
 
 def now() -> float:
@@ -192,8 +202,12 @@ def add_event(conn: Connection, run_id: int, action: str, value: Any = None, act
 
 
 def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, actor: str = "ui",
-                  detail: str | None = None) -> dict[str, Any]:
-    """Record a control request; workers read it within their control interval (~0.25 s)."""
+                  detail: str | None = None, *, ack_records: int | None = None,
+                  ack_minutes: float | None = None) -> dict[str, Any]:
+    """Record a control request; workers read it within their control interval (~0.25 s).
+
+    A resume while a pausing alarm is open and not snoozed raises AlarmOpen unless it acknowledges that alarm in
+    the same transaction, for ``ack_records`` more records or ``ack_minutes`` minutes (see :func:`alarm_gate`)."""
     if action not in CONTROL_ACTIONS:
         raise ControlError(f"unknown control action {action!r}; expected one of {', '.join(CONTROL_ACTIONS)}")
     sets: dict[str, Any] = {}
@@ -224,15 +238,177 @@ def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, a
         if c < 1 or c > 100_000:
             raise ControlError(f"concurrency must be between 1 and 100,000, got {c}")
         sets["concurrency"] = c
+    if action != "resume" and (ack_records is not None or ack_minutes is not None):
+        raise ControlError("an acknowledgement (for N records or M minutes) goes with resume only")
+    snooze = _snooze_bound(ack_records, ack_minutes)
     with engine.connect() as conn, write_begin(conn):
-        row = conn.execute(text("SELECT status, kind FROM run WHERE id = :r"), {"r": run_id}).first()
+        lock_run(conn, run_id)
+        row = conn.execute(text("SELECT status, kind, total, n_pending FROM run WHERE id = :r"),
+                           {"r": run_id}).first()
         if row is None:
             raise NotFound(f"no run {run_id}")
-        assign = ", ".join(f"{k} = :{k}" for k in sets)
+        if action == "resume":
+            claimed = int(row[2] or 0) - int(row[3] or 0)
+            blocked, _left = alarm_gate(conn, run_id, claimed, now(), reopen=False)
+            if blocked and snooze is None:
+                raise AlarmOpen(resume_refusal(blocked), blocked)
+            if blocked and snooze is not None:
+                sets["acknowledged"] = _acknowledge_blocking(conn, run_id, blocked, claimed, snooze, actor)
+        assign = ", ".join(f"{k} = :{k}" for k in sets if k != "acknowledged")
         conn.execute(text(f"UPDATE run SET {assign}, updated_at = :t WHERE id = :r"),
-                     {**sets, "t": now(), "r": run_id})
+                     {**{k: v for k, v in sets.items() if k != "acknowledged"}, "t": now(), "r": run_id})
         add_event(conn, run_id, action, value, actor, detail)
     return sets
+
+
+# ---------------------------------------------------------------- the pausing-alarm gate
+
+# Open alarms that paused the run, unless a person turned auto-pause off for their check (pause_override).
+# ix_alarm_run (run_id, active) keeps this a few index entries per claim.
+_GATE_SQL = text(
+    "SELECT a.id, a.rule, a.title, a.acked_at, a.snooze_until, a.snooze_records, a.evidence_json FROM alarm a"
+    " WHERE a.run_id = :r AND a.active AND a.auto_paused AND NOT EXISTS (SELECT 1 FROM pause_override p"
+    " WHERE p.run_id = a.run_id AND p.check_name = a.rule AND p.ended_at IS NULL) ORDER BY a.id")
+
+MAX_ACK_RECORDS = 1_000_000_000
+MAX_ACK_MINUTES = 7 * 24 * 60
+
+
+def _snooze_bound(records: int | None, minutes: float | None) -> tuple[str, float] | None:
+    if records is not None and minutes is not None:
+        raise ControlError("acknowledge for a number of records or a number of minutes, not both")
+    if records is not None:
+        if not 1 <= int(records) <= MAX_ACK_RECORDS:
+            raise ControlError(f"acknowledge for 1 to {MAX_ACK_RECORDS:,} records, got {records}")
+        return ("records", float(int(records)))
+    if minutes is not None:
+        if not 0 < float(minutes) <= MAX_ACK_MINUTES:
+            raise ControlError(f"acknowledge for more than 0 and at most {MAX_ACK_MINUTES:,} minutes, got {minutes}")
+        return ("minutes", float(minutes))
+    return None
+
+
+def alarm_gate(conn: Connection, run_id: int, claimed: int, t: float, *,
+               reopen: bool = True) -> tuple[list[dict[str, Any]], int | None]:
+    """(blocking alarms, records still allowed by bounded snoozes or None) for a claim now.
+
+    An alarm that paused the run blocks every claim while it is open and not snoozed: not acknowledged, or
+    acknowledged for minutes that are over or for records the run has claimed (``claimed`` = total - pending).
+    It is read inside the claim's own transaction, so every worker (SQLite or PostgreSQL) sees the snooze as
+    written, whatever resumed the run (a button, the CLI, the API, a restart). With ``reopen``, a bounded
+    snooze that is over and whose check failed again in records finished after the acknowledgement becomes
+    unacknowledged (the banner shows it again); one whose check did not fail since becomes a plain
+    acknowledgement (snoozed until the check fails again, when the writer raises a new alarm)."""
+    blocked: list[dict[str, Any]] = []
+    left: int | None = None
+    for row in conn.execute(_GATE_SQL, {"r": run_id}).mappings():
+        a = dict(row)
+        over = ""
+        if a["acked_at"] is None:
+            blocked.append(a)
+            continue
+        if a["snooze_until"] is not None and t >= a["snooze_until"]:
+            over = "minutes"
+        elif a["snooze_records"] is not None:
+            n = int(a["snooze_records"]) - claimed
+            if n > 0:
+                left = n if left is None else min(left, n)
+                continue
+            over = "records"
+        if not over:
+            continue
+        a["snooze_over"] = over
+        if not reopen:
+            blocked.append(a)
+            continue
+        bit = BIT.get(a["rule"], 0)
+        again = conn.execute(
+            text("SELECT 1 FROM record WHERE run_id = :r AND finished_at > :t AND (check_flags & :b) != 0 LIMIT 1"),
+            {"r": run_id, "t": a["acked_at"], "b": bit}).first() is not None
+        if again:
+            conn.execute(text("UPDATE alarm SET acked_at = NULL, acked_by = NULL, snooze_until = NULL,"
+                              " snooze_records = NULL, updated_at = :t WHERE id = :i"), {"t": t, "i": a["id"]})
+            add_event(conn, run_id, "snooze_over", a["id"], actor="alarm",
+                      detail=f"{a['rule']}: the acknowledgement for some {over} is over and the check failed again")
+            a["acked_at"] = None
+            blocked.append(a)
+        else:
+            conn.execute(text("UPDATE alarm SET snooze_until = NULL, snooze_records = NULL WHERE id = :i"),
+                         {"i": a["id"]})
+            add_event(conn, run_id, "snooze_over", a["id"], actor="alarm",
+                      detail=f"{a['rule']}: the acknowledgement for some {over} is over; no record failed it since,"
+                             " so it stays acknowledged until one does")
+    return blocked, left
+
+
+def _alarm_names(blocked: list[dict[str, Any]]) -> str:
+    return "; ".join(f"alarm #{a['id']} {a['rule']} ({a['title']})" for a in blocked)
+
+
+def resume_refusal(blocked: list[dict[str, Any]]) -> str:
+    return (f"not resumed: {_alarm_names(blocked)} paused this run and is still open. Resuming would pause it "
+            "again before the next record. Acknowledge it in the same action, for a number of records or minutes "
+            "(`synthwatch control RUN resume --ack --for-records 100`, the dashboard's \"Acknowledge and resume\","
+            " or the API's ack_records / ack_minutes), or fix the cause first (Settings & repairs).")
+
+
+def _acknowledge_blocking(conn: Connection, run_id: int, blocked: list[dict[str, Any]], claimed: int,
+                          snooze: tuple[str, float], actor: str) -> list[dict[str, Any]]:
+    t = now()
+    kind, amount = snooze
+    until = t + amount * 60 if kind == "minutes" else None
+    upto = claimed + int(amount) if kind == "records" else None
+    what = f"{int(amount):,} more records" if kind == "records" else f"{amount:g} minutes"
+    out = []
+    for a in blocked:
+        conn.execute(text("UPDATE alarm SET acked_at = :t, acked_by = :a, snooze_until = :u, snooze_records = :n"
+                          " WHERE id = :i"), {"t": t, "a": actor, "u": until, "n": upto, "i": a["id"]})
+        add_event(conn, run_id, "ack_alarm", a["id"], actor=actor,
+                  detail=f"{a['rule']}: acknowledged and resumed for {what}")
+        out.append({"id": a["id"], "rule": a["rule"], "for": what, "snooze_until": until, "snooze_records": upto})
+    return out
+
+
+def hold_for_alarms(conn: Connection, run_id: int, blocked: list[dict[str, Any]]) -> None:
+    """The claim found a pausing alarm open: the run pauses (again), saying why, and claims nothing."""
+    if conn.execute(text("UPDATE run SET desired = 'pause', updated_at = :t WHERE id = :r AND desired = 'run'"),
+                    {"t": now(), "r": run_id}).rowcount:
+        add_event(conn, run_id, "pause", None, actor="alarm",
+                  detail=f"{_alarm_names(blocked)} is open and not acknowledged: no record is claimed until it is"
+                         " acknowledged (Acknowledge and resume) or cleared")
+
+
+def last_failure(conn: Connection, run_id: int) -> str:
+    """The latest final failed attempt's text (HTTP status and the server's message; redacted when recorded)."""
+    row = conn.execute(text("SELECT message FROM error_event WHERE run_id = :r AND final ORDER BY id DESC LIMIT 1"),
+                       {"r": run_id}).first()
+    msg = " ".join(str(row[0] or "").split()) if row is not None else ""
+    return msg if len(msg) <= 300 else msg[:299] + "…"
+
+
+def pause_reason(conn: Connection, run_id: int) -> tuple[str, tuple[str, ...]]:
+    """Why a paused run waits, in a line for the status and the terminal, and the rules of the alarms that hold
+    it (('', ()) when none does)."""
+    t = now()
+    blocked = [a for a in alarm_gate(conn, run_id, 0, t, reopen=False)[0]
+               if a["acked_at"] is None or (a["snooze_until"] is not None and t >= a["snooze_until"])]
+    if not blocked:
+        return "", ()
+    a = blocked[0]
+    said = ""
+    try:
+        ev = orjson.loads(a["evidence_json"]) if a["evidence_json"] else {}
+    except orjson.JSONDecodeError:
+        ev = {}
+    ctx = ev.get("ctx") if isinstance(ev, dict) else None
+    if isinstance(ctx, dict) and ctx.get("server_said"):
+        said = f"; the server said: {str(ctx['server_said'])[:300]}"
+    more = f" (and {len(blocked) - 1} more)" if len(blocked) > 1 else ""
+    rule = DEFAULT_RULES.get(a["rule"])
+    title = a["title"] or (rule.title if rule else a["rule"])
+    return (f"paused by alarm #{a['id']} {a['rule']}: {title}{more}{said}. Acknowledge and resume to go on"
+            " (synthwatch control RUN resume --ack --for-records N), or fix the cause",
+            tuple(sorted({b["rule"] for b in blocked})))
 
 
 # ---------------------------------------------------------------- workers
@@ -324,6 +500,29 @@ def release_claims(conn: Connection, run_id: int, worker_id: int, ids: list[int]
     return moved
 
 
+def release_worker(conn: Connection, run_id: int, worker_id: int, interrupted: list[dict[str, Any]]) -> int:
+    """Every record this worker still holds back to pending: the last thing a worker does, after its writer ended.
+
+    ``interrupted``: the records whose request was cut short, each with its attempt history (id, attempts,
+    attempts_json, error_kind, error), kept on the record; the others (never started, or finished with a
+    result that was never written) go back as they were. Only rows the worker still holds move. Returns how many."""
+    if interrupted:  # their history first (they stay held), then one statement moves all: one row count to trust
+        conn.execute(
+            text("UPDATE record SET attempts = :attempts, attempts_json = :attempts_json, error_kind = :error_kind,"
+                 " error = :error WHERE id = :id AND run_id = :r AND worker_id = :w AND status = 'in_flight'"),
+            [{**row, "r": run_id, "w": worker_id} for row in interrupted],
+        )
+    moved = conn.execute(
+        text("UPDATE record SET status = 'pending', worker_id = NULL, lease_until = NULL, claimed_at = NULL"
+             " WHERE run_id = :r AND worker_id = :w AND status = 'in_flight'"),
+        {"r": run_id, "w": worker_id},
+    ).rowcount or 0
+    _count_back_to_pending(conn, run_id, moved)
+    if moved:  # its claims in all, as the writer counts them: a claim handed back was not claimed
+        conn.execute(text("UPDATE worker SET claimed = claimed - :n WHERE id = :w"), {"n": moved, "w": worker_id})
+    return moved
+
+
 def recount(conn: Connection, run_id: int) -> None:
     """Recompute the run's counters from the records (after a crash, counters are re-derived)."""
     counts = {s: 0 for s in RECORD_STATUSES}
@@ -359,11 +558,11 @@ def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float)
     Must run inside a write transaction (write_begin)."""
     lock = " FOR UPDATE" if is_pg(conn) else ""
     row = conn.execute(
-        text(f"SELECT cap, desired, n_ok, n_in_flight, n_pending FROM run WHERE id = :r{lock}"), {"r": run_id}
-    ).first()
+        text(f"SELECT cap, desired, n_ok, n_in_flight, n_pending, total FROM run WHERE id = :r{lock}"),
+        {"r": run_id}).first()
     if row is None:
         return [], "run deleted"
-    cap, desired, n_ok, n_in_flight, n_pending = row
+    cap, desired, n_ok, n_in_flight, n_pending, total = row
     if desired != "run":
         return [], desired
     limited = ""
@@ -377,6 +576,13 @@ def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float)
     if n <= 0:
         return [], "empty"
     t = now()
+    # the pausing-alarm gate: read here, in the claim's transaction, by every worker (never from a cache)
+    blocked, left = alarm_gate(conn, run_id, int(total or 0) - int(n_pending or 0), t)
+    if blocked:
+        hold_for_alarms(conn, run_id, blocked)
+        return [], "alarm"
+    if left is not None and left < n:
+        n, limited = left, "snooze"
     rows = conn.execute(
         text(claim_sql(" FOR UPDATE SKIP LOCKED" if is_pg(conn) else "")),
         {"w": worker_id, "lease": t + lease_s, "t": t, "r": run_id, "n": n},

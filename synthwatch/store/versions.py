@@ -37,7 +37,7 @@ GENERATION_KEYS = ("model", "endpoints", "stream", "request_token_ids", "samplin
                    "history_reasoning")
 CONTROL_KEYS = ("cap", "concurrency")
 # per-process settings of a worker: several workers of one run may differ, and none changes the data
-PROCESS_KEYS = ("name", "lease_s", "flush_interval_ms")
+PROCESS_KEYS = ("name", "lease_s", "flush_interval_ms", "shutdown_grace_s")
 FIXED_KEYS = ("dataset", "turns")  # turns: each conversation's turn count is set when it is loaded
 NEW_VERSION_FLAG = "--new-config-version"
 _ADDED_LATER = {"turns": "last", "history_reasoning": "strip"}

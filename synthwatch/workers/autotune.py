@@ -1,6 +1,6 @@
 """Self-tuning concurrency (`concurrency = "auto"`): as many requests in flight as the servers can serve.
 
-The worker runs one tuner per endpoint (RunWorker._tune): each endpoint gets its own limit of requests at once
+The worker runs one tuner per endpoint (:func:`tune`): each endpoint gets its own limit of requests at once
 (Endpoint.limit, respected by the pool), fed by that endpoint's own answers, failures and /metrics; the run's
 concurrency is the sum of the limits.
 
@@ -26,8 +26,17 @@ It never leaves [min, max]. A server that shows no metrics is tuned on tokens/s,
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import statistics
+import time
 from dataclasses import dataclass, field
+from typing import Any
+
+from ..store import queue as store
+from . import faults
+
+log = logging.getLogger("synthwatch.worker")
 
 
 @dataclass
@@ -130,3 +139,72 @@ class Tuner:
 
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+async def tune(worker: Any) -> None:
+    """A worker's self-tuning concurrency (its task while the run goes), per endpoint: each endpoint has its own
+    tuner and its own limit of requests at once (Endpoint.limit); the run's concurrency is their sum. One step per
+    interval, each in the audit log naming the endpoint and the reason."""
+    at = worker.config.autotune
+    start = max(at.min, min(at.max, at.start))
+    eps = list(worker.pool.endpoints)
+    tuners = {ep.label: Tuner(start, at.min, at.max, gain=at.gain, latency_factor=at.latency_factor)
+              for ep in eps}
+    for ep in eps:
+        ep.limit = start
+    total = start * len(eps)
+    await asyncio.to_thread(store.apply_control, worker.engine, worker.run_id, "concurrency", total, "autotune",
+                            f"self-tuning concurrency starts at {start} per endpoint (min {at.min}, max {at.max})"
+                            + (f", {len(eps)} endpoints" if len(eps) > 1 else ""))
+    last = {ep.label: (ep.n_timeouts, ep.limited, ep.n_server_errors) for ep in eps}
+    scraped = worker.scraper.preemptions if worker.scraper is not None else {}
+    preempted = {k: v.latest for k, v in scraped.items()}  # each server's preemption counter at the previous step
+    while True:
+        t0 = time.monotonic()
+        for ep in eps:
+            ep.outstanding_max = ep.outstanding
+        await asyncio.sleep(at.interval_s)
+        faults.hit("tuner")
+        if worker.state != "running":
+            last = {ep.label: (ep.n_timeouts, ep.limited, ep.n_server_errors) for ep in eps}
+            preempted = {k: v.latest for k, v in scraped.items()}
+            continue
+        dt = time.monotonic() - t0
+        changes = []
+        for ep in eps:
+            done = [(tk, spt) for ts, tk, spt in ep.done if ts >= t0]
+            lat = [spt for _tk, spt in done if spt is not None]
+            now = (ep.n_timeouts, ep.limited, ep.n_server_errors)
+            prev = last[ep.label]
+            last[ep.label] = now
+            waiting = running = ceiling = None
+            preempt = 0.0
+            row = worker.scraper.latest.get(ep.label) if worker.scraper is not None else None
+            span = scraped.get(ep.label)
+            if row and not row.get("error") and row.get("t", 0) >= time.time() - 2 * at.interval_s:
+                waiting, running = row.get("waiting") or 0.0, row.get("running") or 0.0
+                ceiling = row.get("max_concurrency")
+                # the counter's change over the whole step (from the first scrape when tuning began before
+                # any): one scrape's rate misses earlier bursts
+                before = preempted.get(ep.label, span.first if span is not None else None)
+                if span is not None and before is not None:
+                    preempt = span.latest - before if span.latest >= before else span.latest  # a restart
+                else:
+                    preempt = row.get("preemptions") or 0.0
+            if span is not None:
+                preempted[ep.label] = span.latest
+            iv = Interval(sum(tk for tk, _ in done) / dt, median(lat) if len(lat) >= 10 else None,
+                          ep.outstanding_max, now[0] - prev[0], now[1] - prev[1], now[2] - prev[2], preempt,
+                          waiting, running, in_flight_now=ep.outstanding, server_ceiling=ceiling)
+            tuner = tuners[ep.label]
+            tuner.current = ep.limit or tuner.current
+            decision = tuner.step(iv)
+            if decision is not None:
+                ep.limit = decision[0]
+                changes.append(f"{ep.label}: {tuner.history[-1][0]} -> {decision[0]}, {decision[1]}")
+        if changes:
+            total = sum(ep.limit for ep in eps)
+            reason = "; ".join(changes)
+            log.info("run %d: concurrency %d (%s)", worker.run_id, total, reason)
+            await asyncio.to_thread(store.apply_control, worker.engine, worker.run_id, "concurrency", total,
+                                    "autotune", reason[:2000])

@@ -24,10 +24,11 @@ import aiohttp
 import orjson
 from aiohttp import http_exceptions
 
-from ..capture.reasoning import ResponseShapeError, extract_response
+from ..capture.reasoning import Extracted, ResponseShapeError, extract_response
+from ..capture.safety import MAX_JSON_DEPTH, depth_over, may_be_deep
 from ..capture.stream import StreamAccumulator
 from ..config import LimitsConfig
-from ..redact import redact
+from ..redact import clip, redact
 from .endpoints import Endpoint
 from .results import AttemptResult
 from .sse import SSEParser
@@ -198,6 +199,8 @@ class Requester:
             res.n_chunks = acc.n_chunks
             if res.extracted is None:
                 res.extracted = acc.result()  # partial text is kept on failures
+            if not res.ok:
+                _bound_partial(res.extracted, self.limits.max_partial_chars)
         if res.message:
             res.message = redact(res.message)
         return res
@@ -255,6 +258,8 @@ class Requester:
             return
         parser = SSEParser()
         max_event = self.limits.max_event_bytes
+        max_reply = self.limits.max_reply_bytes
+        total = 0
         loads = orjson.loads
         feed = acc.feed
         parse = parser.feed
@@ -271,6 +276,10 @@ class Requester:
                 if not payloads:
                     break
             else:
+                total += len(data)  # decoded bytes: a compressed stream counts as what it inflates to
+                if total > max_reply:
+                    raise _Limit("reply_too_large", f"the streamed reply exceeded {max_reply:,} bytes"
+                                 f" (limits.max_reply_bytes; decoded size) after {acc.n_chunks} chunks")
                 payloads = parse(data)
                 if parser.held > max_event:
                     raise _Limit("event_too_large", f"one stream event exceeded {max_event:,} bytes"
@@ -287,6 +296,9 @@ class Requester:
                     return
                 if type(chunk) is not dict:
                     res.kind, res.message = "malformed", f"stream chunk is not an object: {_clip(payload)}"
+                    return
+                if may_be_deep(payload) and depth_over(chunk):
+                    res.kind, res.message = "reply_too_deep", _too_deep(payload)
                     return
                 if feed(chunk) and first is None:
                     first = time.perf_counter()
@@ -332,19 +344,20 @@ class Requester:
         resp.close()  # the body did not end properly: the connection is not reused
 
     async def _read_whole(self, resp: aiohttp.ClientResponse, res: AttemptResult) -> None:
-        cap = self.limits.max_body_bytes
+        # the smaller of the two limits that apply to a reply that is not streamed, each its own error kind
+        lim = self.limits
+        kind, cap, name = ("body_too_large", lim.max_body_bytes, "max_body_bytes") \
+            if lim.max_body_bytes <= lim.max_reply_bytes else ("reply_too_large", lim.max_reply_bytes, "max_reply_bytes")
         length = resp.content_length
         if length is not None and length > cap and not resp.headers.get("Content-Encoding"):
-            raise _Limit("body_too_large", f"reply body of {length:,} bytes (Content-Length) exceeds"
-                         f" {cap:,} bytes (limits.max_body_bytes)")
+            raise _Limit(kind, f"reply body of {length:,} bytes (Content-Length) exceeds {cap:,} bytes (limits.{name})")
         pieces: list[bytes] = []
         got = 0
         readany = resp.content.readany
         while data := await readany():
             got += len(data)
             if got > cap:
-                raise _Limit("body_too_large", f"reply body exceeded {cap:,} bytes (limits.max_body_bytes;"
-                             " decoded size)")
+                raise _Limit(kind, f"reply body exceeded {cap:,} bytes (limits.{name}; decoded size)")
             pieces.append(data)
         raw = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         res.ttft_s = None
@@ -360,6 +373,9 @@ class Requester:
             return
         if not isinstance(body, dict):
             res.kind, res.message = "malformed", f"response is not a JSON object: {_clip(raw)}"
+            return
+        if may_be_deep(raw) and depth_over(body):
+            res.kind, res.message = "reply_too_deep", _too_deep(raw)
             return
         try:
             res.extracted = extract_response(body, self.mode, self.think_open, self.think_close, self.prefilled_open)
@@ -400,9 +416,32 @@ def _client_error(exc: aiohttp.ClientError, limits: LimitsConfig) -> tuple[str, 
     return "http_error", text
 
 
+def _too_deep(raw: bytes) -> str:
+    return (f"reply nests JSON more than {MAX_JSON_DEPTH} levels deep (more than can be stored; see docs/limits.md):"
+            f" {_clip(raw, 100)}")
+
+
+def _bound_partial(ex: Extracted | None, n: int) -> None:
+    """Cut the text kept from a failed attempt to ``n`` characters each (limits.max_partial_chars), noted."""
+    if ex is None:
+        return
+    cut = False
+    if len(ex.reasoning) > n:
+        ex.reasoning, cut = ex.reasoning[:n], True
+    if len(ex.content) > n:
+        ex.content, cut = ex.content[:n], True
+    if ex.raw_content is not None and len(ex.raw_content) > n:
+        ex.raw_content, cut = ex.raw_content[:n], True
+    for k, v in list(ex.unread_fields.items()):
+        if len(v) > n:
+            ex.unread_fields[k], cut = v[:n], True
+    if cut:
+        ex.problems.append(f"partial text of the failed attempt cut to {n:,} characters each (limits.max_partial_chars)")
+
+
 def _clip(raw: bytes, n: int = 300) -> str:
-    s = raw[:n].decode("utf-8", "replace")
-    return s + ("…" if len(raw) > n else "")
+    # redacted before the cut (redact.clip): a key echoed across the cut would otherwise be kept minus its end
+    return clip(raw.decode("utf-8", "replace"), n)
 
 
 def _error_text(raw: bytes) -> str:
@@ -413,8 +452,8 @@ def _error_text(raw: bytes) -> str:
             err = body.get("error", body)
             if isinstance(err, dict):
                 msg = err.get("message") or err.get("detail") or err
-                return str(msg)[:_MAX_ERROR_BODY]
-            return str(err)[:_MAX_ERROR_BODY]
+                return clip(str(msg), _MAX_ERROR_BODY, "")
+            return clip(str(err), _MAX_ERROR_BODY, "")
     except orjson.JSONDecodeError:
         pass
     return _clip(raw, _MAX_ERROR_BODY) if raw else "(empty body)"

@@ -13,10 +13,8 @@ endpoint is backing off.
 from __future__ import annotations
 
 import base64
-import os
 import ssl
 import time
-import unicodedata
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +22,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from urllib.request import getproxies, proxy_bypass
 
 from ..config import EndpointConfig, EndpointPoolConfig, TLSConfig
-from ..redact import add_secret
+from ..redact import SecretError, add_secret, secret_from_env
 
 RATE_LIMIT_BASE_S = 1.0  # backoff after a 429/503 without Retry-After, doubling while they go on ...
 RATE_LIMIT_MAX_S = 60.0  # ... up to this
@@ -91,37 +89,11 @@ class MissingApiKey(Exception):
     The message names the environment variable or file, never a secret value."""
 
 
-def header_value_problem(value: str) -> str | None:
-    """Why ``value`` cannot be sent as an HTTP header value, or None if it can.
-
-    HTTP carries visible ASCII, spaces, tabs and Latin-1 bytes (obs-text) in a field value; a line
-    break or NUL would end the header and let the rest rewrite the request, and characters beyond
-    Latin-1 (a zero-width space pasted along with a key) have no bytes a server would match."""
-    for ch in value:
-        o = ord(ch)
-        if 32 <= o < 127 or o == 9 or 160 <= o < 256:
-            continue
-        if ch in "\r\n":
-            return "a line break"
-        if o == 0:
-            return "a NUL character"
-        if o > 255 and unicodedata.category(ch) not in ("Cf", "Cc", "Zs", "Zl", "Zp", "Cs", "Co", "Cn"):
-            return "a character beyond Latin-1"  # a visible one: which one could be part of the secret
-        name = unicodedata.name(ch, "control character")
-        return f"U+{o:04X} ({name})"
-    return None
-
-
 def _secret_from_env(label: str, env: str, what: str) -> str:
-    value = os.environ.get(env)
-    if not value:
-        raise MissingApiKey(f"endpoint {label}: environment variable {env} is not set (it should hold {what})")
-    add_secret(value)  # registered before anything can print it
-    why = header_value_problem(value)
-    if why is not None:
-        raise MissingApiKey(f"endpoint {label}: environment variable {env} holds {why}, which an HTTP header cannot"
-                            " carry; fix the variable (the value is not shown)")
-    return value
+    try:
+        return secret_from_env(env, what)  # registered for redaction before anything can print it
+    except SecretError as exc:
+        raise MissingApiKey(f"endpoint {label}: {exc}") from None
 
 
 def ssl_context(label: str, tls: TLSConfig) -> ssl.SSLContext:

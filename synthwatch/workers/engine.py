@@ -1,10 +1,13 @@
 """The generation worker: claims prompts from the database queue and runs them against endpoints.
 
 Concurrency is a live number read from the run row (changeable while running). Each claimed
-record runs in its own task that turns every attempt into an AttemptResult, retries transient
-faults with exponential backoff and jitter, and hands one Outcome to the writer. Cancellation
-(immediate stop, second Ctrl-C) is recorded on the record, which goes back to pending, and then
-re-raised. Graceful stop: no new claims, in-flight requests finish, the writer flushes.
+record runs in its own task (workers/record.py) that turns every attempt into an AttemptResult,
+retries transient faults with exponential backoff and jitter, and hands one Outcome to the writer.
+Graceful stop: no new claims, in-flight requests finish, the writer flushes; after a signal, within
+the grace period (``shutdown_grace_s``), after which they are interrupted. Interrupting a request
+(grace over, immediate stop, second signal, the worker failing) is recorded on its record, which
+goes back to pending. Every part of the worker is supervised (workers/supervisor.py): one that dies
+stops the worker, whose claims go back to pending, and the process exits 1.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import signal
 import time
 from collections import deque
@@ -25,22 +27,40 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from ..config import RunConfig
-from ..quality.alarms import completion_message
+from ..quality.alarms import TRANSPORT_RULES
 from ..settings import get_settings
 from ..store import queue as store
 from ..store.versions import versioned_changes
-from .autotune import Interval, Tuner, median
+from .autotune import tune
 from .client import Requester
 from .endpoints import EndpointPool
 from .gc_tuning import tuned_for_worker
 from .record import RecordTasks
-from .results import LiveStats
+from .results import LiveStats, Outcome
 from .server_metrics import Scraper, insert_rows
+from .supervisor import (
+    HURRY_S,
+    STOP_MARGIN_S,
+    Supervisor,
+    describe,
+    in_daemon_thread,
+    release_directly,
+    write_exit,
+    writer_result,
+)
 from .writer import Writer, WriterHook
 
 log = logging.getLogger("synthwatch.worker")
 
+# The `synthwatch run` exit code of each way a worker ends (2 is the CLI's, for bad input). "failed": a part of the
+# worker died (the writer thread, a helper task, ...) or its loop raised; the log's line names it, its claims went
+# back to pending, and running the same command again resumes the run.
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "paused": 4}
+STEP_S = 3.0  # the longest interrupted record tasks may take to end (cancelling them is immediate unless a bug)
+# the longest the writer's last flush may take before claims are returned without it, and the worker's own last
+# transaction (after a signal or a failure the program's deadline comes first: workers/supervisor.py)
+FLUSH_S = 30.0
+FINAL_S = 10.0
 CLAIM_WAIT_S = 0.05  # longest a free slot waits for a batch of free slots before it is claimed alone
 # At high completion rates the worker claims this much work (in seconds of completions) ahead of its free
 # slots: each claim is a write transaction with a fixed cost, and claims of a few records at thousands of
@@ -51,7 +71,12 @@ RESERVE_MIN = 32
 RESERVE_MAX = 1024
 
 
-class RunWorker(RecordTasks):
+class RunWorker:
+    """One worker of a run. ``hard_exit``: this is the `synthwatch` program itself, whose process may be ended
+    when stopping overruns its deadline (never a worker inside another program, such as a test)."""
+
+    requester: Requester  # while main() runs
+
     def __init__(
         self,
         engine: Engine,
@@ -61,6 +86,7 @@ class RunWorker(RecordTasks):
         join: bool = False,
         hooks: list[WriterHook] | None = None,
         on_tick: Callable[[RunWorker], None] | None = None,
+        hard_exit: bool = False,
     ) -> None:
         self.engine = engine
         self.run_id = run_id
@@ -75,11 +101,19 @@ class RunWorker(RecordTasks):
         self.stats = LiveStats()
         self.tasks: set[asyncio.Task[None]] = set()
         self.local_stop: str | None = None  # "stop" | "stop_now" from signals
+        self.stop_reason = ""  # why requests cancelled now were interrupted (recorded on their attempts)
+        self.interrupted: list[Outcome] = []  # interrupted records' outcomes, for a release without the writer
+        self.records = RecordTasks(self)
+        self.supervisor = Supervisor(self._failed, hard_exit=hard_exit)
+        self._abort: tuple[str, str] | None = None  # (final state, message) when the loop was cut short
+        self._loop_task: asyncio.Task[tuple[str, str | None]] | None = None
         self._done_why = ""  # why the run completed ("done", "cap_done"), for its final message
+        self.pause_note = ""  # why the run is paused when an alarm holds it (the terminal prints it)
+        self._hold: tuple[str, ...] = ()  # the rules of the alarms that hold the paused run
+        self._final = ""  # the state _shutdown stored when it differs from the loop's (every request failed)
         self.state = "running"
         self.worker_id = 0
         self.writer: Writer | None = None
-        self._rng = random.Random()
         self._body_base = self._base_body()
         self._wake = asyncio.Event()
         self._wake_at = 1 << 30  # _task_done wakes the loop when at most this many records remain (running + ready)
@@ -168,19 +202,53 @@ class RunWorker(RecordTasks):
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
-
-        def on_signal(signame: str) -> None:
-            if self.local_stop is None:
-                log.warning("%s: stopping gracefully (in-flight requests finish); again to stop now", signame)
-                self.local_stop = "stop"
-            else:
-                log.warning("%s: stopping now (in-flight requests go back to pending)", signame)
-                self.local_stop = "stop_now"
-            self._wake.set()
-
         for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, on_signal, name)
+                loop.add_signal_handler(sig, self.on_signal, name)
+
+    def on_signal(self, signame: str) -> None:
+        """SIGTERM / SIGINT: the first stops claiming and gives in-flight requests the grace period; the second
+        stops at once (the loop is cancelled whatever it waits for; claims go back to pending, best effort)."""
+        if self.local_stop is None:
+            grace = self.config.shutdown_grace_s
+            log.warning("%s: stopping gracefully (in-flight requests have %g s to finish); again to stop now",
+                        signame, grace)
+            self.local_stop = "stop"
+            # a timer, not a check in the loop: the loop may be waiting for the writer when the grace ends
+            asyncio.get_running_loop().call_later(grace, self._grace_over, signame, grace)
+            self.supervisor.deadline(grace + STOP_MARGIN_S, EXIT_CODES["stopped"], f"{signame}: stopping")
+        else:
+            log.warning("%s: stopping now (in-flight requests go back to pending)", signame)
+            self.local_stop = "stop_now"
+            self.stop_reason = self.stop_reason or f"interrupted by a second {signame}"
+            self._cut_loop("stopped", "stopped immediately; in-flight records returned to pending")
+            self.supervisor.deadline(HURRY_S, EXIT_CODES[self._abort[0] if self._abort else "stopped"],
+                                     f"{signame} again: stopping now")
+        self._wake.set()
+
+    def _grace_over(self, signame: str, grace: float) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            return  # stopped within the grace period
+        n = len(self.tasks)
+        log.warning("%s: the grace period of %g s is over; interrupting %d in-flight requests", signame, grace, n)
+        self.stop_reason = self.stop_reason or f"interrupted: the grace period of {grace:g} s after {signame} ran out"
+        self._cut_loop("stopped", f"stopped: {n} in-flight requests interrupted after the grace period of {grace:g} s,"
+                                  " their records returned to pending")
+
+    def _failed(self, why: str) -> None:
+        """The supervisor's report that a part of the worker died (on the event loop)."""
+        log.error("worker stopping: %s; in-flight requests are interrupted and every claim goes back to pending"
+                  " (exit code %d)", why, EXIT_CODES["failed"])
+        self.stop_reason = f"interrupted: the worker stopped ({why})"
+        self._abort = ("failed", why)  # whatever stop was under way: the outcome is this failure
+        self._cut_loop("failed", why)
+
+    def _cut_loop(self, final: str, message: str) -> None:
+        if self._abort is None:
+            self._abort = (final, message)
+        if self._loop_task is not None and not self._loop_task.done():
+            self._loop_task.cancel()
+        self._wake.set()
 
     async def main(self) -> str:
         """Run until the run completes, is stopped, or this worker is told to stop. Returns the state."""
@@ -196,6 +264,10 @@ class RunWorker(RecordTasks):
             on_control=self._loop_wake,
         )
         self.writer.start()
+        sup = self.supervisor
+        for part, thread in self.writer.threads.items():
+            sup.watch_thread(thread, f"the {part}")
+        sup.start()
         final = "failed"
         message: str | None = None
         try:
@@ -210,60 +282,84 @@ class RunWorker(RecordTasks):
                 limits=self.config.limits,
             ) as self.requester:
                 helpers = [t for t in (self._start_scraper(), self._start_tuner()) if t is not None]
+                self._loop_task = asyncio.create_task(self._loop(), name="synthwatch-loop")
                 try:
-                    final, message = await self._loop()
+                    final, message = await self._loop_task
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if self._abort is None or (current is not None and current.cancelling()):
+                        raise  # the worker itself is being cancelled
+                    final, message = self._abort
                 finally:
+                    await self._interrupt()  # while the HTTP session is still open: no request fails for its close
                     for task in helpers:
                         task.cancel()
                         with contextlib.suppress(asyncio.CancelledError, Exception):
                             await task
+                    if self._abort is not None and self._abort[0] == "failed":
+                        final, message = self._abort  # a part died as the loop ended: that is the outcome
         except Exception as exc:
-            log.exception("worker failed")
-            final, message = "failed", f"{exc.__class__.__name__}: {exc}"
+            why = describe("the worker's loop", exc)
+            log.error("worker failed: %s", why)
+            log.debug("worker failed", exc_info=True)
+            final, message = "failed", why
         finally:
-            await self._shutdown(final, message)
-        return final
+            try:
+                await self._shutdown(final, message)
+            finally:
+                await sup.close()  # a deadline armed stays: the program must still end in time
+        return self._final or final
+
+    async def _interrupt(self) -> None:
+        """Cancel the requests still running: each record's task records its attempt as interrupted and hands
+        the record back to pending (synthwatch.workers.record)."""
+        tasks = list(self.tasks)
+        if not tasks:
+            return
+        if not self.stop_reason:
+            self.stop_reason = "interrupted: the worker stopped"
+        for t in tasks:
+            t.cancel()
+        _, pending = await asyncio.wait(tasks, timeout=STEP_S)
+        if pending:
+            log.error("%d record tasks did not end when interrupted; their records return to pending", len(pending))
 
     async def _shutdown(self, final: str, message: str | None) -> None:
-        if self.tasks:
-            for t in self.tasks:
-                t.cancel()
-            await asyncio.gather(*self.tasks, return_exceptions=True)
+        """The writer flushes what it has and ends; then one short transaction of the worker's own hands back
+        every claim still held (records never started, claims answered while stopping, and, when the writer died
+        or did not finish, every record it did not write: the interrupted ones with their attempt recorded) and
+        writes the worker's and the run's end. Each wait is bounded."""
         assert self.writer is not None
         writer = self.writer
-        with contextlib.suppress(Exception):  # the writer may be gone; the lease then returns them
-            await asyncio.shield(self._release_ready())
+        sup = self.supervisor
+        sup.closing = True  # the writer's end is expected from here
+        await self._interrupt()  # tasks started after the loop's end (none, unless a claim came back late)
+        self.ready.clear()  # never started: the release below returns them untouched
+        if writer.alive:
+            try:
+                await in_daemon_thread(lambda: writer.stop(FLUSH_S), FLUSH_S + 1, "synthwatch-stop")
+            except Exception as exc:
+                log.warning("the writer did not finish its last flush (%s: %s)", exc.__class__.__name__, exc)
+        wrote = not writer.alive and not sup.crashed(writer.threads["database writer thread"])
+        try:
+            moved = await in_daemon_thread(
+                lambda: release_directly(self.engine, self.run_id, self.worker_id, [] if wrote else self.interrupted,
+                                         lambda conn: self._finish(conn, final, message)),
+                FINAL_S, "synthwatch-release")
+        except Exception as exc:
+            log.error("claims could not be returned to pending (%s); they return when the run is started again",
+                      describe("the release", exc))
+            return
+        if moved and not wrote:
+            log.warning("without the writer: %d claimed records returned to pending", moved)
+        elif moved:
+            log.info("%d claimed records not started returned to pending", moved)
 
-        def finish(conn: Any) -> None:
-            conn.execute(text("UPDATE worker SET status = 'exited', heartbeat_at = :t WHERE id = :w"),
-                         {"t": time.time(), "w": self.worker_id})
-            others = conn.execute(
-                text("SELECT COUNT(*) FROM worker WHERE run_id = :r AND status = 'running' AND id != :w"
-                     " AND heartbeat_at > :t"),
-                {"r": self.run_id, "w": self.worker_id, "t": time.time() - get_settings().dead_worker_after_s},
-            ).scalar_one()
-            store.add_event(conn, self.run_id, "worker_exit", f"{self.worker_id}:{final}", actor="worker")
-            if not others or final == "completed":
-                msg = message
-                if final == "completed" and self._done_why:
-                    # the loop's snapshot of the counters can predate the last records' write, which this
-                    # transaction follows: the counters now are the final ones
-                    row = conn.execute(text("SELECT cap, n_ok, n_error, n_timeout FROM run WHERE id = :r"),
-                                       {"r": self.run_id}).mappings().first()
-                    if row is not None:
-                        msg = self._finished_reason(dict(row), self._done_why)
-                if final == "completed":
-                    # a run whose data-quality alarm is still open is never a plain "completed"
-                    failing = completion_message(conn, self.run_id)
-                    if failing:
-                        msg = failing + (f" ({message})" if message else "")
-                store.set_status(conn, self.run_id, final, msg)
-
-        fut = writer.call(finish)
-        # the status write must land even if we are being cancelled
-        with contextlib.suppress(Exception):
-            await asyncio.shield(asyncio.wrap_future(fut))
-        await asyncio.to_thread(writer.stop)
+    def _finish(self, conn: Any, final: str, message: str | None) -> None:
+        reason = (lambda row: self._finished_reason(row, self._done_why)) if self._done_why else None
+        state = write_exit(conn, self.run_id, self.worker_id, final, message, reason)
+        if state != final:
+            self._final = state  # every request failed: the run failed
 
     def _start_scraper(self) -> asyncio.Task[None] | None:
         """Scrape each endpoint's own /metrics while the run goes (config server_metrics)."""
@@ -277,85 +373,23 @@ class RunWorker(RecordTasks):
                 writer.call(lambda conn: insert_rows(conn, run_id, worker_id, rows))
 
         self.scraper = Scraper(self.pool.endpoints, interval_s=sm.interval_s, timeout_s=sm.timeout_s, write=write)
-        return asyncio.create_task(self.scraper.run(), name="synthwatch-server-metrics")
+        task = asyncio.create_task(self.scraper.run(), name="synthwatch-server-metrics")
+        self.supervisor.watch_task(task, "the server-metrics scraper task")
+        return task
 
     def _start_tuner(self) -> asyncio.Task[None] | None:
         at = self.config.autotune
         if not at.enabled or self.join:
             return None
-        return asyncio.create_task(self._tune(), name="synthwatch-autotune")
-
-    async def _tune(self) -> None:
-        """Self-tuning concurrency (workers/autotune.py), per endpoint: each endpoint has its own tuner and its own
-        limit of requests at once (Endpoint.limit); the run's concurrency is their sum. One step per interval,
-        each in the audit log naming the endpoint and the reason."""
-        at = self.config.autotune
-        start = max(at.min, min(at.max, at.start))
-        eps = list(self.pool.endpoints)
-        tuners = {ep.label: Tuner(start, at.min, at.max, gain=at.gain, latency_factor=at.latency_factor)
-                  for ep in eps}
-        for ep in eps:
-            ep.limit = start
-        total = start * len(eps)
-        await asyncio.to_thread(store.apply_control, self.engine, self.run_id, "concurrency", total, "autotune",
-                                f"self-tuning concurrency starts at {start} per endpoint (min {at.min}, max {at.max})"
-                                + (f", {len(eps)} endpoints" if len(eps) > 1 else ""))
-        last = {ep.label: (ep.n_timeouts, ep.limited, ep.n_server_errors) for ep in eps}
-        scraped = self.scraper.preemptions if self.scraper is not None else {}
-        preempted = {k: v.latest for k, v in scraped.items()}  # each server's preemption counter at the previous step
-        while True:
-            t0 = time.monotonic()
-            for ep in eps:
-                ep.outstanding_max = ep.outstanding
-            await asyncio.sleep(at.interval_s)
-            if self.state != "running":
-                last = {ep.label: (ep.n_timeouts, ep.limited, ep.n_server_errors) for ep in eps}
-                preempted = {k: v.latest for k, v in scraped.items()}
-                continue
-            dt = time.monotonic() - t0
-            changes = []
-            for ep in eps:
-                done = [(tk, spt) for ts, tk, spt in ep.done if ts >= t0]
-                lat = [spt for _tk, spt in done if spt is not None]
-                now = (ep.n_timeouts, ep.limited, ep.n_server_errors)
-                prev = last[ep.label]
-                last[ep.label] = now
-                waiting = running = ceiling = None
-                preempt = 0.0
-                row = self.scraper.latest.get(ep.label) if self.scraper is not None else None
-                span = scraped.get(ep.label)
-                if row and not row.get("error") and row.get("t", 0) >= time.time() - 2 * at.interval_s:
-                    waiting, running = row.get("waiting") or 0.0, row.get("running") or 0.0
-                    ceiling = row.get("max_concurrency")
-                    # the counter's change over the whole step (from the first scrape when tuning began before
-                    # any): one scrape's rate misses earlier bursts
-                    before = preempted.get(ep.label, span.first if span is not None else None)
-                    if span is not None and before is not None:
-                        preempt = span.latest - before if span.latest >= before else span.latest  # a restart
-                    else:
-                        preempt = row.get("preemptions") or 0.0
-                if span is not None:
-                    preempted[ep.label] = span.latest
-                iv = Interval(sum(tk for tk, _ in done) / dt, median(lat) if len(lat) >= 10 else None,
-                              ep.outstanding_max, now[0] - prev[0], now[1] - prev[1], now[2] - prev[2], preempt,
-                              waiting, running, in_flight_now=ep.outstanding, server_ceiling=ceiling)
-                tuner = tuners[ep.label]
-                tuner.current = ep.limit or tuner.current
-                decision = tuner.step(iv)
-                if decision is not None:
-                    ep.limit = decision[0]
-                    changes.append(f"{ep.label}: {tuner.history[-1][0]} -> {decision[0]}, {decision[1]}")
-            if changes:
-                total = sum(ep.limit for ep in eps)
-                reason = "; ".join(changes)
-                log.info("run %d: concurrency %d (%s)", self.run_id, total, reason)
-                await asyncio.to_thread(store.apply_control, self.engine, self.run_id, "concurrency", total,
-                                        "autotune", reason[:2000])
+        task = asyncio.create_task(tune(self), name="synthwatch-autotune")
+        self.supervisor.watch_task(task, "the concurrency tuner task")
+        return task
 
     def _loop_wake(self) -> None:
         """Called from the writer thread when a claim is answered."""
         if self._loop_ref is not None:
-            self._loop_ref.call_soon_threadsafe(self._wake.set)
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the worker is gone
+                self._loop_ref.call_soon_threadsafe(self._wake.set)
 
     async def _loop(self) -> tuple[str, str | None]:
         assert self.writer is not None
@@ -371,12 +405,18 @@ class RunWorker(RecordTasks):
         rate_t, rate_n = m_last, 0
         self._cap_seen = writer.control.get("cap")
         while True:
-            if not writer.alive:
-                return "failed", "the database writer stopped unexpectedly"
+            if self._abort is not None:
+                return self._abort
+            if not writer.alive:  # seen before the supervisor's next look: it says which thread and why
+                self.supervisor.scan()
+                return self._abort or ("failed", "the database writer thread ended unexpectedly")
             fut = self._claim_fut
             if fut is not None and fut.done():
                 # answered claims are always started, whatever the state: they are ours now
                 self._claim_fut = None
+                if fut.exception() is not None:  # only a writer that died fails a claim (a busy database is retried)
+                    self.supervisor.fail(describe("the database writer thread", fut.exception()))
+                    continue
                 claimed, why = fut.result()
                 self._start(claimed)
                 if claimed and not why:
@@ -403,17 +443,9 @@ class RunWorker(RecordTasks):
             if self.on_tick and m - last_tick >= 1.0:
                 last_tick = m
                 self.on_tick(self)
-            if desired == "stop_now":
+            if desired == "stop_now":  # the run's control (a signal's second stop cuts the loop short instead)
                 self.state = "stopping"
-                if self._claim_fut is not None:
-                    claimed, why = await asyncio.wrap_future(self._claim_fut)
-                    self._claim_fut = None
-                    self.ready.extend(claimed)
-                await self._release_ready()  # never started: back to pending with no attempt recorded
-                for t in list(self.tasks):
-                    t.cancel()
-                if self.tasks:
-                    await asyncio.gather(*self.tasks, return_exceptions=True)
+                self.stop_reason = self.stop_reason or "interrupted by an immediate stop"
                 return "stopped", "stopped immediately; in-flight records returned to pending"
             if desired == "stop":
                 if self.state != "stopping":
@@ -425,10 +457,14 @@ class RunWorker(RecordTasks):
                 if self.state != "paused":
                     self.state = "paused"
                     paused_since = m
-                    await self._set_status("paused", f"paused; {len(self.tasks)} in-flight requests finishing")
+                    await self._set_paused(f"paused; {len(self.tasks)} in-flight requests finishing")
                 elif paused_since is not None and not self.tasks:
                     paused_since = None
-                    await self._set_status("paused", "paused")
+                    await self._set_paused("paused")
+                    if self._hold and set(self._hold) <= TRANSPORT_RULES:
+                        # every request fails (wrong model, URL, port): waiting for a resume with the same
+                        # settings would do nothing; the terminal gets the server's own words and exit code 4
+                        return "paused", self.pause_note
             else:
                 if self.state != "running":
                     self.state = "running"
@@ -482,10 +518,10 @@ class RunWorker(RecordTasks):
             ctl = self.writer.control
             if ctl.get("cap") != self._cap_seen:
                 return  # a new cap: the loop hands the reserve back and claims again under it
-            if ctl.get("desired", "run") != "run":
+            if ctl.get("desired", "run") != "run" or self.local_stop is not None:
                 return  # paused (an alarm's auto-pause lands here at once) or stopping: nothing new starts
         while ready and len(tasks) < self._slots and self.state == "running":
-            task = asyncio.create_task(self._process(ready.popleft()))
+            task = asyncio.create_task(self.records.process(ready.popleft()))
             tasks.add(task)
             task.add_done_callback(self._task_done)
 
@@ -502,7 +538,7 @@ class RunWorker(RecordTasks):
             writer.claimed -= moved
             return moved
 
-        await asyncio.wrap_future(self.writer.call(release))
+        await writer_result(writer, writer.call(release))
 
     async def _adopt_config(self, version: int) -> None:
         """A new config version of the run: requests started from now on use it (running ones finish as they are)."""
@@ -522,7 +558,7 @@ class RunWorker(RecordTasks):
             cfg = orjson.loads(row[0])
             cfg["name"] = self.config.name
             # cap, concurrency and per-process settings stay this worker's (controls and process settings)
-            for key in ("cap", "concurrency", "lease_s", "flush_interval_ms"):
+            for key in ("cap", "concurrency", "lease_s", "flush_interval_ms", "shutdown_grace_s"):
                 cfg[key] = getattr(self.config, key)
             new = build_config(cfg, f"config version {row[1]}")
         except (orjson.JSONDecodeError, ConfigError, TypeError) as exc:
@@ -558,10 +594,21 @@ class RunWorker(RecordTasks):
         # wake the loop only when it has something to do: a batch to claim, or no task left
         if len(self.tasks) + len(self.ready) <= self._wake_at or not self.tasks:
             self._wake.set()
-        if not task.cancelled() and task.exception() is not None:
-            log.error("record task failed: %r", task.exception())
+        if not task.cancelled() and task.exception() is not None:  # a bug: nothing is to escape a record's task
+            self.supervisor.fail(describe("a record's task", task.exception()))
+
+    async def _set_paused(self, base: str) -> None:
+        """The paused status, saying which alarm holds the run (read with the claim's gate)."""
+        assert self.writer is not None
+
+        def write(conn: Any) -> tuple[str, tuple[str, ...]]:
+            reason, rules = store.pause_reason(conn, self.run_id)
+            store.set_status(conn, self.run_id, "paused", f"{base}; {reason}" if reason else base)
+            return reason, rules
+
+        self.pause_note, self._hold = await writer_result(self.writer, self.writer.call(write))
 
     async def _set_status(self, status: str, message: str | None) -> None:
         assert self.writer is not None
         fut = self.writer.call(lambda conn: store.set_status(conn, self.run_id, status, message))
-        await asyncio.wrap_future(fut)
+        await writer_result(self.writer, fut)

@@ -1,6 +1,8 @@
 """One claimed record's life in the worker: its request with retries (or, with ``turns = "all"``, each of its
 turns in order), then one Outcome for the writer. Whatever happens on the way becomes the record's recorded
-error: nothing escapes a record's task except the cancellation of an immediate stop, recorded first."""
+error: nothing escapes a record's task except its cancellation (an immediate stop, a graceful stop whose grace
+period ran out, the worker failing), which is recorded first as an ``interrupted`` attempt, the record going back
+to pending."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -21,30 +23,42 @@ from .client import Requester
 from .endpoints import EndpointPool
 from .results import RETRYABLE_KINDS, TIMEOUT_KINDS, AttemptFailure, AttemptResult, LiveStats, Outcome
 from .series import record_columns
+from .supervisor import writer_result
 from .writer import Writer
 
 log = logging.getLogger("synthwatch.worker")
 
 
-class RecordTasks:
-    """The per-record part of :class:`synthwatch.workers.engine.RunWorker` (what each record's task runs)."""
+class RecordHost(Protocol):
+    """What a record's task needs from the worker that runs it (synthwatch.workers.engine.RunWorker). Read at each
+    use: a new config version, endpoint pool or stop reason applies to the requests started after it."""
 
     config: RunConfig
+    config_version: int
     writer: Writer | None
     requester: Requester
     pool: EndpointPool
     stats: LiveStats
     local_stop: str | None
-    config_version: int
-    _rng: random.Random
+    stop_reason: str  # why a request cancelled now was interrupted: recorded on its attempt
+    interrupted: list[Outcome]  # outcomes of interrupted records, for a release without the writer
 
     def body_for(self, messages: list[dict[str, Any]] | dict[str, Any]) -> bytes:
-        raise NotImplementedError  # RunWorker.body_for: the request body for one prompt
+        """The request body for one prompt (or one turn's history)."""
+        ...
+
+
+class RecordTasks:
+    """Runs one claimed record for its host (:meth:`process`), never raising except its cancellation."""
+
+    def __init__(self, host: RecordHost) -> None:
+        self.host = host
+        self._rng = random.Random()
 
     # ------------------------------------------------------------ one record
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        r = self.config.retries
+        r = self.host.config.retries
         delay = min(r.backoff_max_s, r.backoff_base_s * (2**attempt))
         delay = delay * (0.5 + self._rng.random())  # jitter: spread retries of a burst of failures
         if retry_after is not None:
@@ -52,41 +66,46 @@ class RecordTasks:
         return delay
 
     def _count_ok(self, ex: Any, latency_s: float, ep: Any) -> None:
-        tokens = self.stats.count_ok(ex, latency_s)
-        if ep is not None and self.config.autotune.enabled:  # what this endpoint's concurrency tuner looks at
+        tokens = self.host.stats.count_ok(ex, latency_s)
+        if ep is not None and self.host.config.autotune.enabled:  # what this endpoint's concurrency tuner looks at
             ep.done.append((time.monotonic(), tokens, latency_s / tokens if tokens else None))
 
     async def _attempts(self, body: bytes, attempts: list[dict[str, Any]], record_id: int,
                         where: dict[str, Any]) -> AttemptResult:
         """One request with its retries; each attempt is appended to ``attempts``; the last one is returned.
         ``where`` carries the stage and the endpoint out, for the caller's error path."""
-        assert self.writer is not None
-        max_attempts = self.config.retries.max_attempts
+        host = self.host
+        writer = host.writer
+        assert writer is not None
+        max_attempts = host.config.retries.max_attempts
         last: AttemptResult | None = None
         for n in range(max_attempts):
             where["stage"] = "send"
-            while (wait := self.pool.wait_s()) > 0:  # every endpoint is backing off from rate limits
+            pool = host.pool
+            while (wait := pool.wait_s()) > 0:  # every endpoint is backing off from rate limits
                 await asyncio.sleep(min(wait, 0.5))
-            ep = where["ep"] = self.pool.pick()
+            ep = where["ep"] = pool.pick()
             ep.outstanding += 1
             if ep.outstanding > ep.outstanding_max:
                 ep.outstanding_max = ep.outstanding
             where["started"] = started = time.time()
+            where["sending"] = True
             try:
                 faults.hit("send")
-                res = await self.requester.attempt(ep, body, self.config.stream)
+                res = await host.requester.attempt(ep, body, host.config.stream)
             finally:
                 ep.outstanding -= 1
+            where["sending"] = False  # not in the finally: a cancellation's handler must still see it
             where["stage"] = "capture"
             faults.hit("capture")
             last = res
             attempts.append(res.attempt_dict(len(attempts) + 1, started))
             if res.ok:
-                self.pool.success(ep)
+                pool.success(ep)
                 break
             retryable = res.kind in RETRYABLE_KINDS
             limited = res.kind == "http_429" or res.status_code == 503
-            st = self.stats
+            st = host.stats
             if res.kind in TIMEOUT_KINDS:
                 st.attempt_timeouts += 1
                 ep.n_timeouts += 1
@@ -98,27 +117,28 @@ class RecordTasks:
             if limited:  # rate limiting: this endpoint backs off; the record may go on elsewhere at once
                 ep.failed += 1
                 ep.last_error = res.message
-                self.pool.rate_limited(ep, res.retry_after_s)
+                pool.rate_limited(ep, res.retry_after_s)
             else:
-                self.pool.failure(ep, res.message, server_fault=retryable)
-            retry = retryable and n + 1 < max_attempts and self.local_stop != "stop_now"
-            self.writer.submit_failure(AttemptFailure(
+                pool.failure(ep, res.message, server_fault=retryable)
+            retry = retryable and n + 1 < max_attempts and host.local_stop != "stop_now"
+            writer.submit_failure(AttemptFailure(
                 record_id, ep.label, res.kind, res.status_code, res.message, time.time(), not retry, retry))
             if not retry:
                 break
-            self.stats.retries += 1
+            st.retries += 1
             # after a rate limit the endpoint's own backoff (and the wait above) honours Retry-After
             await asyncio.sleep(self._backoff(n, None if limited else res.retry_after_s))
         assert last is not None
         return last
 
-    async def _process(self, claimed: store.Claimed) -> None:
+    async def process(self, claimed: store.Claimed) -> None:
         """One record: its request (with retries), or with ``turns = "all"`` each of its turns in order, every
         finished turn written before the next turn's request is sent (synthwatch.capture.turns)."""
-        assert self.writer is not None
-        writer = self.writer
+        host = self.host
+        writer = host.writer
+        assert writer is not None
         attempts: list[dict[str, Any]] = []  # the current turn's
-        version = self.config_version
+        version = host.config_version
         where: dict[str, Any] = {"stage": "claim", "ep": None, "started": time.time()}
         multi = claimed.n_turns > 1
         done_turns: list[dict[str, Any]] = turns_mod.load(claimed.turns_json) if multi else []
@@ -131,9 +151,9 @@ class RecordTasks:
                 where["stage"] = "request build"
                 faults.hit("request build")
                 k = len(done_turns)
-                messages = turns_mod.history(claimed.messages, done_turns, k, self.config.history_reasoning) \
+                messages = turns_mod.history(claimed.messages, done_turns, k, host.config.history_reasoning) \
                     if multi else claimed.messages
-                last = await self._attempts(self.body_for(messages), attempts, claimed.id, where)
+                last = await self._attempts(host.body_for(messages), attempts, claimed.id, where)
                 if not (last.ok and multi and k + 1 < claimed.n_turns):
                     break
                 # a finished turn that is not the last: stored (the record stays claimed) before the next request
@@ -144,7 +164,8 @@ class RecordTasks:
                     gen_version=version)
                 done_turns.append(turn)
                 prior += len(attempts)
-                if not await asyncio.wrap_future(writer.write_turn(claimed.id, done_turns, prior)):
+                # never cancels the writer's future (its answer would then crash the writer thread)
+                if not await writer_result(writer, writer.write_turn(claimed.id, done_turns, prior)):
                     log.warning("record %d: its claim was taken over; turn %d is not written", claimed.id, k + 1)
                     return
                 self._count_ok(last.extracted, last.latency_s, where.get("ep"))
@@ -171,34 +192,38 @@ class RecordTasks:
             if status == "ok":
                 self._count_ok(ex, last.latency_s, where.get("ep"))
             elif status == "timeout":
-                self.stats.timeouts += 1
-                self.stats.record(False, 0)
+                host.stats.timeouts += 1
+                host.stats.record(False, 0)
             else:
-                self.stats.errors += 1
-                self.stats.record(False, 0)
+                host.stats.errors += 1
+                host.stats.record(False, 0)
         except asyncio.CancelledError:
             ep, started = where["ep"], where["started"]
             if ep is not None:
-                self.pool.abandon(ep)
-            attempts.append({"n": len(attempts) + 1, "t": round(started, 3), "endpoint": ep.label if ep else None,
-                             "ok": False, "kind": "cancelled", "status": None,
-                             "error": "cancelled by an immediate stop; the record went back to pending",
-                             "latency_s": round(time.time() - started, 4)})
-            writer.submit(Outcome(claimed.id, claimed.idx, "pending", claimed.messages, attempts=attempts,
-                                  prior_attempts=prior, error_kind="cancelled", error="cancelled by an immediate stop",
-                                  finished_at=time.time(), endpoint=ep.label if ep else None))
+                host.pool.abandon(ep)
+            why = host.stop_reason or "interrupted: the worker stopped"
+            if where.get("sending"):  # a request was under way: that attempt is recorded as interrupted
+                attempts.append({"n": len(attempts) + 1, "t": round(started, 3),
+                                 "endpoint": ep.label if ep else None, "ok": False, "kind": "interrupted",
+                                 "status": None, "error": f"{why}; the record went back to pending",
+                                 "latency_s": round(time.time() - started, 4)})
+            back = Outcome(claimed.id, claimed.idx, "pending", claimed.messages, attempts=attempts,
+                           prior_attempts=prior, error_kind="interrupted", error=why, finished_at=time.time(),
+                           endpoint=ep.label if ep else None)
+            host.interrupted.append(back)  # for the worker's own release, should the writer be gone
+            writer.submit(back)
             raise
         except Exception as exc:  # nothing escapes a record: the exception is its recorded error
             ep, started, stage = where["ep"], where["started"], where["stage"]
             message = redact(f"{exc.__class__.__name__} during {stage}: {exc}")[:2000]
             log.error("record %d: %s", claimed.id, message)
             if stage == "send" and ep is not None:
-                self.pool.abandon(ep)
+                host.pool.abandon(ep)
             attempts.append({"n": len(attempts) + 1, "t": round(started, 3), "endpoint": ep.label if ep else None,
                              "ok": False, "kind": "internal_error", "status": None, "error": message,
                              "latency_s": round(time.time() - started, 4)})
-            self.stats.errors += 1
-            self.stats.record(False, 0)
+            host.stats.errors += 1
+            host.stats.record(False, 0)
             outcome = Outcome(claimed.id, claimed.idx, "error", claimed.messages, attempts=attempts,
                               prior_attempts=prior, error_kind="internal_error", error=message,
                               endpoint=ep.label if ep else None, finished_at=time.time(), config_version=version,

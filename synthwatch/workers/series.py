@@ -10,7 +10,9 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from ..capture.safety import MAX_COUNT
 from ..store import queue as store
+from .refusals import NUL_STAND_IN, refusal_reason, refuse
 from .results import TIMEOUT_KINDS, AttemptFailure, Outcome
 from .sketch import TPS_MIN, Sketch
 
@@ -23,7 +25,7 @@ _SERIES_COUNTERS = (
 
 
 @dataclass
-class _Bucket:
+class Bucket:
     run_id: int
     worker_id: int
     endpoint: str
@@ -58,7 +60,7 @@ def split_tokens(ex: Any) -> tuple[int, int, int, int]:
 
 
 def _int(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+    return v if type(v) is int and 0 <= v <= MAX_COUNT else 0
 
 
 def _usage_int(usage: dict[str, Any] | None, key: str, sub: str | None = None) -> int | None:
@@ -67,7 +69,8 @@ def _usage_int(usage: dict[str, Any] | None, key: str, sub: str | None = None) -
     v = usage.get(key)
     if sub is not None:
         v = v.get(sub) if isinstance(v, dict) else None
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    # a count outside 0..MAX_COUNT is impossible: capture recorded it as a problem; it is not stored as a number
+    return v if type(v) is int and 0 <= v <= MAX_COUNT else None
 
 
 _EXTRACTED_COLS = (
@@ -101,7 +104,7 @@ def record_columns(ex: Any, extra: dict[str, Any] | None = None) -> dict[str, An
         raw["problems"] = ex.problems
     if ex.raw_content is not None:
         raw["raw_content"] = ex.raw_content
-    return {
+    cols = {
         "reasoning": ex.reasoning, "content": ex.content, "content_null": ex.content_was_null,
         "reasoning_source": ex.reasoning_source, "reasoning_len": len(ex.reasoning),
         "content_len": len(ex.content), "finish_reason": ex.finish_reason,
@@ -111,8 +114,34 @@ def record_columns(ex: Any, extra: dict[str, Any] | None = None) -> dict[str, An
         "usage_json": orjson.dumps(usage).decode() if usage is not None else None,
         "token_ids_json": token_ids, "model": ex.model, "system_fingerprint": ex.system_fingerprint,
         "response_id": ex.response_id,
-        "extra_json": orjson.dumps(raw, option=orjson.OPT_NON_STR_KEYS).decode() if raw else None,
     }
+    # written out rather than a loop over the columns: this runs for every record (a generator cost ~3 us)
+    fr, model, fp, rid = ex.finish_reason, ex.model, ex.system_fingerprint, ex.response_id
+    if "\x00" in ex.reasoning or "\x00" in ex.content or fr is not None and "\x00" in fr \
+            or model is not None and "\x00" in model or fp is not None and "\x00" in fp \
+            or rid is not None and "\x00" in rid:
+        _nul_safe(cols, raw)
+    cols["extra_json"] = orjson.dumps(raw, option=orjson.OPT_NON_STR_KEYS).decode() if raw else None
+    return cols
+
+
+_SHORT_TEXT_COLS = ("finish_reason", "model", "system_fingerprint", "response_id")
+
+
+def _nul_safe(cols: dict[str, Any], raw: dict[str, Any]) -> None:
+    """Text a backend cannot hold (NUL: PostgreSQL text refuses it) stored the same way on every backend: the
+    column gets U+2400 (␀, the symbol for NUL) in its place, and the exact text goes into extra_json.nul_text
+    (JSON escapes it as
+    \\u0000, so it round-trips), with a problem saying so (docs/limits.md)."""
+    exact: dict[str, str] = {}
+    for k in ("reasoning", "content", *_SHORT_TEXT_COLS):
+        v = cols[k]
+        if v is not None and "\x00" in v:
+            exact[k] = v
+            cols[k] = v.replace("\x00", NUL_STAND_IN)
+    raw["nul_text"] = exact
+    raw["problems"] = [*raw.get("problems", ()), f"NUL characters in {', '.join(exact)}: stored as U+2400 (␀);"
+                       " the exact text is in extra_json.nul_text"]
 
 
 class SeriesAccumulator:
@@ -124,20 +153,20 @@ class SeriesAccumulator:
     def __init__(self, run_id: int, worker_id: int) -> None:
         self.run_id = run_id
         self.worker_id = worker_id
-        self.buckets: dict[tuple[str, int], _Bucket] = {}
+        self.buckets: dict[tuple[str, int], Bucket] = {}
 
-    def bucket(self, endpoint: str, t: float) -> _Bucket:
+    def bucket(self, endpoint: str, t: float) -> Bucket:
         bt = int(t // SERIES_WIDTH_S) * SERIES_WIDTH_S
         key = (endpoint, bt)
         b = self.buckets.get(key)
         if b is None:
-            b = _Bucket(self.run_id, self.worker_id, endpoint, bt)
+            b = Bucket(self.run_id, self.worker_id, endpoint, bt)
             self.buckets[key] = b
         return b
 
     def load(self, conn: Connection, keys: set[tuple[str, int]]) -> None:
         """Replace the in-memory buckets by the stored rows for these (endpoint, bucket start) keys."""
-        self.buckets = {k: _Bucket(self.run_id, self.worker_id, k[0], k[1]) for k in keys}
+        self.buckets = {k: Bucket(self.run_id, self.worker_id, k[0], k[1]) for k in keys}
         ts = sorted({k[1] for k in keys})
         for chunk in store.int_lists(ts):
             for row in conn.execute(
@@ -156,49 +185,13 @@ class SeriesAccumulator:
                 b.sources = orjson.loads(row["sources_json"] or "{}")
                 b.inflight, b.concurrency = row["inflight"] or 0, row["concurrency"] or 0
 
-    def add(self, outcomes: list[Outcome], failures: list[AttemptFailure]) -> dict[tuple[str, int], _Bucket]:
-        touched: dict[tuple[str, int], _Bucket] = {}
+    def add(self, outcomes: list[Outcome], failures: list[AttemptFailure]) -> dict[tuple[str, int], Bucket]:
+        touched: dict[tuple[str, int], Bucket] = {}
         for o in outcomes:
-            b = self.bucket(o.endpoint or "", o.finished_at)
-            touched[(b.endpoint, b.t)] = b
-            c = b.counts
-            if o.status == "pending":
-                c["cancelled"] += 1
-                continue
-            # an earlier turn of a conversation (synthwatch.capture.turns) adds its tokens and timing; the record's
-            # counters (finished, ok, per-record shares) count its last turn only
-            turn = o.status == "turn"
-            if not turn:
-                c["finished"] += 1
-                if o.status == "ok":
-                    c["ok"] += 1
-                elif o.status == "timeout":
-                    c["timeouts"] += 1
-                else:
-                    c["errors"] += 1
-            ex = o.extracted
-            if ex is not None and (o.status == "ok" or turn):
-                p, comp, r, cont = split_tokens(ex)
-                c["prompt_tokens"] += p
-                c["completion_tokens"] += comp
-                c["reasoning_tokens"] += r
-                c["content_tokens"] += cont
-                c["chunks"] += ex.n_chunks
-                if not turn:
-                    if not ex.reasoning.strip():
-                        c["empty_reasoning"] += 1
-                    if ex.finish_reason == "length":
-                        c["finish_length"] += 1
-                    src = ex.reasoning_source or "none"
-                    b.sources[src] = b.sources.get(src, 0) + 1
-                if o.latency_s is not None:
-                    b.latency_sum += o.latency_s
-                    b.lat.add(o.latency_s)
-                    gen_s = o.latency_s - (o.ttft_s or 0.0)
-                    if comp and gen_s > 0:
-                        b.tps.add(comp / gen_s)
-                if o.ttft_s is not None:
-                    b.ttft.add(o.ttft_s)
+            try:
+                self._add_one(o, touched)
+            except Exception as exc:  # one record's values: that record is refused, the others are counted
+                refuse(o, refusal_reason(exc, "adding it to the time series"))
         for f in failures:
             b = self.bucket(f.endpoint, f.t)
             touched[(b.endpoint, b.t)] = b
@@ -221,11 +214,53 @@ class SeriesAccumulator:
                 c["other_errors"] += 1
         return touched
 
+    def _add_one(self, o: Outcome, touched: dict[tuple[str, int], Bucket]) -> None:
+        b = self.bucket(o.endpoint or "", o.finished_at)
+        touched[(b.endpoint, b.t)] = b
+        c = b.counts
+        if o.status == "pending":
+            c["cancelled"] += 1
+            return
+        # an earlier turn of a conversation (synthwatch.capture.turns) adds its tokens and timing; the record's
+        # counters (finished, ok, per-record shares) count its last turn only
+        turn = o.status == "turn"
+        if not turn:
+            c["finished"] += 1
+            if o.status == "ok":
+                c["ok"] += 1
+            elif o.status == "timeout":
+                c["timeouts"] += 1
+            else:
+                c["errors"] += 1
+        ex = o.extracted
+        if ex is not None and (o.status == "ok" or turn):
+            p, comp, r, cont = split_tokens(ex)
+            c["prompt_tokens"] += p
+            c["completion_tokens"] += comp
+            c["reasoning_tokens"] += r
+            c["content_tokens"] += cont
+            c["chunks"] += ex.n_chunks
+            if not turn:
+                if not ex.reasoning.strip():
+                    c["empty_reasoning"] += 1
+                if ex.finish_reason == "length":
+                    c["finish_length"] += 1
+                src = ex.reasoning_source or "none"
+                b.sources[src] = b.sources.get(src, 0) + 1
+            if o.latency_s is not None:
+                b.latency_sum += o.latency_s
+                b.lat.add(o.latency_s)
+                gen_s = o.latency_s - (o.ttft_s or 0.0)
+                if comp and gen_s > 0:
+                    b.tps.add(comp / gen_s)
+            if o.ttft_s is not None:
+                b.ttft.add(o.ttft_s)
+
     def forget_before(self, t: float) -> None:
         for key in [k for k, v in self.buckets.items() if v.t < t]:
             del self.buckets[key]
 
-    def write(self, conn: Connection, buckets: list[_Bucket]) -> None:
+    def write(self, conn: Connection, buckets: list[Bucket]) -> None:
         if not buckets:
             return
         rows = []

@@ -73,5 +73,8 @@ def serve(worker: Any, port: int, host: str = "127.0.0.1") -> int:
     """Start the metrics server in a daemon thread; returns the port it listens on."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WorkerCollector(worker))
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    supervisor = getattr(worker, "supervisor", None)
+    if supervisor is not None:  # it serves until the process ends: its thread ending early is a failure
+        supervisor.watch_thread(thread, "the metrics server thread")
     return int(server.server_port)

@@ -1,18 +1,19 @@
 """The single writer: every database write of a worker goes through one thread and one connection.
 
 Results, failed attempts, claims and status changes are queued by the asyncio side and applied
-in batched transactions (``BEGIN IMMEDIATE`` on SQLite). A failed commit (locked database, full
-disk) keeps the batch in memory and retries it, reporting the error so the worker can pause;
-nothing queued is dropped. The time series is accumulated here (workers/series.py) and upserted per bucket.
+in batched transactions (``BEGIN IMMEDIATE`` on SQLite). A commit that fails with a transient error (locked
+database, full disk, lost connection: workers/refusals.py) keeps the batch in memory and retries it, showing
+"writes stalled" so the worker pauses; nothing queued is dropped. A permanent error is never retried: the batch
+is written again record by record (workers/record_writes.py) and each record the store refuses becomes that
+record's error (kind ``store_refused``) while the rest commits. The time series is accumulated here as records
+arrive (workers/series.py: once per record, however often a flush is retried) and upserted per bucket.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import operator
 import queue
-import random
 import sqlite3
 import threading
 import time
@@ -27,9 +28,11 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..store import queue as store
-from ..store import search_index
+from . import faults
+from .record_writes import FINAL_COLS, FINAL_UPDATE, RecordWrites
+from .refusals import describe_stall, is_transient, refusal_reason, refuse, storable_text, value_class
 from .results import AttemptFailure, Outcome
-from .series import SeriesAccumulator, _Bucket, record_columns
+from .series import Bucket, SeriesAccumulator
 
 log = logging.getLogger("synthwatch.writer")
 CHECKPOINT_EVERY_S = 1.0
@@ -89,9 +92,10 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="synthwatch-writer", daemon=True)
         self._stop = threading.Event()
         self.series = SeriesAccumulator(run_id, worker_id)
+        self._touched: dict[tuple[str, int], Bucket] = {}  # series buckets changed since the last flush
+        self.records = RecordWrites(run_id, worker_id)
         self._crashed: BaseException | None = None
         self._control_event = threading.Event()
-        self._rng = random.Random()
         self._conn: Connection | None = None  # the writer thread's own connection (_write_conn)
         self._ckpt_stop = threading.Event()
         self._ckpt_thread = threading.Thread(target=self._checkpoints, name="synthwatch-checkpoint", daemon=True)
@@ -105,6 +109,11 @@ class Writer:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def threads(self) -> dict[str, threading.Thread]:
+        """This writer's threads by what they do, for the worker's supervisor (synthwatch.workers.supervisor)."""
+        return {"database writer thread": self._thread, "WAL checkpoint thread": self._ckpt_thread}
 
     def submit(self, outcome: Outcome) -> None:
         self._add_result(("o", outcome))
@@ -202,12 +211,22 @@ class Writer:
             except queue.Empty:
                 pass
             fresh: list[Outcome] = []
+            series_in: list[Outcome] = []
+            fails: list[AttemptFailure] = []
             while results and len(pending) < MAX_BATCH:
                 it = results.popleft()
                 pending.append(it)
                 if it[0] == "o":
                     fresh.append(it[1])
+                    series_in.append(it[1])
+                elif it[0] == "f":
+                    fails.append(it[1])
+                else:
+                    series_in.append(it[1])
             pause_due = bool(fresh) and self._check_early(fresh)
+            if series_in or fails:
+                # counted once, as they arrive: a retried flush upserts the same buckets, never counts twice
+                self._touched.update(self.series.add(series_in, fails))
             m = time.monotonic()
             urgent = pause_due or any(it[0] == "x" for it in pending)
             claims = any(it[0] == "c" for it in pending)
@@ -224,7 +243,10 @@ class Writer:
                     asked = [it for it in pending if it[0] == "c"]
                     try:
                         short = self._flush_claims(asked)
-                    except DBAPIError as exc:
+                    except Exception as exc:
+                        if not is_transient(exc):  # a bug in the claim SQL: surfaces, is never retried
+                            self._crash(exc, pending)
+                            raise
                         backoff = self._write_failed(exc, backoff)
                         continue
                     except BaseException as exc:
@@ -237,17 +259,17 @@ class Writer:
                 if full:
                     work = [it for it in pending if it[0] != "w"]
                     try:
-                        self._flush(work, beat, lease)
-                    except DBAPIError as exc:
-                        backoff = self._write_failed(exc, backoff)
+                        failed = self._flush_safely(work, beat, lease)
+                    except BaseException as exc:  # a bug here must surface, not hang the worker
+                        self._crash(exc, pending)
+                        raise
+                    if failed is not None:
+                        backoff = self._write_failed(failed, backoff)
                         pending = work
                         if stopping and backoff >= 5.0 and m - last_flush > 60:
                             log.error("giving up flushing after 60 s of failures: %s", self.error)
                             return
                         continue
-                    except BaseException as exc:  # a bug here must surface, not hang the worker
-                        self._crash(exc, pending)
-                        raise
                     self.error = None
                     backoff = 0.5
                     pending = []
@@ -267,7 +289,7 @@ class Writer:
                 try:
                     self._read_control()
                 except DBAPIError as exc:
-                    self.error = _describe_db_error(exc)
+                    self.error = describe_stall(exc)
                 last_control = m
             if stopping and not pending and self.q.empty() and not self._results:
                 return
@@ -277,9 +299,24 @@ class Writer:
         due = False
         for hook in self.hooks:
             if hasattr(hook, "pause_due"):
-                hook.on_outcomes(outcomes)
+                self._run_hook(hook, outcomes)
                 due = hook.pause_due() or due
         return due
+
+    @staticmethod
+    def _run_hook(hook: WriterHook, outcomes: list[Outcome]) -> None:
+        """hook.on_outcomes; when it fails, record by record, and a record it fails on is refused (its own
+        error): a hook's bug on one record never stops its batch (the checks stage each record once)."""
+        try:
+            hook.on_outcomes(outcomes)
+            return
+        except Exception as exc:
+            log.exception("checks failed on a batch (%s): checking its records one by one", value_class(exc))
+        for o in outcomes:
+            try:
+                hook.on_outcomes([o])
+            except Exception as exc:
+                refuse(o, refusal_reason(exc, "running its checks"))
 
     @contextlib.contextmanager
     def _write_conn(self) -> Iterator[Connection]:
@@ -325,9 +362,9 @@ class Writer:
                 with contextlib.suppress(Exception):
                     conn.close()
 
-    def _write_failed(self, exc: DBAPIError, backoff: float) -> float:
-        """Record a failed write (disk full, busy), wait, and return the next, doubled wait."""
-        self.error = _describe_db_error(exc)
+    def _write_failed(self, exc: BaseException, backoff: float) -> float:
+        """Record a failed transient write (disk full, busy), wait, and return the next, doubled wait."""
+        self.error = describe_stall(exc)
         log.warning("database write failed, will retry: %s", self.error)
         self._control_event.set()
         time.sleep(backoff)
@@ -371,38 +408,70 @@ class Writer:
         if row is not None:
             self.control = dict(row)
 
-    def _flush(self, work: list[tuple[Any, ...]], beat: bool, lease: bool) -> None:
+    def _flush_safely(self, work: list[tuple[Any, ...]], beat: bool, lease: bool) -> BaseException | None:
+        """Flush; a permanent error writes the batch again record by record. Returns a transient error (to be
+        retried); raises only when even the isolated flush fails for good (a bug: the writer stops)."""
+        try:
+            self._flush(work, beat, lease)
+            return None
+        except Exception as exc:
+            if is_transient(exc):
+                return exc
+            log.warning("the store refused a write (%s: %s): writing the batch again record by record",
+                        value_class(exc), type(exc).__name__)
+        try:
+            self._flush(work, beat, lease, isolate=True)
+            return None
+        except Exception as exc:
+            if is_transient(exc):
+                return exc
+            raise
+
+    def _flush(self, work: list[tuple[Any, ...]], beat: bool, lease: bool, isolate: bool = False) -> None:
         outcomes = [it[1] for it in work if it[0] == "o"]
+        if outcomes:
+            faults.hit("writer")  # a test's way to kill this thread (workers/faults.py THREAD_STAGES)
         failures = [it[1] for it in work if it[0] == "f"]
         claims = [it for it in work if it[0] == "c"]
         calls = [it for it in work if it[0] == "x"]
         t = time.time()
         if outcomes:
             for hook in self.hooks:
-                hook.on_outcomes(outcomes)
-        turns = [it[1] for it in work if it[0] == "s"]
-        touched = self._accumulate(outcomes + turns if turns else outcomes, failures)
-        claim_results: list[tuple[Future[Any], Any]] = []
+                self._run_hook(hook, outcomes)
+        touched = self._gauge_buckets()
+        self.records.refused = []
+        claim_results: list[tuple[Future[Any], Any, bool]] = []
         with self._write_conn() as conn, store.write_begin(conn):
             store.lock_run(conn, self.run_id)
             if outcomes:
-                self._write_outcomes(conn, outcomes)
-            if failures:
-                conn.execute(
-                    text("INSERT INTO error_event (run_id, t, record_id, endpoint, kind, status_code, final,"
-                         " message) VALUES (:r, :t, :rec, :ep, :k, :sc, :final, :msg)"),
-                    [{"r": self.run_id, "t": f.t, "rec": f.record_id, "ep": f.endpoint, "k": f.kind,
-                      "sc": f.status_code, "final": f.final, "msg": f.message[:4000]} for f in failures],
-                )
-            self.series.write(conn, touched)
-            for hook in self.hooks:
-                hook.on_flush(conn, t)
+                self.records.write(conn, outcomes, isolate)
+            events = [{"r": self.run_id, "t": f.t, "rec": f.record_id, "ep": f.endpoint, "k": f.kind,
+                       "sc": f.status_code, "final": f.final, "msg": storable_text(f.message[:4000])}
+                      for f in failures] + self.records.refused
+            if events:
+                if isolate:
+                    for ev in events:
+                        self._isolated(conn, "an error event", conn.execute, _EVENT_INSERT, ev)
+                else:
+                    conn.execute(_EVENT_INSERT, events)
+            if isolate:
+                self._isolated(conn, "the time series", self.series.write, conn, touched)
+                for hook in self.hooks:
+                    self._isolated(conn, "the checks' totals", hook.on_flush, conn, t)
+            else:
+                self.series.write(conn, touched)
+                for hook in self.hooks:
+                    hook.on_flush(conn, t)
             for it in calls:
-                claim_results.append((it[2], it[1](conn)))
+                if isolate:
+                    ok, res = self._isolated(conn, "a call", it[1], conn)
+                    claim_results.append((it[2], res, ok))
+                else:
+                    claim_results.append((it[2], it[1](conn), True))
             for it in claims:
                 res = store.claim(conn, self.run_id, self.worker_id, it[1], self.lease_s)
                 self.claimed += len(res[0])
-                claim_results.append((it[2], res))
+                claim_results.append((it[2], res, True))
             if lease:
                 conn.execute(
                     text("UPDATE record SET lease_until = :l WHERE run_id = :r AND status = 'in_flight'"
@@ -422,99 +491,37 @@ class Writer:
                      "w": self.worker_id},
                 )
         self.written += len(outcomes)
-        for fut, res in claim_results:
-            fut.set_result(res)
+        self._touched = {}
+        for fut, res, ok in claim_results:
+            if ok:
+                fut.set_result(res)
+            else:
+                fut.set_exception(res)
         if claims:
             self._control_event.set()
 
-    # ------------------------------------------------------------ records
-
-    def _write_outcomes(self, conn: Connection, outcomes: list[Outcome]) -> None:
-        rnd = self._rng.random
-        final_rows: list[dict[str, Any]] = []
-        back_rows: list[dict[str, Any]] = []
-        for o in outcomes:
-            attempts_json = orjson.dumps(o.attempts).decode() if o.attempts else None
-            n_attempts = len(o.attempts) + o.prior_attempts
-            if o.status == "pending":
-                back_rows.append({"id": o.record_id, "w": self.worker_id, "attempts": n_attempts,
-                                  "attempts_json": attempts_json, "error_kind": o.error_kind,
-                                  "error": o.error})
-                continue
-            ex = o.extracted
-            row: dict[str, Any] = {
-                "id": o.record_id, "w": self.worker_id, "status": o.status, "attempts": n_attempts,
-                "attempts_json": attempts_json, "error_kind": o.error_kind, "error": o.error,
-                "endpoint": o.endpoint, "latency_s": o.latency_s, "ttft_s": o.ttft_s, "n_chunks": o.n_chunks,
-                "finished_at": o.finished_at, "check_flags": o.check_flags, "check_json": o.check_json,
-                "rnd": rnd(),  # the sampling key, drawn now (see store.insert_prompts)
-                "gen_version": o.config_version, "derive_version": o.config_version, "rerun": 0,
-                "was_rerun": o.rerun,
-                "turns_json": orjson.dumps(o.turns, option=orjson.OPT_NON_STR_KEYS).decode() if o.turns else None,
-                "turns_done": len(o.turns or ()) + (o.status == "ok"),
-            }
-            row.update(record_columns(ex))
-            final_rows.append(row)
-        # Claims taken over after an expired lease belong to another worker now: their results are dropped.
-        # The UPDATEs only touch rows this worker still holds; on SQLite the final UPDATE's summed row count
-        # says whether all of them were (the usual case, no query needed), elsewhere a SELECT asks first.
-        n_results = len(final_rows) + len(back_rows)
-        sqlite = conn.dialect.name == "sqlite"
-        if back_rows or not sqlite:
-            owned = self._owned(conn, [r["id"] for r in final_rows] + [r["id"] for r in back_rows])
-            final_rows = [r for r in final_rows if r["id"] in owned]
-            back_rows = [r for r in back_rows if r["id"] in owned]
-        if final_rows:
-            mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-            done = conn.exec_driver_sql(_FINAL_UPDATE.format(m=mark),
-                                        [_FINAL_ROW(r) for r in final_rows])
-            if sqlite and done.rowcount != len(final_rows):
-                final_rows = self._written_by_us(conn, final_rows)
-        if len(final_rows) + len(back_rows) != n_results:
-            log.warning("%d results discarded: their claims had been taken over",
-                        n_results - len(final_rows) - len(back_rows))
-        by_status = {"ok": 0, "error": 0, "timeout": 0}  # the last turn of an ok record is a turn done too
-        reruns = 0
-        for r in final_rows:
-            by_status[r["status"]] += 1
-            reruns += bool(r["was_rerun"])
-        if final_rows:
-            search_index.enqueue(conn, [r["id"] for r in final_rows
-                                        if r["reasoning"] is not None or r["content"] is not None])
-        if back_rows:
-            conn.execute(_BACK_UPDATE, back_rows)
-        conn.execute(
-            text("UPDATE run SET n_ok = n_ok + :ok, n_error = n_error + :err, n_timeout = n_timeout + :to,"
-                 " n_in_flight = n_in_flight - :fin, n_pending = n_pending + :back, n_rerun = n_rerun - :rr,"
-                 " n_turns_done = n_turns_done + :ok, updated_at = :t WHERE id = :r"),
-            {"ok": by_status["ok"], "err": by_status["error"], "to": by_status["timeout"],
-             "fin": len(final_rows) + len(back_rows), "back": len(back_rows), "rr": reruns, "t": time.time(),
-             "r": self.run_id},
-        )
-
-    def _written_by_us(self, conn: Connection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The rows the final UPDATE changed: theirs now hold our finish time and no worker."""
-        ours: set[int] = set()
-        finished = {r["id"]: r["finished_at"] for r in rows}
-        for chunk in store.int_lists(list(finished)):
-            ours.update(rid for rid, fin in conn.execute(text(
-                f"SELECT id, finished_at FROM record WHERE id IN ({chunk}) AND worker_id IS NULL")) if fin == finished[rid])
-        return [r for r in rows if r["id"] in ours]
-
-    def _owned(self, conn: Connection, ids: list[int]) -> set[int]:
-        owned: set[int] = set()
-        for chunk in store.int_lists(ids):
-            owned.update(r[0] for r in conn.execute(
-                text(f"SELECT id FROM record WHERE id IN ({chunk}) AND worker_id = :w AND status = 'in_flight'"),
-                {"w": self.worker_id},
-            ))
-        return owned
+    @staticmethod
+    def _isolated(conn: Connection, what: str, step: Any, *args: Any) -> tuple[bool, Any]:
+        """One step of an isolated flush in a SAVEPOINT: (True, its result), or (False, the permanent error,
+        logged; the step's changes are undone and the rest of the flush commits). A transient error raises."""
+        sp = conn.begin_nested()
+        try:
+            res = step(*args)
+            sp.commit()
+            return True, res
+        except Exception as exc:
+            sp.rollback()
+            if is_transient(exc):
+                raise
+            log.error("the store refused %s: %s [%s]", what, value_class(exc), type(exc).__name__)
+            return False, exc
 
     # ------------------------------------------------------------ series
 
-    def _accumulate(self, outcomes: list[Outcome], failures: list[AttemptFailure]) -> list[_Bucket]:
-        touched = self.series.add(outcomes, failures)
-        # the gauge row (endpoint "") is refreshed on every flush so the in-flight chart is live
+    def _gauge_buckets(self) -> list[Bucket]:
+        """The buckets changed since the last flush, with the gauge rows, refreshed on every flush so the
+        in-flight chart is live."""
+        touched = self._touched
         t = time.time()
         g = self.series.bucket("", t)
         if self.gauges is not None:
@@ -530,36 +537,13 @@ class Writer:
         return list(touched.values())
 
 
-def _describe_db_error(exc: DBAPIError) -> str:
-    msg = str(getattr(exc, "orig", exc)) or exc.__class__.__name__
-    low = msg.lower()
-    if "disk" in low and "full" in low or "no space" in low:
-        return f"database disk is full ({msg}); the worker paused and will continue when space returns"
-    if "locked" in low or "busy" in low:
-        return f"database is busy ({msg}); retrying"
-    return msg
-
-
-_FINAL_COLS = (
-    "status", "reasoning", "content", "content_null", "reasoning_source", "reasoning_len", "content_len",
-    "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json",
-    "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
-    "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags", "check_json", "rnd",
-    "gen_version", "derive_version", "rerun", "turns_json", "turns_done",
-)
-_FINAL_ROW = operator.itemgetter(*_FINAL_COLS, "id", "w")  # a row's parameters, in C
-# run through the driver (exec_driver_sql, positional parameters): SQLAlchemy's processing of ~30 named
-# parameters per row cost more than SQLite's UPDATE itself (measured ~35 us vs ~25 us per record)
-_FINAL_UPDATE = (
-    "UPDATE record SET " + ", ".join(f"{c} = {{m}}" for c in _FINAL_COLS)
-    + ", worker_id = NULL, lease_until = NULL WHERE id = {m} AND status = 'in_flight' AND worker_id = {m}"
+# a bench (bench/clients.py) times the worker's exact final UPDATE
+_FINAL_COLS, _FINAL_UPDATE = FINAL_COLS, FINAL_UPDATE
+_EVENT_INSERT = text(
+    "INSERT INTO error_event (run_id, t, record_id, endpoint, kind, status_code, final, message)"
+    " VALUES (:r, :t, :rec, :ep, :k, :sc, :final, :msg)"
 )
 _TURN_UPDATE = text(
     "UPDATE record SET turns_json = :j, turns_done = :d, attempts = :a, attempts_json = NULL, lease_until = :l"
-    " WHERE id = :id AND status = 'in_flight' AND worker_id = :w"
-)
-_BACK_UPDATE = text(
-    "UPDATE record SET status = 'pending', attempts = :attempts, attempts_json = :attempts_json,"
-    " error_kind = :error_kind, error = :error, worker_id = NULL, lease_until = NULL"
     " WHERE id = :id AND status = 'in_flight' AND worker_id = :w"
 )

@@ -1,0 +1,66 @@
+"""Server values made safe where they are read: counts in range, JSON no deeper than what can be stored.
+
+A server's reply is untrusted input. Two of its values could stop the writer if they reached the database:
+
+- a usage count outside ``0..MAX_COUNT`` (e.g. ``18446744073709551615``, or ``3000000000`` for a 4-byte column)
+  is impossible for a real reply (no context holds 2^31 tokens): it is recorded as a problem of the record
+  (``extra_json.problems``) and its column stays empty; the usage object is kept as sent in ``usage_json``;
+- JSON nested deeper than ``MAX_JSON_DEPTH``: orjson parses up to 1,024 levels but serialises only 254, and a
+  stored value sits a few levels inside our own wrappers (``extra_json``, ``turns_json``). Such a reply is
+  refused when it is parsed, as its own error kind ``reply_too_deep`` (workers/client.py).
+
+NUL in text (which PostgreSQL text cannot hold) is handled where the row is built (workers/series.py
+``record_columns``), the same on every backend. docs/limits.md lists every limit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+MAX_COUNT = 2**31 - 1  # the largest token count taken as real; a BIGINT column holds far more
+MAX_JSON_DEPTH = 128  # nesting of a parsed reply; storing it adds < 10 levels, orjson serialises 254
+_COUNT_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+class _Problems(Protocol):
+    def add(self, msg: str) -> None: ...
+
+
+def check_usage(usage: dict[str, Any], problems: _Problems) -> None:
+    """Note every impossible count of a usage object (top level and its ``*_details`` objects) in ``problems``."""
+    for key, v in usage.items():
+        if type(v) is int:
+            if not 0 <= v <= MAX_COUNT and (key in _COUNT_KEYS or key.endswith("_tokens")):
+                problems.add(_impossible(f"usage.{key}", v))
+        elif type(v) is dict and key.endswith("_details"):
+            for sub, sv in v.items():
+                if type(sv) is int and not 0 <= sv <= MAX_COUNT:
+                    problems.add(_impossible(f"usage.{key}.{sub}", sv))
+
+
+def _impossible(where: str, v: int) -> str:
+    # the key is the server's: cut, so that a problem stays short whatever it sent (the number has <= 20 digits)
+    return f"{where[:120]} = {v} is impossible (outside 0..{MAX_COUNT:,}): not stored as a count"
+
+
+def may_be_deep(raw: bytes) -> bool:
+    """A cheap pre-test (two scans in C): only a text with more than MAX_JSON_DEPTH brackets can be too deep."""
+    return raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
+
+
+def depth_over(obj: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when ``obj`` (parsed JSON) nests containers more than ``limit`` deep (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if d > limit:
+            return True
+        if type(o) is dict:
+            stack.extend((v, d + 1) for v in o.values() if type(v) is dict or type(v) is list)
+        elif type(o) is list:
+            stack.extend((v, d + 1) for v in o if type(v) is dict or type(v) is list)
+    return False
+
+
+def too_deep(raw: bytes, obj: Any) -> bool:
+    return may_be_deep(raw) and depth_over(obj)
