@@ -20,6 +20,8 @@
     root.querySelectorAll(".tab-pane[data-pane]").forEach((p) => { p.hidden = p.dataset.pane !== name; });
     if (name === "tokens") {
       const pane = document.getElementById("tokens-pane");
+      // a record swapped in a moment ago may not have its hx- triggers bound yet: bind them first (idempotent)
+      if (pane && typeof htmx !== "undefined") htmx.process(pane);
       if (pane) pane.dispatchEvent(new Event("sw-show"));
     }
   }
