@@ -21,8 +21,16 @@ def test_select_rows_flag_and_rerun(page: Page, live_app: Any, engine: Any) -> N
     ids = [add_record(engine, run_id, i) for i in range(12)]
     with engine.begin() as conn:
         conn.execute(text("UPDATE run SET n_ok = 12, total = 12 WHERE id = :r"), {"r": run_id})
+    pending = add_record(engine, run_id, 99, status="pending", reasoning=None, content=None, completion_tokens=None)
     srv = live_app()
     page.goto(f"{srv.url}/runs/{run_id}/records")
+    # the default view: finished records, newest first (a live run's pending rows are one choice away)
+    expect(page).to_have_url(f"{srv.url}/runs/{run_id}/records?status=finished")
+    expect(page.locator("#records tbody tr").first).to_have_attribute("data-record-id", str(ids[-1]))
+    expect(page.locator(f'tr[data-record-id="{pending}"]')).to_have_count(0)
+    page.locator('select[name="status"]').select_option("")
+    expect(page.locator(f'tr[data-record-id="{pending}"]')).to_have_count(1)
+    page.goto(f"{srv.url}/runs/{run_id}/records?status=finished")
     bar = page.locator("#selection-bar")
     expect(bar).to_be_hidden()
     picked = ids[:3]
