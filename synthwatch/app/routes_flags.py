@@ -5,11 +5,12 @@ A flag answered to htmx is the record viewer's flag fragment, from the same data
 
 from __future__ import annotations
 
+import html
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Form, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from ..review import filters as review_filters
 from ..review import flags as review_flags
@@ -163,3 +164,44 @@ def bulk_api(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, wr
         raise _bad(exc) from None
 
 
+
+
+MAX_SELECTED = 1000  # a selection is ticked by hand; a bigger set is a filter (bulk flag by filter)
+
+
+@router.post("/runs/{run_id}/flags/selected", include_in_schema=False)
+async def selected_form(request: Request, run_id: int, conn: ReadConn, write: WriteEngine) -> Response:
+    """Flag the records ticked in the records table, one flag each (the same path as a verdict key)."""
+    form = {k: str(v) for k, v in (await request.form()).items()}
+    _run_or_404(conn, run_id)
+    try:
+        ids = [int(x) for x in form.get("ids", "").replace(" ", "").split(",") if x]
+    except ValueError:
+        raise HTTPException(400, f"ids: not a comma-separated list of record ids: {form.get('ids', '')[:60]!r}") from None
+    if not ids:
+        raise HTTPException(400, "ids: no record selected")
+    if len(ids) > MAX_SELECTED:
+        raise HTTPException(400, f"ids: {len(ids):,} records selected; at most {MAX_SELECTED:,} (flag by filter instead)")
+    verdict, reason, note = _bulk_args({k.removeprefix("flag_"): v for k, v in form.items() if k.startswith("flag_")})
+    missing: list[int] = []
+
+    def work() -> int:
+        done = 0
+        for rid in dict.fromkeys(ids):
+            try:
+                review_flags.flag(write, run_id, rid, verdict, reason, note)
+                done += 1
+            except review_filters.NotFound:
+                missing.append(rid)
+        return done
+
+    try:
+        done = await run_in_threadpool(work)
+    except ReviewError as exc:
+        raise _bad(exc) from None
+    text = f"Flagged {done:,} record{'' if done == 1 else 's'} {verdict}"
+    if missing:
+        text += f"; {len(missing):,} not in this run: {', '.join(map(str, missing[:10]))}"
+    response = HTMLResponse(f'<span id="selected-done" data-count="{done}">{html.escape(text)}</span>')
+    response.headers["HX-Trigger"] = "records-changed"
+    return response

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..review import lengths
+from ..review import length_fold, lengths
 from ..review.filters import Filters, ReviewError
 from . import run_stats, stats
 from .deps import ReadConn, lean, render
@@ -35,7 +35,14 @@ def _note(h: dict[str, Any]) -> str:
 
 
 def lengths_data(conn: Any, run: dict[str, Any], f: Filters) -> dict[str, Any]:
-    h = lengths.histogram(conn, run["id"], f, max_tokens=lengths.max_tokens_of(run))
+    """The histogram of a filter's records; the whole run's (no filter, a generate run) comes from the fold, so a
+    live poll reads only the records finished since its last folded bucket (``rows_read`` says how many)."""
+    mt = lengths.max_tokens_of(run)
+    folded = length_fold.whole_run(conn, run["id"]) if not f.params() and run.get("kind") == "generate" else None
+    if folded is not None:
+        h = {**length_fold.histogram(folded[0], mt), "rows_read": folded[1].rows, "folded": True}
+    else:
+        h = {**lengths.histogram(conn, run["id"], f, max_tokens=mt), "rows_read": None, "folded": False}
     return {**h, "run_id": run["id"], "live": run["live"], "kinds": list(lengths.KINDS),
             "kind_labels": lengths.KIND_LABELS, "note": _note(h), "filters": f.params()}
 

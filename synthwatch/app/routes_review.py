@@ -357,7 +357,7 @@ def _records_context(request: Request, conn: Any, run: dict[str, Any], backlog: 
         "next_url": f"/runs/{run['id']}/records{_qs({**base, 'after': pg.next_cursor})}" if pg.next_cursor else None,
         "prev_url": f"/runs/{run['id']}/records{_qs({**base, 'before': pg.prev_cursor})}" if pg.prev_cursor else None,
         "count_url": f"/runs/{run['id']}/records/count{_qs(base)}",
-        "statuses": review_filters.STATUSES, "flags": review_filters.FLAG_FILTERS, "reasons": review_filters.REASONS,
+        "statuses": review_filters.STATUS_FILTERS, "flags": review_filters.FLAG_FILTERS, "reasons": review_filters.REASONS,
         "sorts": review_filters.SORTS, "fields": review_filters.SEARCH_FIELDS, "check_names": list(review_filters.check_bits()),
         "finish_reasons": review.distinct_values(conn, run["id"], "finish_reason"),
         "endpoints": review.distinct_values(conn, run["id"], "endpoint"),
@@ -371,6 +371,8 @@ def _records_context(request: Request, conn: Any, run: dict[str, Any], backlog: 
 @router.get("/runs/{run_id}/records", include_in_schema=False)
 def records_page(request: Request, run_id: int, backlog: SearchBacklog, conn: ReadConn, hx: HX) -> Response:
     run = _run_or_404(conn, run_id)
+    if not request.query_params and not hx:  # the default view: finished records, newest first (any: status=)
+        return RedirectResponse(f"/runs/{run_id}/records?status={review_filters.FINISHED}", status_code=303)
     ctx = _records_context(request, conn, run, backlog)
     if hx and request.headers.get("HX-Target") == "records-table":
         return render(request, "_records_table.html", ctx)

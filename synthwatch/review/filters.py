@@ -36,6 +36,8 @@ SAMPLE_MODES: tuple[tuple[str, str], ...] = (
 SAMPLE_MODE_CODES = tuple(code for code, _ in SAMPLE_MODES)
 # the status filter lists finished records first
 STATUSES = (*FINISHED_STATUSES, *(s for s in RECORD_STATUSES if s not in FINISHED_STATUSES))
+FINISHED = "finished"  # a status filter value: ok, error or timeout (the records table's default view)
+STATUS_FILTERS = (FINISHED, *STATUSES)
 FLAG_FILTERS = ("good", "bad", "flagged", "unreviewed")
 SORTS = ("id", "reasoning_len", "content_len", "completion_tokens", "latency_s")
 SEARCH_FIELDS = ("all", "prompt", "reasoning", "content")
@@ -121,7 +123,7 @@ class Filters:
             else:
                 values[f.name] = raw
         choices = {
-            "status": STATUSES,
+            "status": STATUS_FILTERS,
             "flag": FLAG_FILTERS,
             "reason": REASON_CODES,
             "field": SEARCH_FIELDS,
@@ -177,7 +179,9 @@ def _sort_expr(f: Filters) -> str:
 def _conditions(f: Filters, params: dict[str, Any], alias: str = "") -> list[str]:
     p = alias
     conds: list[str] = []
-    if f.status:
+    if f.status == FINISHED:
+        conds.append(f"{p}status IN ({', '.join(repr(x) for x in FINISHED_STATUSES)})")
+    elif f.status:
         conds.append(f"{p}status = :status")
         params["status"] = f.status
     if f.check == "any":

@@ -24,9 +24,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ..store import queue as store
+from ..store.models import FINISHED_STATUSES
 from .filters import (
     _ROW_COLUMNS,
     COUNT_CAP,
+    FINISHED,
     PAGE_SIZE,
     RECENT_CAP,
     SAMPLE_MODE_CODES,
@@ -88,7 +90,7 @@ def _sparse_index(conn: Connection, run_id: int, f: Filters) -> tuple[str, list[
     # Only when the small index holds every column the filter tests: a row lookup per match would cost more
     # (each record row carries its texts) than the walk it saves.
     others = set(f.params()) - {"status", "flag", "check", "order"}
-    statuses = [f.status] if f.status else list(STATUSES)
+    statuses = list(FINISHED_STATUSES) if f.status == FINISHED else [f.status] if f.status else list(STATUSES)
     status_in = "status IN (" + ", ".join(f"'{s}'" for s in statuses) + ")"
     candidates: list[tuple[str, list[str]]] = []
     if others:

@@ -13,10 +13,15 @@
   }
 
   function showTab(root, name) {
-    root.querySelectorAll(".tab[data-tab]").forEach((t) => t.classList.toggle("current", t.dataset.tab === name));
+    root.querySelectorAll(".tab[data-tab]").forEach((t) => {
+      t.classList.toggle("current", t.dataset.tab === name);
+      t.setAttribute("aria-selected", t.dataset.tab === name ? "true" : "false");
+    });
     root.querySelectorAll(".tab-pane[data-pane]").forEach((p) => { p.hidden = p.dataset.pane !== name; });
     if (name === "tokens") {
       const pane = document.getElementById("tokens-pane");
+      // a record swapped in a moment ago may not have its hx- triggers bound yet: bind them first (idempotent)
+      if (pane && typeof htmx !== "undefined") htmx.process(pane);
       if (pane) pane.dispatchEvent(new Event("sw-show"));
     }
   }
@@ -73,6 +78,34 @@
     const selector = '#flag-bar button[data-key="' + key + '"]';
     const button = document.querySelector(selector);
     if (!button || typeof htmx === "undefined") return false;
+    const root = reviewRoot();
+    const advanceUrl = root && root.dataset.advanceUrl;
+    if (key !== "u" && !button.disabled && advanceOn() && advanceUrl) {
+      // auto-advance: the verdict is posted and the next (prefetched) record shown at once; a verdict the
+      // dashboard refuses is said in the toast, never dropped silently
+      const values = JSON.parse(button.getAttribute("hx-vals") || "{}");
+      const note = document.getElementById("flag-note");
+      if (note && note.value) values.note = note.value;
+      const bar = document.getElementById("flag-bar");
+      const idEl = document.getElementById("rec-id");
+      const id = idEl ? idEl.textContent : "?";
+      const url = button.getAttribute("hx-post");
+      keyAt = performance.now();
+      chain = chain.then(function () {
+        return fetch(url, { method: "POST", credentials: "same-origin", headers: { "HX-Request": "true" },
+                            body: new URLSearchParams(values) })
+          .then(function (r) {
+            if (!r.ok) { lastFlag = null; toast("the verdict on #" + id + " was NOT saved (HTTP " + r.status + "): go back with p"); }
+            return r.ok;
+          });
+      }).catch(function () { lastFlag = null; toast("the verdict on #" + id + " was NOT saved: the dashboard did not answer"); return false; });
+      flagged(id, values.verdict, values.reason ? button.textContent.replace(/^\d+\s*/, "") : "",
+              url.replace(/\/flag$/, "/undo"), bar ? bar.dataset.verdict : "");
+      const posted = chain;
+      // the progress is read again once the verdict is stored and the next record is in place
+      Promise.all([posted, show(advanceUrl, true)]).then(function (done) { if (done[0]) refreshProgress(); });
+      return true;
+    }
     chain = chain.then(function () {
       const current = document.querySelector(selector);
       if (!current || current.disabled) return undefined;
@@ -85,6 +118,98 @@
   }
 
   function go(url) { if (url) window.location.assign(url); }
+
+  // ---- the next record swapped in place (#28 item 2): prefetched, so a verdict key shows the next record at once
+  const prefetched = new Map();  // url -> Promise of {url, html} (null: fetch failed, so navigate instead)
+  const shown = [];  // the records of this session before the current one, for p / ArrowLeft
+  let keyAt = 0;  // performance.now() of the key that asked for the next record (for the sw:record-shown event)
+  function getPage(url) {
+    return fetch(url, { credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text().then(function (html) { return { url: r.url, html: html }; }) : null; })
+      .catch(function () { return null; });
+  }
+  function prefetch(url) {
+    if (url && !prefetched.has(url)) prefetched.set(url, getPage(url));
+  }
+  function reviewRoot() { return document.getElementById("review"); }
+
+  // Swap #review for the page at url (an in-place navigation: history, title and focus follow).
+  function show(url, remember) {
+    if (!url) return Promise.resolve();
+    const from = window.location.href;
+    let p = prefetched.get(url);
+    prefetched.delete(url);
+    if (!p) p = getPage(url);
+    return p.then(function (got) {
+      const doc = got && new DOMParser().parseFromString(got.html, "text/html");
+      const fresh = doc && doc.getElementById("review");
+      const old = reviewRoot();
+      if (!fresh || !old || typeof htmx === "undefined") { go(url); return; }
+      const focusedId = document.activeElement && document.activeElement.id;
+      // htmx swaps it in: the new record's hx- attributes (verdict buttons, the Tokens pane) work like the first's
+      htmx.swap(old, fresh.outerHTML, { swapStyle: "outerHTML", swapDelay: 0, settleDelay: 0 });
+      const node = reviewRoot();
+      if (remember) shown.push(from);
+      window.history.pushState({ swReview: true }, "", got.url);
+      document.title = doc.title;
+      init(node);
+      const again = focusedId && document.getElementById(focusedId);
+      if (again && node.contains(again)) again.focus();  // focus stays on the control it was on
+      node.dispatchEvent(new CustomEvent("sw:record-shown", { bubbles: true,
+        detail: { ms: keyAt ? performance.now() - keyAt : null, url: got.url } }));
+      keyAt = 0;
+    });
+  }
+
+  // The prefetched page was rendered before the last verdict: its progress count is one behind, so it is read again.
+  let progressSeq = 0;
+  function refreshProgress() {
+    const seq = ++progressSeq;
+    getPage(window.location.href).then(function (got) {
+      if (!got || seq !== progressSeq) return;  // a later refresh is on its way: only the newest counts
+      const doc = new DOMParser().parseFromString(got.html, "text/html");
+      const fresh = doc.querySelector('[data-testid="session-progress"]');
+      const here = document.querySelector('[data-testid="session-progress"]');
+      if (fresh && here) here.replaceWith(document.importNode(fresh, true));
+    });
+  }
+
+  let toastTimer = 0;
+  function toast(text) {
+    let el = document.getElementById("review-toast");
+    if (!el) {
+      el = document.createElement("div");
+      el.id = "review-toast";
+      el.className = "review-toast";
+      el.setAttribute("role", "status");
+      document.body.appendChild(el);
+    }
+    el.textContent = text;
+    el.hidden = false;
+    clearTimeout(toastTimer);
+    toastTimer = setTimeout(function () { el.hidden = true; }, 8000);
+  }
+
+  // The last verdict given before auto-advance took the record away: z takes it back from the next record.
+  let lastFlag = null;  // {id, verdict, undoUrl}
+  function undoLast() {
+    if (!lastFlag) return false;
+    const f = lastFlag;
+    lastFlag = null;
+    fetch(f.undoUrl, { method: "POST", credentials: "same-origin", headers: { "HX-Request": "true" } })
+      .then(function (r) {
+        toast(r.ok ? "undone: #" + f.id + " is " + (f.before || "not reviewed") + " again" : "undo of #" + f.id + " failed (HTTP " + r.status + ")");
+        if (r.ok) refreshProgress();
+      })
+      .catch(function () { toast("undo of #" + f.id + " failed: the dashboard did not answer"); });
+    return true;
+  }
+
+  function flagged(id, verdict, reason, undoUrl, before) {
+    lastFlag = { id: id, verdict: verdict, undoUrl: undoUrl, before: before };
+    const label = reason ? " · " + reason : "";
+    toast("flagged #" + id + " " + verdict + label + " · undo (z)");
+  }
 
   // After a verdict the next record comes up by itself (one key per record); a checkbox turns that off.
   const ADVANCE_KEY = "synthwatch.advance";
@@ -115,9 +240,8 @@
     note.blur();
   }
 
-  document.addEventListener("DOMContentLoaded", function () {
-    const root = document.getElementById("review");
-    if (!root) return;
+  // What each shown record needs (the first page's, and every record swapped in after it).
+  function init(root) {
     root.querySelectorAll(".tab[data-tab]").forEach((t) => t.addEventListener("click", () => showTab(root, t.dataset.tab)));
     if (wsOn()) applyWhitespace(true);
     const toggle = document.getElementById("advance-toggle");
@@ -127,11 +251,49 @@
         try { window.localStorage.setItem(ADVANCE_KEY, toggle.checked ? "1" : "0"); } catch (e) { /* this page only */ }
       });
     }
+    const keys = document.getElementById("keys-toggle");
+    if (keys) keys.addEventListener("click", toggleKeys);
+    const next = document.getElementById("next-record");
+    if (next) next.addEventListener("click", function (ev) { ev.preventDefault(); keyAt = performance.now(); show(next.href, true); });
+    if (advanceOn() && root.dataset.advanceUrl) {
+      prefetch(root.dataset.advanceUrl);
+      // said on the page when the next record is here (the browser test waits for it as a reader reads)
+      prefetched.get(root.dataset.advanceUrl).then(function (got) { if (got) root.dataset.prefetched = "1"; });
+    }
+  }
+
+  function toggleKeys() {
+    const help = document.getElementById("keys-help");
+    const button = document.getElementById("keys-toggle");
+    if (!help) return;
+    help.hidden = !help.hidden;
+    if (button) button.setAttribute("aria-expanded", help.hidden ? "false" : "true");
+  }
+
+  function previous() {
+    const url = shown.pop();
+    if (!url) { toast("this is the first record of this session"); return; }
+    keyAt = performance.now();
+    show(url, false);
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    const first = reviewRoot();
+    if (!first) return;
+    init(first);
+    window.addEventListener("popstate", function (ev) { if (ev.state && ev.state.swReview) window.location.reload(); });
     document.addEventListener("htmx:afterRequest", function (evt) {
       const path = evt.detail.pathInfo ? evt.detail.pathInfo.requestPath : "";
       if (!evt.detail.successful || !/\/flag$/.test(path || "")) return;
       if (stayOnce) { stayOnce = false; return; }
-      if (advanceOn()) go(root.dataset.advanceUrl);
+      const root = reviewRoot();
+      if (!advanceOn() || !root || !root.dataset.advanceUrl) return;
+      const elt = evt.detail.elt;
+      const values = JSON.parse((elt && elt.getAttribute && elt.getAttribute("hx-vals")) || "{}");
+      const idEl = document.getElementById("rec-id");
+      if (values.verdict && idEl) flagged(idEl.textContent, values.verdict, "", path.replace(/\/flag$/, "/undo"), "");
+      keyAt = performance.now();
+      show(root.dataset.advanceUrl, true);
     });
     document.addEventListener("keydown", function (ev) {
       if (ev.target && ev.target.id === "flag-note") noteKey(ev);
@@ -139,11 +301,16 @@
 
     document.addEventListener("keydown", function (ev) {
       if (ev.ctrlKey || ev.metaKey || ev.altKey || ev.isComposing || typing(ev.target)) return;
+      const root = reviewRoot();
+      if (!root) return;
       const key = ev.key;
       let handled = true;
-      if (key === "n" || key === " ") go(root.dataset.sampleUrl);
+      if (key === "n" || key === " ") { keyAt = performance.now(); show(root.dataset.sampleUrl, true); }
       else if (key === "j") go(root.dataset.nextUrl);
       else if (key === "k") go(root.dataset.prevUrl);
+      else if (key === "p" || key === "ArrowLeft") previous();
+      else if (key === "z") handled = undoLast();
+      else if (key === "?") toggleKeys();
       else if (key === "w") toggleWhitespace();
       else if (key === "t") showTab(root, "tokens");
       else if (key === "r") showTab(root, "raw");
@@ -151,6 +318,45 @@
       else if (key === "g" || key === "b" || key === "u" || /^[1-9]$/.test(key)) handled = flagKey(key);
       else handled = false;
       if (handled) ev.preventDefault();
+    });
+  });
+})();
+
+// The records table's selection (#28 item 4): row checkboxes, a sticky "N selected" bar with bulk flag and re-run.
+// The ticked ids live here, so a table redrawn by htmx (every 5 s while following, after a flag) keeps them ticked.
+(function () {
+  const picked = new Set();
+  function sync() {
+    const bar = document.getElementById("selection-bar");
+    if (!bar) return;
+    document.querySelectorAll("#records-table input.row-select").forEach((cb) => { cb.checked = picked.has(cb.value); });
+    const all = document.getElementById("select-page");
+    const rows = document.querySelectorAll("#records-table input.row-select");
+    if (all) all.checked = rows.length > 0 && Array.from(rows).every((cb) => cb.checked);
+    bar.hidden = picked.size === 0;
+    document.getElementById("selected-count").textContent = picked.size.toLocaleString("en-US") + " selected";
+    bar.querySelectorAll("input.selected-ids").forEach((i) => { i.value = Array.from(picked).join(","); });
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    if (!document.getElementById("selection-bar")) return;
+    document.addEventListener("change", function (ev) {
+      const t = ev.target;
+      if (t.classList && t.classList.contains("row-select")) {
+        if (t.checked) picked.add(t.value); else picked.delete(t.value);
+        sync();
+      } else if (t.id === "select-page") {
+        document.querySelectorAll("#records-table input.row-select").forEach((cb) => {
+          if (t.checked) picked.add(cb.value); else picked.delete(cb.value);
+        });
+        sync();
+      }
+    });
+    document.getElementById("clear-selection").addEventListener("click", function () { picked.clear(); sync(); });
+    document.body.addEventListener("htmx:afterSwap", sync);
+    document.addEventListener("click", function (ev) {
+      const a = ev.target.closest && ev.target.closest("[data-open-details]");
+      const d = a && document.querySelector(a.dataset.openDetails);
+      if (d) d.open = true;
     });
   });
 })();

@@ -1,0 +1,30 @@
+"""Human words on the run page (#28 item 5): the duration line says what the run is doing, and a per-request rate
+carries its unit."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import httpx
+from sqlalchemy import text
+from test_review import add_run
+
+
+def test_duration_words_follow_the_state(live_app: Any, engine: Any) -> None:
+    run_id = add_run(engine, name="words")
+    srv = live_app()
+    t0 = time.time() - 660
+    for status, finished, want in (("running", None, r"· running 11m"),
+                                   ("paused", None, r"· 11m(?: 0?\d+s)? since the start, paused now"),
+                                   ("completed", t0 + 300, r"· ran 5m(?: 0?\d+s)?, ended ")):
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE run SET status = :s, started_at = :t, finished_at = :f WHERE id = :r"),
+                         {"s": status, "t": t0, "f": finished, "r": run_id})
+        page = httpx.get(f"{srv.url}/runs/{run_id}").text
+        line = re.search(r'data-testid="run-duration">(.*?)</span>', page, re.S)
+        assert line, page[:2000]
+        words = " ".join(line.group(1).split())
+        assert re.search(want, words), (status, words)
+        assert status == "running" or "running" not in words, words
