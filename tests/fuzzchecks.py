@@ -130,7 +130,8 @@ def check_readers(dashboard_url: str, engine: Any, run_id: int, out_dir: Path) -
     from synthwatch.export.stream import export_run
 
     with httpx.Client(base_url=dashboard_url, timeout=60) as c:
-        for path in (f"/runs/{run_id}", f"/runs/{run_id}/records", f"/api/runs/{run_id}/records?limit=200"):
+        # the records table with any status (its default view lists finished records only)
+        for path in (f"/runs/{run_id}", f"/runs/{run_id}/records?status=", f"/api/runs/{run_id}/records?limit=200"):
             r = c.get(path)
             assert r.status_code == 200, (path, r.status_code, r.text[:500])
         ids = [rec["id"] for rec in c.get(f"/api/runs/{run_id}/records?limit=200").json()["records"]]
