@@ -167,6 +167,8 @@ def test_empty_reasoning_at_58_percent_pauses(engine, sim, prompts, live_app) ->
         bg.join(30)
 
 
+# Over 30 s for the dead port (~35 s here): every connection attempt to a dead port is refused and retried with
+# backoff until the errors' window (20 records) pauses the run; the retries are the time.
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["wrong-model", "dead-port"])
 def test_every_request_failing_pauses_and_prints_the_server_error(db_path, sim, prompts, case) -> None:  # type: ignore[no-untyped-def]

@@ -54,6 +54,9 @@ def test_scale_benchmark_quick() -> None:
     assert table["passed"] is True
 
 
+# Over 30 s (~100 s here): the benchmark itself, six real `synthwatch run` processes against paced simulators
+# (two server shapes, fixed and auto), each given 20 s of traffic so that the tuner takes several steps; shorter
+# runs would not show a tuning step at all. It is `slow`: the quick loop leaves it out.
 @pytest.mark.timeout(240)
 @pytest.mark.slow
 def test_autotune_benchmark_quick() -> None:

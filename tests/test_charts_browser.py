@@ -32,6 +32,8 @@ def _legend(page: Page, chart: str, label: str) -> str:
     return row.locator(".u-value").inner_text()
 
 
+# Over 30 s under load (~40 s with -n 2): a live run long enough for the charts to have several 5-s buckets, then
+# hover, zoom, Back/Forward and reload in a real browser; the buckets are the time.
 def test_charts_hover_zoom_text_and_url(page: Page, live_app: Any, engine: Any, sim: Any, prompts: Any) -> None:
     url = sim(tokens_per_s=200, seed=81, reasoning_tokens="20-60", content_tokens="10-30")
     bg = Background(engine, make_config(url, prompts(100_000), name="charts-run", concurrency=4)).start()

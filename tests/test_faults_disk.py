@@ -41,6 +41,8 @@ def _fill(path: Path) -> None:
         os.close(fd)
 
 
+# Over 30 s (~55 s here): a real 6 MB tmpfs fills, the writer stalls on it and retries, and the test frees room and
+# waits for the run to finish without a lost or doubled record; the fill and the retry backoff are the time.
 @pytest.mark.slow
 def test_full_disk_pauses_then_continues_losing_nothing(small_disk: Path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     url = sim(seed=3, tokens_per_s=400, reasoning_tokens="150-250", content_tokens="20")

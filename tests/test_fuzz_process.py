@@ -142,6 +142,8 @@ def run_one(rig: Rig, wire: Wire) -> None:
     assert took < bound
 
 
+# Over 30 s (~35 s here): 4 generated replies, each against a real `synthwatch run` process signalled mid-request
+# and waited on for its grace period; process start-up and the grace are the time.
 @pytest.mark.slow
 @settings(max_examples=examples(ci=4), phases=PHASES)
 @given(wire=wires())

@@ -36,6 +36,9 @@ idle_s = 5
     return cfg
 
 
+# Over 30 s on SQLite (~50 s here): worker processes on one run against a paced simulator (15 tokens/s), one killed
+# with SIGKILL while it holds claims, and the others must wait out its lease before they may take them over, then
+# finish the cap: the pacing and the lease are the time.
 @pytest.mark.slow
 def test_workers_share_a_run_and_take_over_a_dead_workers_claims(any_db, tmp_path, sim, prompts) -> None:  # type: ignore[no-untyped-def]
     n_workers = 4 if any_db.startswith("postgresql") else 2
