@@ -267,7 +267,11 @@ class RunConfig(_Strict):
     stream: bool = True
     request_token_ids: bool = Field(False, description="Ask vLLM for return_token_ids.")
     concurrency: int = Field(32, ge=1, le=100_000)
-    cap: int | None = Field(None, ge=1, description="Stop once this many records are ok.")
+    cap: int | None = Field(None, ge=1, description="Stop once this many records are ok (records, not prompts: "
+                            "with samples_per_prompt = k each sample is a record).")
+    samples_per_prompt: int = Field(
+        1, ge=1, le=1000, description="k answers per prompt, each its own record and request with a distinct seed "
+        "(sampling.seed or 0, plus the sample index); pass@k and export --select read them per prompt.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -339,6 +343,13 @@ class RunConfig(_Strict):
             body["return_token_ids"] = True
         body.update(s.extra_body)
         return body
+
+    def sample_seed(self, sample_index: int) -> int | None:
+        """The seed of a prompt's sample ``sample_index``: distinct per sample and deterministic, so a resumed or
+        re-run sample asks the same; None when the run has one sample per prompt (the request keeps sampling.seed)."""
+        if self.samples_per_prompt <= 1:
+            return None
+        return (self.sampling.seed or 0) + sample_index
 
     def snapshot(self) -> dict[str, Any]:
         """What is stored with the run: the whole config; keys appear only as env-var names."""

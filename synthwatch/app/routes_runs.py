@@ -127,7 +127,7 @@ def runs_table(request: Request, conn: ReadConn) -> Response:
 
 def _new_run_defaults() -> dict[str, str]:
     return {"name": "", **{f["form"]: f["default"] for f in launch.dataset_form_fields()}, "endpoints": "", "api_key_env": "", "model": "", "temperature": "",
-            "top_p": "", "max_tokens": "", "concurrency": "16", "cap": "", "timeout_s": "600", "idle_timeout_s": "60",
+            "top_p": "", "max_tokens": "", "concurrency": "16", "cap": "", "samples_per_prompt": "", "timeout_s": "600", "idle_timeout_s": "60",
             "connect_timeout_s": "10", "max_attempts": "4", "reasoning_mode": "auto", "stream": "on",
             "tokenizer": ""}
 

@@ -61,7 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="requests in flight; 'auto' tunes it to the servers (autotune in docs/configuration.md)")
     g.add_argument("--concurrency-min", type=positive_int, help="with --concurrency auto: the fewest in flight")
     g.add_argument("--concurrency-max", type=positive_int, help="with --concurrency auto: the most in flight")
-    g.add_argument("--cap", type=positive_int, help="stop once this many records are ok")
+    g.add_argument("--cap", type=positive_int, help="stop once this many records are ok (records, not prompts: with "
+                   "--samples-per-prompt K each sample counts)")
+    g.add_argument("--samples-per-prompt", type=positive_int, metavar="K",
+                   help="K answers per prompt, each its own record and request with a distinct seed (--seed or 0, "
+                   "plus the sample index); pass@k on the dashboard, export --select per prompt (docs/samples.md)")
     g.add_argument("--max-tokens", type=positive_int)
     g.add_argument("--temperature", type=float)
     g.add_argument("--top-p", type=float)
@@ -141,6 +145,7 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
     put("autotune.min", a.concurrency_min)
     put("autotune.max", a.concurrency_max)
     put("cap", a.cap)
+    put("samples_per_prompt", a.samples_per_prompt)
     put("sampling.max_tokens", a.max_tokens)
     put("sampling.temperature", a.temperature)
     put("sampling.top_p", a.top_p)
@@ -210,7 +215,7 @@ def resolve_config(a: argparse.Namespace, stored: dict[str, Any] | None = None, 
 KEY_FLAGS = {
     "endpoints.base_url": "--base-url", "endpoints.api_key_env": "--api-key-env", "model": "--model",
     "stream": "--no-stream", "request_token_ids": "--request-token-ids", "concurrency": "--concurrency",
-    "cap": "--cap", "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature",
+    "cap": "--cap", "samples_per_prompt": "--samples-per-prompt", "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature",
     "sampling.top_p": "--top-p", "sampling.seed": "--seed", "sampling.stop": "--stop",
     "sampling.extra_body": "--extra-body", "turns": "--turns", "history_reasoning": "--history-reasoning",
     "timeouts.connect_s": "--connect-timeout-s", "timeouts.total_s": "--timeout-s",
@@ -437,6 +442,10 @@ def _resume_settings(engine: Any, a: argparse.Namespace, run: dict[str, Any], co
 
     stored = json.loads(run["config_json"])
     changes = resume_check(stored, config)
+    fixed = [c for c in changes if c.path == "samples_per_prompt"]
+    if fixed:  # its records were made when the run was loaded: a new version could not change them
+        raise CliError(f"run {run['name']!r} was loaded with samples_per_prompt = {fixed[0].old or 1}; it cannot "
+                       f"change on resume ({fixed[0].describe()}): start a new run (--name) for another k")
     if changes and not a.new_config_version:
         raise CliError(refusal(run["name"], changes))
     if changes:

@@ -107,11 +107,12 @@ class Record(RecordOutput, table=True):
         Index("ix_record_filter", "run_id", "id", "status", "finish_reason", "review", "review_reason",
               "reasoning_source", "endpoint", "check_flags", "reasoning_len", "content_len", "completion_tokens",
               "latency_s"),
+        Index("ix_record_prompt", "run_id", "prompt_idx"),  # samples per prompt (migration 0015_samples)
     )
 
     id: int | None = Field(default=None, primary_key=True)
     run_id: int = Field(foreign_key="run.id")
-    idx: int  # position in the source dataset (stable across resumes)
+    idx: int  # position in the source dataset (stable across resumes); with k samples per prompt: prompt * k + sample
     source_id: str | None = None
     source_line: int | None = None
     rnd: float = 0.0  # uniform random key, indexed, for fast random sampling
@@ -132,6 +133,10 @@ class Record(RecordOutput, table=True):
     # conversation, how many are finished and stored, and the finished ones before the last (JSON list)
     n_turns: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
     turns_done: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # k samples per prompt (migration 0015_samples): the prompt's dataset position (NULL on older records, whose idx
+    # is it) and which of its samples this record is; idx = prompt_idx * samples_per_prompt + sample_index
+    prompt_idx: int | None = None
+    sample_index: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class Series(SQLModel, table=True):

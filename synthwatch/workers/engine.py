@@ -133,8 +133,11 @@ class RunWorker:
 
     # ------------------------------------------------------------ request bodies
 
-    def body_for(self, messages: list[dict[str, Any]] | dict[str, Any]) -> bytes:
+    def body_for(self, messages: list[dict[str, Any]] | dict[str, Any], sample_index: int = 0) -> bytes:
         body = dict(self._body_base)
+        seed = self.config.sample_seed(sample_index)
+        if seed is not None:  # samples_per_prompt > 1: each sample of a prompt asks with its own seed
+            body["seed"] = seed
         if isinstance(messages, dict):  # a prompt with tools: {"messages": [...], "tools": [...]}
             body["messages"] = messages["messages"]
             body["tools"] = messages["tools"]

@@ -1,0 +1,123 @@
+"""k samples per prompt (#30): per-prompt progress and pass@k from the verdicts of a check.
+
+A run with ``samples_per_prompt = k`` stores k records per prompt (record.prompt_idx, record.sample_index). A prompt
+is complete when all its samples are finished (ok, error or timeout). pass@j is the unbiased estimator of Chen et
+al. (2021, "Evaluating Large Language Models Trained on Code"): for a prompt with n judged samples of which c
+passed, pass@j = 1 - C(n - c, j) / C(n, j), averaged over the prompts with at least j judged samples. A sample's
+verdict is the latest check_verdict row of the check for its record (pass or fail); a sample that finished in
+error or timeout has no answer and counts as failed; a finished sample without a verdict yet (pending, or the
+check's own error) is not counted until it has one, and the counts say how many are waiting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import orjson
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+FINISHED = ("ok", "error", "timeout")
+
+
+def run_config(run: dict[str, Any]) -> dict[str, Any]:
+    """A run row's settings: its parsed ``config`` (the dashboard's get_run) or its ``config_json``."""
+    cfg = run.get("config")
+    if cfg is None:
+        try:
+            cfg = orjson.loads(run.get("config_json") or "{}")
+        except orjson.JSONDecodeError:
+            cfg = {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def samples_per_prompt(run: dict[str, Any]) -> int:
+    """The run's k (1 for runs made before #30 or whose config cannot be read)."""
+    try:
+        return max(1, int(run_config(run).get("samples_per_prompt") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def pass_at(n: int, c: int, j: int) -> float:
+    """Unbiased pass@j of one prompt with n judged samples, c of them passing (needs n >= j >= 1)."""
+    if not 1 <= j <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@{j} needs 1 <= j <= n and 0 <= c <= n (n={n}, c={c})")
+    if n - c < j:
+        return 1.0
+    return 1.0 - math.comb(n - c, j) / math.comb(n, j)
+
+
+def prompt_progress(conn: Connection, run_id: int) -> dict[str, int]:
+    """{"prompts": prompts of the run, "complete": prompts whose samples all finished, "started": prompts with at
+    least one finished sample}; canaries (negative idx) are not prompts of the dataset."""
+    row = conn.execute(text(
+        "SELECT COUNT(*), COALESCE(SUM(CASE WHEN done = n THEN 1 ELSE 0 END), 0),"
+        " COALESCE(SUM(CASE WHEN done > 0 THEN 1 ELSE 0 END), 0) FROM (SELECT COALESCE(prompt_idx, idx) AS p,"
+        " COUNT(*) AS n, SUM(CASE WHEN status IN ('ok', 'error', 'timeout') THEN 1 ELSE 0 END) AS done"
+        " FROM record WHERE run_id = :r AND idx >= 0 GROUP BY COALESCE(prompt_idx, idx)) AS per_prompt"),
+        {"r": run_id}).one()
+    return {"prompts": int(row[0]), "complete": int(row[1]), "started": int(row[2])}
+
+
+def latest_states_sql(check_param: str = ":c") -> str:
+    """The latest verdict of a check per record of a run (check_verdict: the newest row per record and check wins)."""
+    return ("SELECT v.record_id, v.state, v.score FROM check_verdict v JOIN (SELECT record_id, MAX(id) AS id"
+            f" FROM check_verdict WHERE run_id = :r AND check_name = {check_param} GROUP BY record_id) m"
+            " ON m.id = v.id")
+
+
+def per_prompt_counts(conn: Connection, run_id: int, check_name: str) -> tuple[dict[int, list[int]], int]:
+    """({prompt: [judged samples n, passing c]}, finished samples still without a verdict)."""
+    rows = conn.execute(text(
+        "SELECT COALESCE(r.prompt_idx, r.idx), r.status, lv.state FROM record r LEFT JOIN"
+        f" ({latest_states_sql()}) lv ON lv.record_id = r.id"
+        " WHERE r.run_id = :r AND r.idx >= 0 AND r.status IN ('ok', 'error', 'timeout')"),
+        {"r": run_id, "c": check_name}).all()
+    per: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    waiting = 0
+    for prompt, status, state in rows:
+        if state in ("pass", "fail"):
+            per[int(prompt)][0] += 1
+            per[int(prompt)][1] += state == "pass"
+        elif status != "ok":  # no answer: a failed sample whatever the check says
+            per[int(prompt)][0] += 1
+        else:
+            waiting += 1
+    return dict(per), waiting
+
+
+def pass_at_k(conn: Connection, run_id: int, check_name: str, k: int) -> dict[str, Any]:
+    """pass@1 and pass@k of a run by one check's verdicts, live: each averaged over the prompts judged far enough
+    (pass@1: at least one sample judged; pass@k: all k). None where no prompt is judged far enough yet."""
+    per, waiting = per_prompt_counts(conn, run_id, check_name)
+    p1 = [c / n for n, c in per.values() if n >= 1]
+    pk = [pass_at(n, c, k) for n, c in per.values() if n >= k]
+    return {"check": check_name, "k": k, "pass_at_1": sum(p1) / len(p1) if p1 else None,
+            "pass_at_k": sum(pk) / len(pk) if pk else None, "prompts_at_1": len(p1), "prompts_at_k": len(pk),
+            "samples_judged": sum(n for n, _c in per.values()),
+            "samples_passing": sum(c for _n, c in per.values()), "samples_waiting": waiting}
+
+
+def verifier_check(config: dict[str, Any]) -> str | None:
+    """The check whose verdicts pass@k counts: the run's answer verifier, if it has one."""
+    checks = config.get("checks") if isinstance(config.get("checks"), dict) else {}
+    verifier = checks.get("verifier") if isinstance(checks, dict) else None
+    if isinstance(verifier, dict) and verifier.get("kind"):
+        return "verifier"
+    return None
+
+
+def samples_view(conn: Connection, run: dict[str, Any]) -> dict[str, Any] | None:
+    """What the run page shows of a run with k > 1 samples per prompt (None for k = 1): prompts complete (all k
+    samples finished) of all, and with a verifier pass@1 and pass@k so far."""
+    k = samples_per_prompt(run)
+    if k <= 1:
+        return None
+    out: dict[str, Any] = {"k": k, **prompt_progress(conn, int(run["id"])), "pass": None}
+    check = verifier_check(run_config(run))
+    if check is not None:
+        out["pass"] = pass_at_k(conn, int(run["id"]), check, k)
+    return out
