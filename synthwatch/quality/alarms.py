@@ -27,7 +27,7 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride
+from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride, extended_rule
 from ..store import queue as store
 from ..store.dashboards import dashboard_url
 from .alarm_text import describe, server_said
@@ -48,9 +48,23 @@ MISMATCH_SYMPTOMS = frozenset({"empty_reasoning", "reasoning_tokens_no_text", "t
 def effective_rules(overrides: dict[str, RuleOverride]) -> dict[str, Rule]:
     out = dict(DEFAULT_RULES)
     for name, ov in overrides.items():
+        if name not in out:  # an extended check's rule (synthwatch.quality.extended keeps those)
+            continue
         changes = {k: v for k, v in ov.model_dump().items() if v is not None}
         if changes:
             out[name] = replace(out[name], **changes)
+    return out
+
+
+def rules_for(names: list[str], overrides: dict[str, RuleOverride]) -> dict[str, Rule]:
+    """The rules of extended checks (#30): each one's default rule (check_catalog.extended_rule) with the run's
+    overrides, exactly as a built-in rule is changed."""
+    out: dict[str, Rule] = {}
+    for name in names:
+        rule = extended_rule(name)
+        ov = overrides.get(name)
+        changes = {k: v for k, v in ov.model_dump().items() if v is not None} if ov is not None else {}
+        out[name] = replace(rule, **changes) if changes else rule
     return out
 
 
