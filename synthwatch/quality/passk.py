@@ -102,11 +102,11 @@ def pass_at_k(conn: Connection, run_id: int, check_name: str, k: int) -> dict[st
 
 
 def verifier_check(config: dict[str, Any]) -> str | None:
-    """The check whose verdicts pass@k counts: the run's answer verifier, if it has one."""
+    """The check whose verdicts pass@k counts: the run's first answer verifier ([[checks.verifiers]]), if any."""
     checks = config.get("checks") if isinstance(config.get("checks"), dict) else {}
-    verifier = checks.get("verifier") if isinstance(checks, dict) else None
-    if isinstance(verifier, dict) and verifier.get("kind"):
-        return "verifier"
+    verifiers = checks.get("verifiers") if isinstance(checks, dict) else None
+    if isinstance(verifiers, list) and verifiers and isinstance(verifiers[0], dict) and verifiers[0].get("kind"):
+        return str(verifiers[0].get("name") or f"verify_{verifiers[0]['kind']}")
     return None
 
 

@@ -306,6 +306,18 @@ def _render_prompt(messages: list[Any]) -> str:
     return "".join(out)
 
 
+_ANSWER_RE = re.compile(r"\*\*(-?\d+)\*\*")
+
+
+def _wrong(digest: bytes, rate: float) -> bool:
+    """Whether this request's answer is wrong: its own draw (the text's draws stay what they were)."""
+    return random.Random(int.from_bytes(digest, "big") ^ 0x5EED).random() < rate
+
+
+def _off_by_one(head: list[str]) -> list[str]:
+    return [_ANSWER_RE.sub(lambda m: f"**{int(m.group(1)) + 1}**", h) for h in head]
+
+
 def generate_answer(messages: list[Any], cfg: SimConfig, request_seed: Any, thinking: bool) -> Gen:
     question = ""
     for message in reversed(messages):
@@ -320,6 +332,8 @@ def generate_answer(messages: list[Any], cfg: SimConfig, request_seed: Any, thin
         content = _echo_pieces(echoed, rng)
     else:
         r_sentences, head, body = _compose(question, rng)
+        if cfg.rate_wrong_answer and _wrong(digest, cfg.rate_wrong_answer):
+            head, body = _off_by_one(head), []
         r_target = min(parse_length(cfg.reasoning_tokens)(rng), cfg.max_model_len)
         c_target = min(parse_length(cfg.content_tokens)(rng), cfg.max_model_len)
         reasoning = _fill(r_sentences, _pad_reasoning, r_target, rng) if thinking else []

@@ -80,6 +80,9 @@ class SimConfig:
             still counts the reasoning tokens (the reasoning key is present with ``""``; inline
             modes send ``<think></think>``).
         seed: Seeds the text (together with the prompt and the request's ``seed``) and the fault draws.
+        rate_wrong_answer: Share of requests (drawn from the same seed, prompt and request ``seed``, so it is
+            deterministic per request) whose arithmetic answer is one too high (``The answer is **43**.``, no
+            working shown): k samples of one prompt with distinct seeds then pass an answer verifier unevenly.
         capacity: At most this many paced requests generate at once (0 = unlimited); the others wait in a
             queue, so throughput saturates at the knee and latency grows past it (``sim_server_view``).
         rate_preempt: With a capacity, the share of paced streams preempted once half-way while requests queue
@@ -125,6 +128,7 @@ class SimConfig:
     rate_error_body: float = 0.0
     rate_empty_reasoning: float = 0.0
     seed: int = 0
+    rate_wrong_answer: float = 0.0
     token_ids: str = "words"
     capacity: int = 0
     rate_preempt: float = 0.0
@@ -158,7 +162,7 @@ class SimConfig:
             raise ValueError("max_model_len must be >= 1")
         if not 0 <= self.keep_requests <= 1_000_000:
             raise ValueError("keep_requests must be between 0 and 1000000")
-        for name in (*self.fault_rates(), "unclosed_reasoning"):
+        for name in (*self.fault_rates(), "unclosed_reasoning", "rate_wrong_answer"):
             rate = getattr(self, name)
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1")
