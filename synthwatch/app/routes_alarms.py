@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import CHECK_INFO, CHECK_NAMES, DEFAULT_RULES
+from ..quality import judge_view
 from ..quality.alarm_text import render as render_alarm
 from ..quality.alarms import (
     AlarmNotFound,
@@ -112,6 +113,7 @@ def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
         "last_recompute": _last_recompute.get(run_id),
         "no_pause": active_overrides(conn, run_id),
         "poll_s": BANNER_POLL_S,
+        "judge": judge_view.summary(conn, run),
     }
 
 
@@ -279,6 +281,13 @@ def api_ack(run_id: int, alarm_id: int, engine: WriteEngine, for_records: int | 
         raise HTTPException(404, str(exc)) from None
     except store.ControlError as exc:
         raise HTTPException(400, str(exc)) from None
+
+
+@router.get("/api/runs/{run_id}/judge", tags=["alarms"])
+def api_judge(run_id: int, conn: ReadConn) -> Any:
+    """The run's judge model: verdicts by state, its own requests, tokens and cost (apart from the run's), and how
+    often people's flags and the judge agree (null when the run has no judge)."""
+    return {"run_id": run_id, "judge": judge_view.summary(conn, _run(conn, run_id))}
 
 
 @router.get("/api/runs/{run_id}/checks", tags=["alarms"])

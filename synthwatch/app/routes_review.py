@@ -19,6 +19,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from ..capture import tool_calls
+from ..quality import judge_view
 from ..review import display as review_display
 from ..review import filters as review_filters
 from ..review import flags as review_flags
@@ -247,7 +248,7 @@ def _turn_blocks(rec: dict[str, Any], ws: bool) -> list[dict[str, Any]]:
 
 def _flag_context(conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
     return {"run": run, "rec": rec, "flags": review.flag_history(conn, rec["id"]), "reasons": review_filters.REASONS,
-            "reason_labels": review_filters.REASON_LABELS}
+            "reason_labels": review_filters.REASON_LABELS, "judge": judge_view.record_verdict(conn, rec["id"])}
 
 
 def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:

@@ -555,11 +555,19 @@ def handle(a: argparse.Namespace) -> int:
             raise CliError(f"--metrics-port {a.metrics_port}: cannot listen ({exc})") from None
         print(f"worker metrics: http://127.0.0.1:{port}/metrics", file=out)
 
+    judge = _start_judge(engine, run_id, config, out)
+
     async def go() -> str:
         worker.install_signal_handlers()
         return await worker.main()
 
-    final = asyncio.run(go())
+    try:
+        final = asyncio.run(go())
+    finally:
+        if judge is not None:  # what the judge has left is judged for at most judge.drain_s (docs/checks.md)
+            judge.finish(config.judge.drain_s)
+            print(f"judge: {judge.runner.judged} verdicts written by this process"
+                  + (f"; it stopped: {judge.error}" if judge.error else ""), file=out)
     # The run is over (its state is stored): a Ctrl-C from here on, the second of a double press landing as the
     # worker finished, has nothing left to stop and must not turn the outcome into an interrupt.
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
@@ -585,6 +593,22 @@ def handle(a: argparse.Namespace) -> int:
     finally:
         if main_thread and not a.program:  # the program keeps ignoring it until entry() takes over
             signal.signal(signal.SIGINT, previous)
+
+
+def _start_judge(engine: Any, run_id: int, config: Any, out: Any) -> Any:
+    """The run's judge model in a thread of its own (synthwatch.quality.judge), or None without [judge]."""
+    if config.judge is None:
+        return None
+    from ..quality.judge import start_in_thread
+    from ..workers.endpoints import MissingApiKey
+
+    try:
+        judge = start_in_thread(engine, run_id, config.judge, config.name or "")
+    except MissingApiKey as exc:
+        raise CliError(f"judge: {exc} (api_key_env under [judge.endpoint])") from None
+    print(f"judge: {config.judge.model} at {config.judge.endpoint.label}, {config.judge.sample_fraction:.0%} of the "
+          f"ok records, {config.judge.concurrency} in flight", file=out)
+    return judge
 
 
 def _find(engine: Any, name: str) -> int | None:

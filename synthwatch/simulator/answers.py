@@ -309,6 +309,23 @@ def _render_prompt(messages: list[Any]) -> str:
 _ANSWER_RE = re.compile(r"\*\*(-?\d+)\*\*")
 
 
+_JUDGED_Q_RE = re.compile(r"What is (\d+) \+ (\d+)\?")
+
+
+def judge_reply(prompt: str) -> str:
+    """The simulated judge's verdict on the answer quoted in ``prompt`` (SimConfig.judge), as JSON text."""
+    q = _JUDGED_Q_RE.search(prompt)
+    answers = _ANSWER_RE.findall(prompt[q.end():] if q else prompt)
+    if q is None or not answers:
+        verdict = {"score": 0.5, "label": "bad", "reason": "no question or no bold answer to judge"}
+    else:
+        want, got = int(q.group(1)) + int(q.group(2)), int(answers[-1])
+        verdict = ({"score": 0.9, "label": "good", "reason": f"{got} is {q.group(1)} + {q.group(2)}"}
+                   if got == want else
+                   {"score": 0.1, "label": "bad", "reason": f"{got} is not {q.group(1)} + {q.group(2)} = {want}"})
+    return orjson.dumps(verdict).decode()
+
+
 def _wrong(digest: bytes, rate: float) -> bool:
     """Whether this request's answer is wrong: its own draw (the text's draws stay what they were)."""
     return random.Random(int.from_bytes(digest, "big") ^ 0x5EED).random() < rate
@@ -324,6 +341,8 @@ def generate_answer(messages: list[Any], cfg: SimConfig, request_seed: Any, thin
         if message.get("role") == "user":
             question = _message_text(message.get("content"))
             break
+    if cfg.judge:
+        return Gen([], pieces(judge_reply(question)), False, 0, 0, _render_prompt(messages), question)
     digest = hashlib.blake2b(orjson.dumps([cfg.seed, request_seed, messages]), digest_size=8).digest()
     rng = random.Random(int.from_bytes(digest, "big"))
     if question.startswith("ECHO:"):

@@ -83,6 +83,11 @@ class SimConfig:
         rate_wrong_answer: Share of requests (drawn from the same seed, prompt and request ``seed``, so it is
             deterministic per request) whose arithmetic answer is one too high (``The answer is **43**.``, no
             working shown): k samples of one prompt with distinct seeds then pass an answer verifier unevenly.
+        judge: Answer as a judge model (synthwatch.quality.judge): every reply's content is a JSON verdict
+            ``{"score", "label", "reason"}``, deterministic from the prompt: "good" (score 0.9) when the judged
+            answer's ``**N**`` is the sum the judged question ``What is A + B?`` asks for, "bad" (0.1) when it is
+            another number, "bad" (0.5) when there is none. No reasoning; ``response_format`` is accepted, unless
+        refuse_response_format: A request with ``response_format`` is answered 400 (a server without guided decoding).
         capacity: At most this many paced requests generate at once (0 = unlimited); the others wait in a
             queue, so throughput saturates at the knee and latency grows past it (``sim_server_view``).
         rate_preempt: With a capacity, the share of paced streams preempted once half-way while requests queue
@@ -129,6 +134,8 @@ class SimConfig:
     rate_empty_reasoning: float = 0.0
     seed: int = 0
     rate_wrong_answer: float = 0.0
+    judge: bool = False
+    refuse_response_format: bool = False
     token_ids: str = "words"
     capacity: int = 0
     rate_preempt: float = 0.0

@@ -513,3 +513,22 @@ class CheckVerdict(SQLModel, table=True):
     reason: str | None = Field(default=None, sa_column=_text())  # <= 500 characters, escaped on display
     cost_ms: float | None = None
     created_at: float
+
+
+class JudgeUsage(SQLModel, table=True):
+    """What a run's judge model cost (synthwatch.quality.judge), apart from the run's own requests (migration 0016)."""
+
+    __tablename__ = "judge_usage"
+    __table_args__ = (UniqueConstraint("run_id", name="uq_judge_usage_run"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    requests: int = 0  # judge requests sent (every attempt)
+    failed_attempts: int = 0
+    n_pass: int = 0  # verdicts written, by state
+    n_fail: int = 0
+    n_error: int = 0
+    prompt_tokens: int = Field(default=0, sa_type=TOKENS)
+    completion_tokens: int = Field(default=0, sa_type=TOKENS)
+    guided: str | None = None  # json_schema | prompt: how the last verdict was asked for
+    updated_at: float = 0.0
