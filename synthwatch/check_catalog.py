@@ -216,6 +216,11 @@ class CheckSettings(BaseModel):
             names.append("near_duplicate")
         return names
 
+    def row_fields(self) -> tuple[str, ...]:
+        """Dataset row fields each record keeps for the extended checks (record.row_json)."""
+        fields = [v.reference for v in self.verifiers] + list(self.extended.row_fields)
+        return tuple(dict.fromkeys(fields))
+
     def all_rules(self) -> dict[str, Rule]:
         """The default rule of every check this run has: the built-ins' and a default one per extended check."""
         out = dict(DEFAULT_RULES)

@@ -16,7 +16,7 @@ from ..capture.turns import load as load_turns
 from ..check_catalog import BIT, CHECK_INFO, CHECK_NAMES, CheckSettings
 from ..store import queue as store
 from . import open_items
-from .alarms import AlarmKeeper, effective_rules
+from .alarms import AlarmKeeper, effective_rules, rules_for
 from .checks import ChecksConfigError, RecordChecker, RunContext, check_turns, parse_settings, view_from_row
 from .token_checks import TokenJob, run_token_job, tokenizer_spec
 
@@ -39,9 +39,10 @@ def save_settings(engine: Engine, run_id: int, raw: dict[str, Any], actor: str =
         if row is None:
             raise store.NotFound(f"no run {run_id}")
         cfg = orjson.loads(row[0]) or {}
-        before = effective_rules(parse_settings(cfg.get("checks") or {}).rules)
-        after = effective_rules(settings.rules)
-        dropped = [n for n in CHECK_NAMES if before[n].auto_pause and not after[n].auto_pause]
+        old = parse_settings(cfg.get("checks") or {})
+        before = {**effective_rules(old.rules), **rules_for(old.extended_names(), old.rules)}
+        after = {**effective_rules(settings.rules), **rules_for(settings.extended_names(), settings.rules)}
+        dropped = [n for n in before if n in after and before[n].auto_pause and not after[n].auto_pause]
         if dropped:
             # an off switch for the run's protection is its own action, with a reason on the record
             raise ChecksConfigError(
