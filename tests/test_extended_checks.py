@@ -11,8 +11,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
+from conftest import HTTP_TIMEOUT_S
 from sqlalchemy import text
 from test_checks_kit import CheckedBackground, alarms, stats
 from workerkit import make_config, run_row, wait_for
@@ -244,3 +246,60 @@ def test_the_check_catalogue_lists_user_checks(tmp_path, monkeypatch) -> None:  
     from synthwatch.quality.user_checks import installed_entry_points
 
     assert installed_entry_points()["boxed"] == "swtest_checks:boxed"
+
+
+def test_slow_checks_push_back_drain_on_shutdown_and_pending_stays_visible(engine, db_path, sim, tmp_path,  # type: ignore[no-untyped-def]
+                                                                          monkeypatch, live_app) -> None:
+    """A check slower than generation: the bounded queue makes the writer wait (counted), shutdown drains for its
+    grace only, and the records left are pending on the run page, in the export's manifest and in
+    `synthwatch checks`, until `synthwatch checks RUN --pending` checks them."""
+    from conftest import cli_env, run_cli
+    from workerkit import Background
+
+    from synthwatch.quality.live import writer_hooks
+
+    pkg = tmp_path / "slowpkg"
+    pkg.mkdir()
+    (pkg / "swtest_slow.py").write_text("import time\n\ndef slow(record):\n    time.sleep(0.05)\n    return True\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    url = sim(reasoning_field="reasoning", seed=7)
+    config = make_config(url, dataset(tmp_path, 300), concurrency=8, checks={
+        "user": [{"name": "slow", "function": "swtest_slow:slow"}],
+        "extended": {"queue_max": 10, "drain_grace_s": 0}})
+    made: list[Any] = []
+
+    def hooks(run_id: int) -> list[Any]:
+        made.extend(writer_hooks(engine, run_id, config))
+        return made
+
+    bg = Background(engine, config, hooks=hooks).start()
+    assert bg.join(120) == "completed"
+    runner = made[1].runner
+    assert runner.stats()["waits"] > 0 and runner.waited_s > 0  # the writer waited for room: backpressure
+    with engine.connect() as conn:
+        pending = vd.pending_count(conn, bg.run_id)
+    assert 0 < pending < 300  # checked some, left the rest pending after a zero grace
+    app = live_app()  # the run page and a pending record's page say so
+    page = httpx.get(f"{app.url}/runs/{bg.run_id}/stats", timeout=HTTP_TIMEOUT_S).text
+    assert f"{pending} records wait for their extended checks" in page
+    with engine.connect() as conn:
+        waiting = vd.pending_ids(conn, bg.run_id, limit=1)[0]
+    rec_page = httpx.get(f"{app.url}/runs/{bg.run_id}/records/{waiting}", timeout=HTTP_TIMEOUT_S).text
+    assert "<code>user:slow</code> pending check" in rec_page
+    env = cli_env(PYTHONPATH=f"{pkg}")
+    out = tmp_path / "out.jsonl"
+    run_cli("export", "--db", str(db_path), str(bg.run_id), "--format", "messages", "--out", str(out),
+            "--no-default-exclusions", env=env, check=True)
+    manifest = json.loads(Path(f"{out}.manifest.json").read_text())
+    assert manifest["pending_checks"]["records"] == pending and manifest["pending_checks"]["checks"] == ["user:slow"]
+    assert any("no verdict yet" in w for w in manifest["warnings"])
+    shown = run_cli("checks", "--db", str(db_path), str(bg.run_id), env=env, check=True)
+    assert f"{pending} records wait for their extended checks" in shown.stdout
+    done = run_cli("checks", "--db", str(db_path), str(bg.run_id), "--pending", "--json", env=env, check=True,
+                   timeout=300)
+    body = json.loads(done.stdout)
+    assert body["pending_checks"] == 0 and body["extended"]["records"] == pending
+    row = next(c for c in body["checks"] if c["check_name"] == "user:slow")
+    assert (row["n_fail"], row["n_total"]) == (0, 300)
+    rec_page = httpx.get(f"{app.url}/runs/{bg.run_id}/records/{waiting}", timeout=HTTP_TIMEOUT_S).text
+    assert "<code>user:slow</code> pass" in rec_page

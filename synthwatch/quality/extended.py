@@ -14,7 +14,7 @@ The queue between them is bounded (``[checks.extended] queue_max``): when it is 
 (backpressure: logged, counted in :meth:`ExtendedRunner.stats`); nothing is dropped. A record without a
 verdict yet is *pending* for that check (verdicts.pending_count). On shutdown the runner drains for
 ``drain_grace_s``; what is left stays pending, and is checked by the next worker's start (its backlog) or by
-``synthwatch checks RUN --recompute`` (:func:`recheck`).
+``synthwatch checks RUN --pending`` (:func:`recheck`; ``--recompute`` checks every record again).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class ExtendedRunner:
                     left = len(ids) - i
                     self.counts["unqueued"] += left
                     log.warning("run %d: %d records not queued for their extended checks (the checks are %s): they "
-                                "stay pending until the run's next start or `synthwatch checks RUN --recompute`",
+                                "stay pending until the run's next start or `synthwatch checks RUN --pending`",
                                 self.run_id, left, "stopped" if not self.alive else "behind")
                     return queued
             queued += 1
@@ -206,7 +206,7 @@ class ExtendedRunner:
         left = self.q.qsize()
         if left:
             log.warning("run %d: %d records left without their extended checks (pending): the next start of the "
-                        "run or `synthwatch checks RUN --recompute` checks them", self.run_id, left)
+                        "run or `synthwatch checks RUN --pending` checks them", self.run_id, left)
 
     def drain(self) -> None:
         """Wait until every queued record has its verdicts written (recheck)."""
