@@ -216,6 +216,37 @@ class CheckSettings(BaseModel):
             names.append("near_duplicate")
         return names
 
+    def extended_info(self) -> dict[str, str]:
+        """What each extended check of this run catches, in words (the catalogue, the checks page)."""
+        out: dict[str, str] = {}
+        for v in self.verifiers:
+            out[v.check_name] = f"{v.kind} verifier: the answer against the dataset row's `{v.reference}`"
+        for u in self.user:
+            out[u.check_name] = f"user check {u.function or f'(entry point {u.name})'}"
+        for r in self.rule:
+            parts = []
+            if r.regex is not None:
+                parts.append(f"{'matches' if r.must_match else 'does not match'} /{r.regex}/")
+            if r.min_chars is not None:
+                parts.append(f">= {r.min_chars} characters")
+            if r.max_chars is not None:
+                parts.append(f"<= {r.max_chars} characters")
+            if r.language is not None:
+                parts.append(f"in language {r.language}")
+            out[r.check_name] = f"TOML rule: the {r.field} " + ", ".join(parts)
+        if self.language.enabled:
+            want = "the prompt's" if self.language.expect == "prompt" else self.language.expect
+            out["language"] = f"the answer is not in {want} language (lingua, among {', '.join(self.language.languages)})"
+        if self.near_duplicate.enabled:
+            out["near_duplicate"] = (f"the {self.near_duplicate.field} is a near-duplicate of an earlier record's "
+                                     f"(MinHash LSH, Jaccard >= {self.near_duplicate.threshold:g})")
+        return out
+
+    def row_fields(self) -> tuple[str, ...]:
+        """Dataset row fields each record keeps for the extended checks (record.row_json)."""
+        fields = [v.reference for v in self.verifiers] + list(self.extended.row_fields)
+        return tuple(dict.fromkeys(fields))
+
     def all_rules(self) -> dict[str, Rule]:
         """The default rule of every check this run has: the built-ins' and a default one per extended check."""
         out = dict(DEFAULT_RULES)

@@ -154,3 +154,6 @@ class ExtendedSettings(BaseModel):
                            description="Records waiting for their checks; beyond it the writer waits (backpressure).")
     drain_grace_s: float = Field(10.0, ge=0, le=600,
                                  description="On shutdown, time to finish queued checks; the rest stay pending.")
+    row_fields: list[str] = Field(default_factory=list, max_length=50,
+                                  description="Dataset row fields kept with each record for user checks (the "
+                                  "verifiers' reference fields are kept anyway).")

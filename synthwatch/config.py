@@ -266,7 +266,7 @@ JUDGE_TEMPLATE = (
 
 
 class JudgeConfig(_Strict):
-    """`[judge]`: a judge model grades finished records off the generation path (synthwatch.quality.judge)."""
+    """`[judge]`: a judge model grades finished records off the generation path (synthwatch.workers.judge)."""
 
     endpoint: EndpointConfig = Field(description="The judge's OpenAI-compatible endpoint (its own key variable).")
     model: str = Field(min_length=1, description="Model name sent to the judge.")

@@ -18,8 +18,8 @@ from sqlalchemy import text
 from workerkit import records, run_row
 
 from synthwatch.config import JudgeConfig
-from synthwatch.quality.judge import parse_reply, render, sampled
 from synthwatch.store.db import open_engine
+from synthwatch.workers.judge import parse_reply, render, sampled
 
 ANSWER = re.compile(r"\*\*(-?\d+)\*\*")
 

@@ -21,7 +21,7 @@ from workerkit import make_config, records, run_to_end, wait_for
 from synthwatch.quality import verdicts as vd
 from synthwatch.quality.passk import pass_at
 
-ANSWER = re.compile(r"\*\*(-?\d+)\*\*")
+ANSWER = re.compile(r"\*\*(-?\d+)\*\*|\\boxed\{(-?\d+)\}")
 
 
 def write_refs(path: Path, n: int) -> Path:
@@ -36,7 +36,7 @@ def truth(rec: dict[str, Any]) -> bool:
     """What an exact verifier says, computed here from the stored answer and the question itself."""
     q = orjson.loads(rec["prompt_json"])[-1]["content"]
     a, b = (int(x) for x in re.findall(r"\d+", q)[:2])
-    m = ANSWER.findall(rec["content"] or "")
+    m = [x or y for x, y in ANSWER.findall(rec["content"] or "")]
     return bool(m) and int(m[-1]) == a + b
 
 
@@ -68,6 +68,60 @@ def test_pass_at_estimator() -> None:
     assert pass_at(10, 3, 2) == pytest.approx(1 - comb(7, 2) / comb(10, 2))
     with pytest.raises(ValueError):
         pass_at(3, 1, 4)
+
+
+def test_k4_with_the_math_verifier_pass_at_k_and_first_passing(engine, db_path, tmp_path, sim, live_app) -> None:  # type: ignore[no-untyped-def]
+    """The must-show case end to end: k = 4, the math verifier (math-verify) against the dataset's reference,
+    running live beside the run; pass@1 and pass@4 from its verdicts; `--select first-passing` exports one record per
+    prompt that passed."""
+    from workerkit import Background
+
+    from synthwatch.quality.live import writer_hooks
+
+    url = sim(seed=13, rate_wrong_answer=0.4, boxed_answers=True, reasoning_tokens="8-30", content_tokens="8-16")
+    data = write_refs(tmp_path / "refs.jsonl", 15)
+    config = make_config(url, data, samples_per_prompt=4, name="k4math",
+                         checks={"verifiers": [{"kind": "math", "reference": "reference"}]})
+    bg = Background(engine, config, hooks=lambda run_id: writer_hooks(engine, run_id, config)).start()
+    assert bg.join(120) == "completed"
+    run_id = bg.run_id
+    recs = records(engine, run_id)
+    assert len(recs) == 60
+    with engine.connect() as conn:
+        got = {rid: state for rid, state in conn.execute(text(
+            "SELECT record_id, state FROM check_verdict v WHERE run_id = :r AND check_name = 'verify_math' AND id ="
+            " (SELECT MAX(id) FROM check_verdict w WHERE w.record_id = v.record_id AND w.check_name = v.check_name)"),
+            {"r": run_id})}
+    # the verifier's verdicts are what the answers say (math-verify on the content, against the row's reference)
+    assert got == {r["id"]: "pass" if truth(r) else "fail" for r in recs}
+    mixed = [p for p in range(15) if 0 < sum(truth(r) for r in recs if r["prompt_idx"] == p) < 4]
+    assert mixed, "some prompts must have passing and failing samples (else pass@1 = pass@4 per prompt)"
+    want1, want4 = expected_pass(recs, 4)
+    assert want4 > want1  # with mixed prompts pass@4 is above pass@1
+    srv = live_app()
+    with httpx.Client(base_url=srv.url, timeout=HTTP_TIMEOUT_S) as c:
+        sp = c.get(f"/api/runs/{run_id}/stats").json()["samples"]
+        page = c.get(f"/runs/{run_id}").text
+    assert sp["pass"]["check"] == "verify_math" and sp["pass"]["prompts_at_k"] == 15
+    assert sp["pass"]["pass_at_1"] == pytest.approx(want1) and sp["pass"]["pass_at_k"] == pytest.approx(want4)
+    assert f"pass@4 {want4 * 100:.1f}%" in page and f"pass@1 {want1 * 100:.1f}%" in page
+    out = tmp_path / "first.jsonl"
+    run_cli("export", "k4math", "--db", str(db_path), "--format", "messages", "--out", str(out),
+            "--select", "first-passing", "--quiet", check=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    firsts = {}
+    for r in recs:
+        if truth(r) and r["prompt_idx"] not in firsts:
+            firsts[r["prompt_idx"]] = r
+    assert len(rows) == len(firsts) == sum(1 for p in range(15) if any(truth(r) for r in recs if r["prompt_idx"] == p))
+    assert sorted(row["id"] for row in rows) == sorted(
+        f"q{p}" + (f"#s{r['sample_index']}" if r["sample_index"] else "") for p, r in firsts.items())
+    sel = json.loads(Path(str(out) + ".manifest.json").read_text())["selection"]["per_prompt"]
+    assert sel["check"] == "verify_math" and sel["records_lacking_verdict"] == 0
+    # the verifier's alarm holds an export of every sample (the failing ones are in it), not one that leaves them out
+    held = run_cli("export", "k4math", "--db", str(db_path), "--format", "messages", "--out", str(tmp_path / "a.jsonl"))
+    assert held.returncode == 2 and "failing verify_math" in held.stderr
+    assert sel["pass_at_k"]["pass_at_k"] == pytest.approx(want4)
 
 
 @pytest.fixture

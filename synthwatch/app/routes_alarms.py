@@ -91,6 +91,7 @@ def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
 
 def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
     from ..quality.recompute import check_rates
+    from ..quality.verdicts import pending_estimate
 
     run = _run(conn, run_id)
     raw = _config(run).get("checks") or {}
@@ -105,6 +106,7 @@ def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
         "run": {"id": run["id"], "name": run["name"], "status": run["status"]},
         "live": _live(run),
         "checks": check_rates(conn, run_id),
+        "pending_checks": pending_estimate(conn, run_id, int(run.get("n_ok") or 0), settings.extended_names()),
         "rules": [rules[n] for n in CHECK_NAMES],
         "settings": settings,
         "settings_error": settings_error,

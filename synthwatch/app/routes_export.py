@@ -32,7 +32,7 @@ from ..export.select import SELECT_MODES
 from ..quality import passk
 from ..store import queue as store
 from .deps import render
-from .export_guard import CONFIRM_FIELD, OpenAlarms, manifest_items, open_alarms
+from .export_guard import CONFIRM_FIELD, OpenAlarms, left_out_by, manifest_items, open_alarms
 
 router = APIRouter()
 log = logging.getLogger("synthwatch.export")
@@ -169,7 +169,10 @@ def start_export(request: Request, run_id: int, values: dict[str, Any], actor: s
     """Validate (ExportError on bad input, nothing written), then start the job."""
     with request.app.state.read_engine.connect() as conn:
         run = _run_or_404(conn, run_id)
-        guard = open_alarms(conn, run_id)
+        select = str(values.get("select") or "all")
+        check = str(values.get("select_check") or "").strip() or passk.verifier_check(
+            orjson.loads(run.get("config_json") or "{}"))
+        guard = open_alarms(conn, run_id, left_out=left_out_by(select, check))
     if guard is not None and guard.blocking and values.get(CONFIRM_FIELD) is not True:
         raise OpenAlarmsError(guard)
     jobs = _jobs(request)

@@ -30,9 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def handle(a: argparse.Namespace) -> int:
     from ..config import ConfigError, JudgeConfig, load_toml
-    from ..quality.judge import JudgeRunner
     from ..store.versions import VersionError, create_version
     from ..workers.endpoints import MissingApiKey
+    from ..workers.judge import JudgeRunner
 
     engine, run = open_run(a.db, a.run)
     stored = json.loads(run["config_json"] or "{}")

@@ -596,11 +596,11 @@ def handle(a: argparse.Namespace) -> int:
 
 
 def _start_judge(engine: Any, run_id: int, config: Any, out: Any) -> Any:
-    """The run's judge model in a thread of its own (synthwatch.quality.judge), or None without [judge]."""
+    """The run's judge model in a thread of its own (synthwatch.workers.judge), or None without [judge]."""
     if config.judge is None:
         return None
-    from ..quality.judge import start_in_thread
     from ..workers.endpoints import MissingApiKey
+    from ..workers.judge import start_in_thread
 
     try:
         judge = start_in_thread(engine, run_id, config.judge, config.name or "")

@@ -31,6 +31,7 @@ from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride, extended_rule
 from ..store import queue as store
 from ..store.dashboards import dashboard_url
 from .alarm_text import describe, server_said
+from .verdicts import configured_checks
 
 log = logging.getLogger("synthwatch.alarms")
 
@@ -431,7 +432,12 @@ def set_auto_pause(engine: Engine, run_id: int, check: str, on: bool, *, reason:
                    actor: str = "ui") -> dict[str, Any]:
     """Turn auto-pause off (with a typed reason) or back on for one check of a run; both go to the audit log."""
     if check not in DEFAULT_RULES:
-        raise OverrideError(f"unknown check {check[:60]!r} (one of {', '.join(DEFAULT_RULES)})")
+        with engine.connect() as conn:
+            cfg = conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": run_id}).scalar()
+            conn.rollback()
+        known = [*DEFAULT_RULES, *configured_checks(cfg)]  # the run's extended checks have rules too (#30)
+        if check not in known:
+            raise OverrideError(f"unknown check {check[:60]!r} (one of {', '.join(known)})")
     reason = (reason or "").strip()
     if not on and len(reason) < MIN_REASON_CHARS:
         raise OverrideError(f"turning auto-pause off for {check} needs a reason of at least {MIN_REASON_CHARS}"

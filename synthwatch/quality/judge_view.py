@@ -1,6 +1,6 @@
 """What the pages and the API show of a run's judge model (#30): its verdicts, cost, and agreement with people.
 
-Shared by the checks page (``_judge_panel.html``), the record viewer (the judge's verdict beside the person's) and
+The judge itself is synthwatch.workers.judge. Shared by the checks page (``_judge_panel.html``), the record viewer (the judge's verdict beside the person's) and
 ``GET /api/runs/{id}/judge``. A verdict in force is the latest check_verdict row of check ``judge`` for a record.
 """
 
@@ -12,7 +12,7 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from .judge import CHECK
+CHECK = "judge"  # the judge's verdicts are check_verdict rows of this check (synthwatch.workers.judge)
 
 _LATEST = ("SELECT v.record_id, v.state, v.score, v.label, v.reason FROM check_verdict v JOIN (SELECT record_id,"
            " MAX(id) AS id FROM check_verdict WHERE run_id = :r AND check_name = :c GROUP BY record_id) m"

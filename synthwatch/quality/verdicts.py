@@ -100,11 +100,12 @@ def row_fields(row_json: str | None) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-def configured_checks(config_json: str | None) -> list[str]:
-    """Catalogue names of the extended checks a run computes, from its stored config snapshot."""
+def configured_checks(config: str | Mapping[str, Any] | None) -> list[str]:
+    """Catalogue names of the extended checks a run computes, from its stored config snapshot (JSON or a dict)."""
     try:
-        cfg = orjson.loads(config_json or "{}")
-        return CheckSettings.model_validate((cfg if isinstance(cfg, dict) else {}).get("checks") or {}).extended_names()
+        cfg = orjson.loads(config or "{}") if config is None or isinstance(config, str) else config
+        return CheckSettings.model_validate((cfg if isinstance(cfg, Mapping) else {}).get("checks") or {}
+                                            ).extended_names()
     except (orjson.JSONDecodeError, ValueError):
         return []
 
@@ -164,6 +165,22 @@ def pending_count(session: Any, run_id: int, checks: Sequence[str] | None = None
     return len(pending_ids(session, run_id, checks))
 
 
+def pending_estimate(session: Any, run_id: int, n_ok: int, checks: Sequence[str]) -> int:
+    """Records waiting for a verdict, for a page polled while the run is live: ok records minus the answered
+    verdict rows of the least-answered check (one index range per check). Exact while no record was checked
+    twice; a re-check's extra rows make it low, never high. pending_count is the exact (slower) answer."""
+    if not checks or n_ok <= 0:
+        return 0
+    got = dict.fromkeys(checks, 0)
+    for name, n in session.execute(
+        text("SELECT check_name, COUNT(*) FROM check_verdict WHERE run_id = :r AND state != 'pending'"
+             " GROUP BY check_name"), {"r": run_id},
+    ):
+        if name in got:
+            got[name] = int(n)
+    return max(0, n_ok - min(got.values()))
+
+
 @dataclass(frozen=True, slots=True)
 class NewVerdict:
     run_id: int
@@ -205,5 +222,6 @@ def state_counts(session: Any, run_id: int) -> dict[str, dict[str, int]]:
 
 
 __all__ = ["FINAL_STATES", "PASS", "STATES", "Check", "NewVerdict", "StoredVerdict", "Verdict", "append", "bound",
-           "configured_checks", "latest", "mark_pending", "pending_count", "pending_ids", "record_verdicts",
+           "configured_checks", "latest", "mark_pending", "pending_count", "pending_estimate", "pending_ids",
+           "record_verdicts",
            "row_fields", "state_counts"]

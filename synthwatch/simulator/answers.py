@@ -353,6 +353,8 @@ def generate_answer(messages: list[Any], cfg: SimConfig, request_seed: Any, thin
         r_sentences, head, body = _compose(question, rng)
         if cfg.rate_wrong_answer and _wrong(digest, cfg.rate_wrong_answer):
             head, body = _off_by_one(head), []
+        if cfg.boxed_answers:
+            head = [_ANSWER_RE.sub(lambda m: f"$\\boxed{{{m.group(1)}}}$", h) for h in head]
         r_target = min(parse_length(cfg.reasoning_tokens)(rng), cfg.max_model_len)
         c_target = min(parse_length(cfg.content_tokens)(rng), cfg.max_model_len)
         reasoning = _fill(r_sentences, _pad_reasoning, r_target, rng) if thinking else []

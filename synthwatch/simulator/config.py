@@ -83,7 +83,9 @@ class SimConfig:
         rate_wrong_answer: Share of requests (drawn from the same seed, prompt and request ``seed``, so it is
             deterministic per request) whose arithmetic answer is one too high (``The answer is **43**.``, no
             working shown): k samples of one prompt with distinct seeds then pass an answer verifier unevenly.
-        judge: Answer as a judge model (synthwatch.quality.judge): every reply's content is a JSON verdict
+        boxed_answers: The answer sentence gives the result as LaTeX, ``The answer is $\\boxed{42}$.``, the form
+            math verifiers (math-verify) read, instead of markdown bold.
+        judge: Answer as a judge model (synthwatch.workers.judge): every reply's content is a JSON verdict
             ``{"score", "label", "reason"}``, deterministic from the prompt: "good" (score 0.9) when the judged
             answer's ``**N**`` is the sum the judged question ``What is A + B?`` asks for, "bad" (0.1) when it is
             another number, "bad" (0.5) when there is none. No reasoning; ``response_format`` is accepted, unless
@@ -136,6 +138,7 @@ class SimConfig:
     rate_wrong_answer: float = 0.0
     judge: bool = False
     refuse_response_format: bool = False
+    boxed_answers: bool = False
     token_ids: str = "words"
     capacity: int = 0
     rate_preempt: float = 0.0

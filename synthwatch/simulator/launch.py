@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "keep_requests": "keep the messages of the last N chat requests, served by GET /sim/requests",
         "unclosed_reasoning": "share of prompts whose model stops inside its reasoning (no </think>, no answer)",
         "rate_wrong_answer": "share of requests (0..1) whose arithmetic answer is one too high (drawn per request)",
+        "boxed_answers": "give the arithmetic result as $\\boxed{N}$ (what math verifiers read) instead of **N**",
         "judge": "answer as a judge: a JSON verdict {score, label, reason} on the answer in the prompt",
         "refuse_response_format": "answer 400 to a request with response_format (no guided decoding)",
     }

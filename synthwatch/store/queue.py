@@ -156,8 +156,8 @@ def insert_prompts(conn: Connection, run_id: int, prompts: Iterable[Any], *, bat
 
     stmt = text(
         "INSERT INTO record (run_id, idx, prompt_idx, sample_index, source_id, source_line, rnd, prompt_json, status,"
-        f" content_null, attempts, check_flags, n_turns, turns_done) VALUES (:run_id, :idx, :prompt_idx, :sample,"
-        f" :source_id, :line, {PENDING_RND}, :prompt, 'pending', false, 0, 0, :n_turns, 0)"
+        f" content_null, attempts, check_flags, n_turns, turns_done, row_json) VALUES (:run_id, :idx, :prompt_idx,"
+        f" :sample, :source_id, :line, {PENDING_RND}, :prompt, 'pending', false, 0, 0, :n_turns, 0, :row)"
     )
     k_samples = max(1, int(samples))
     n = n_turns = 0
@@ -165,12 +165,14 @@ def insert_prompts(conn: Connection, run_id: int, prompts: Iterable[Any], *, bat
     for p in prompts:
         k = turns_mod.count(p.messages, turns) if turns != "last" and p.index >= 0 else 1
         prompt = orjson.dumps(p.messages).decode()
+        # the row's fields the extended checks read (#30): a verifier's reference stays with its record
+        row_json = orjson.dumps(row, default=str).decode() if (row := getattr(p, "row", None)) else None
         for s in range(k_samples if p.index >= 0 else 1):
             n_turns += k
             buf.append({
                 "run_id": run_id, "idx": p.index * k_samples + s if p.index >= 0 else p.index,
                 "prompt_idx": p.index, "sample": s, "source_id": p.source_id, "line": p.line,
-                "prompt": prompt, "n_turns": k,
+                "prompt": prompt, "n_turns": k, "row": row_json,
             })
         if len(buf) >= batch:
             conn.execute(stmt, buf)
@@ -331,9 +333,15 @@ def alarm_gate(conn: Connection, run_id: int, claimed: int, t: float, *,
             blocked.append(a)
             continue
         bit = BIT.get(a["rule"], 0)
-        again = conn.execute(
-            text("SELECT 1 FROM record WHERE run_id = :r AND finished_at > :t AND (check_flags & :b) != 0 LIMIT 1"),
-            {"r": run_id, "t": a["acked_at"], "b": bit}).first() is not None
+        if bit:
+            again = conn.execute(
+                text("SELECT 1 FROM record WHERE run_id = :r AND finished_at > :t AND (check_flags & :b) != 0"
+                     " LIMIT 1"), {"r": run_id, "t": a["acked_at"], "b": bit}).first() is not None
+        else:  # an extended check (#30): a failing verdict written after the acknowledgement
+            again = conn.execute(
+                text("SELECT 1 FROM check_verdict WHERE run_id = :r AND check_name = :c AND state = 'fail'"
+                     " AND created_at > :t LIMIT 1"), {"r": run_id, "c": a["rule"], "t": a["acked_at"]}
+            ).first() is not None
         if again:
             conn.execute(text("UPDATE alarm SET acked_at = NULL, acked_by = NULL, snooze_until = NULL,"
                               " snooze_records = NULL, updated_at = :t WHERE id = :i"), {"t": t, "i": a["id"]})

@@ -35,14 +35,16 @@ from sqlalchemy.engine import Engine
 
 from ..check_catalog import extended_rule
 from ..config import EndpointPoolConfig, JudgeConfig
+from ..quality import verdicts as vd
+from ..quality.alarms import AlarmKeeper
+from ..quality.judge_view import CHECK
 from ..redact import redact
 from ..store import queue as store
-from . import verdicts as vd
-from .alarms import AlarmKeeper
+from .client import Requester
+from .endpoints import EndpointPool
 
 log = logging.getLogger("synthwatch.judge")
 
-CHECK = "judge"
 FIELD_MAX = 20_000  # characters of the prompt, reasoning or answer put into a judge request
 BATCH = 200
 IDLE_S = 0.5  # how long the runner waits before looking for newly stored records
@@ -135,8 +137,6 @@ class JudgeRunner:
     until nothing is left to judge (bounded by ``deadline``)."""
 
     def __init__(self, engine: Engine, run_id: int, cfg: JudgeConfig, *, run_name: str = "") -> None:
-        from ..workers.endpoints import EndpointPool
-
         self.engine = engine
         self.run_id = run_id
         self.cfg = cfg
@@ -282,8 +282,6 @@ class JudgeRunner:
     async def run(self, stop: threading.Event, *, drain_deadline: list[float] | None = None) -> int:
         """Judge until ``stop`` is set; then, while ``drain_deadline[0]`` (a monotonic time) is not passed, what is
         left. Returns how many verdicts were written."""
-        from ..workers.client import Requester
-
         sem = asyncio.Semaphore(self.cfg.concurrency)
 
         async def one(rec: dict[str, Any]) -> None:
