@@ -310,12 +310,13 @@ _ANSWER_RE = re.compile(r"\*\*(-?\d+)\*\*")
 
 
 _JUDGED_Q_RE = re.compile(r"What is (\d+) \+ (\d+)\?")
+_JUDGED_A_RE = re.compile(r"\*\*(-?\d+)\*\*|\\boxed\{(-?\d+)\}")  # bold, or boxed (SimConfig.boxed_answers)
 
 
 def judge_reply(prompt: str) -> str:
     """The simulated judge's verdict on the answer quoted in ``prompt`` (SimConfig.judge), as JSON text."""
     q = _JUDGED_Q_RE.search(prompt)
-    answers = _ANSWER_RE.findall(prompt[q.end():] if q else prompt)
+    answers = [a or b for a, b in _JUDGED_A_RE.findall(prompt[q.end():] if q else prompt)]
     if q is None or not answers:
         verdict = {"score": 0.5, "label": "bad", "reason": "no question or no bold answer to judge"}
     else:

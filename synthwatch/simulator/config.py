@@ -87,7 +87,7 @@ class SimConfig:
             math verifiers (math-verify) read, instead of markdown bold.
         judge: Answer as a judge model (synthwatch.workers.judge): every reply's content is a JSON verdict
             ``{"score", "label", "reason"}``, deterministic from the prompt: "good" (score 0.9) when the judged
-            answer's ``**N**`` is the sum the judged question ``What is A + B?`` asks for, "bad" (0.1) when it is
+            answer's ``**N**`` (or ``\\boxed{N}``) is the sum the judged question ``What is A + B?`` asks for, "bad" (0.1) when it is
             another number, "bad" (0.5) when there is none. No reasoning; ``response_format`` is accepted, unless
         refuse_response_format: A request with ``response_format`` is answered 400 (a server without guided decoding).
         capacity: At most this many paced requests generate at once (0 = unlimited); the others wait in a
