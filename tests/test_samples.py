@@ -64,7 +64,7 @@ def test_a_cap_counts_samples_and_the_run_page_counts_prompts(engine, tmp_path, 
     with httpx.Client(base_url=srv.url, timeout=HTTP_TIMEOUT_S) as c:
         st = c.get(f"/api/runs/{run_id}/stats").json()
         # prompt 0 has all 4 samples, prompt 1 two of them: 1 complete, 2 started, of 10
-        assert st["samples"] == {"k": 4, "prompts": 10, "complete": 1, "started": 2, "pass": None}
+        assert st["samples"] == {"k": 4, "prompts": 10, "complete": 1, "started": 2, "pass": None, "stale": None}
         page = c.get(f"/runs/{run_id}").text
         assert 'data-testid="prompts-complete">1</span> <small>/ 10 complete' in page
         assert "Prompts (4 samples each)" in page
@@ -154,3 +154,42 @@ def test_the_start_form_sets_samples_per_prompt(live_app) -> None:  # type: igno
     srv = live_app()
     page = httpx.get(srv.url + "/runs/new", timeout=HTTP_TIMEOUT_S).text
     assert 'name="samples_per_prompt"' in page and "Samples per prompt" in page
+
+
+@pytest.mark.slow
+def test_per_prompt_numbers_give_way_to_the_dashboards_query_limit(engine) -> None:  # type: ignore[no-untyped-def]
+    """On a big run counting per prompt can exceed stats_time_limit_ms: the tile says so (and the run page keeps the
+    rest), instead of the whole page going stale; the next poll within a minute does not ask again."""
+    from dataclasses import dataclass
+
+    from synthwatch.app import stats
+    from synthwatch.quality import passk
+    from synthwatch.store.queue import create_run, insert_prompts, write_begin
+
+    @dataclass
+    class P:
+        index: int
+        line: int
+        source_id: str
+        messages: list[dict[str, str]]
+
+    cfg = RunConfig.model_validate({"dataset": {"path": "x"}, "endpoints": [{"base_url": "http://127.0.0.1:1/v1"}],
+                                    "model": "m", "samples_per_prompt": 4,
+                                    "checks": {"verifiers": [{"kind": "exact"}]}})
+    with engine.connect() as conn, write_begin(conn):
+        rid = create_run(conn, "big", cfg)
+        insert_prompts(conn, rid, (P(i, i + 1, f"p{i}", [{"role": "user", "content": "q"}]) for i in range(60_000)),
+                       samples=4)
+        conn.execute(text("UPDATE record SET status = 'ok' WHERE run_id = :r"), {"r": rid})
+        conn.execute(text("INSERT INTO check_verdict (run_id, record_id, check_name, state, created_at) SELECT run_id,"
+                          " id, 'verify_exact', 'pass', 0 FROM record WHERE run_id = :r"), {"r": rid})
+    with engine.connect() as conn:
+        run = dict(conn.execute(text("SELECT * FROM run WHERE id = :r"), {"r": rid}).mappings().one())
+        with stats.time_limit(conn, 10):
+            view = passk.samples_view(conn, run)
+            assert conn.execute(text("SELECT COUNT(*) FROM run")).scalar() == 1  # the connection goes on
+        assert view is not None and view["stale"] and view["prompts"] is None
+        assert passk.samples_view(conn, run) is view  # not asked again at once
+        passk.forget()  # the next poll afresh
+        fresh = passk.samples_view(conn, run)  # without the limit: the numbers
+    assert fresh is not None and fresh["complete"] == 60_000 and fresh["pass"]["pass_at_k"] == 1.0
