@@ -237,7 +237,11 @@ def start_recompute(engine: Engine, run_id: int) -> bool:
 
     def work() -> None:
         try:
-            _last_recompute[run_id] = recompute(engine, run_id)
+            done = recompute(engine, run_id)
+            from ..quality.extended import recheck  # noqa: PLC0415 - starts check processes only when a run has them
+
+            done["extended"] = recheck(engine, run_id, all_records=True)
+            _last_recompute[run_id] = done
         except Exception as exc:  # reported on the page, never lost in a thread
             log.exception("recompute of run %d failed", run_id)
             _last_recompute[run_id] = {"error": f"{exc.__class__.__name__}: {exc}"}
