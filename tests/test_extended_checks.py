@@ -303,3 +303,32 @@ def test_slow_checks_push_back_drain_on_shutdown_and_pending_stays_visible(engin
     assert (row["n_fail"], row["n_total"]) == (0, 300)
     rec_page = httpx.get(f"{app.url}/runs/{bg.run_id}/records/{waiting}", timeout=HTTP_TIMEOUT_S).text
     assert "<code>user:slow</code> pass" in rec_page
+
+
+def test_the_checks_page_and_api_treat_an_extended_check_like_a_built_in(engine, live_app) -> None:  # type: ignore[no-untyped-def]
+    from synthwatch.quality.alarms import set_auto_pause
+
+    run_id, ids = crafted_run(engine, {"rule": [{"name": "long", "min_chars": 10}]},
+                              [("q", "short", {}), ("q", "long enough answer", {})] * 15)
+    recheck(engine, run_id)
+    c = httpx.Client(base_url=live_app().url, timeout=HTTP_TIMEOUT_S)
+    body = c.get(f"/api/runs/{run_id}/checks").json()
+    row = next(x for x in body["checks"] if x["check_name"] == "rule:long")
+    assert (row["n_fail"], row["n_total"]) == (15, 30) and body["pending_checks"] == 0
+    assert body["rules"]["rule:long"]["auto_pause"] is False
+    assert body["descriptions"]["rule:long"] == "TOML rule: the content >= 10 characters"
+    page = c.get(f"/runs/{run_id}/checks").text
+    assert 'data-rule="rule:long"' in page and "15 / 30" in page
+    # the page's form turns on its auto-pause and changes its threshold, as for a built-in rule
+    form = {f"computed__{n}": "on" for n in ("empty_reasoning", "error", "timeout")}
+    form |= {"auto_pause_shown__rule:long": "1", "auto_pause__rule:long": "on", "threshold__rule:long": "20%"}
+    assert c.post(f"/runs/{run_id}/checks/settings", data=form).status_code == 303
+    rules = c.get(f"/api/runs/{run_id}/checks").json()["rules"]
+    assert rules["rule:long"]["auto_pause"] is True and rules["rule:long"]["threshold"] == 0.2
+    with engine.connect() as conn:  # the form kept the check itself
+        assert vd.configured_checks(conn.execute(text("SELECT config_json FROM run WHERE id = :r"),
+                                                 {"r": run_id}).scalar()) == ["rule:long"]
+    # an auto-pause override names it like a built-in check; an unknown name is refused
+    assert set_auto_pause(engine, run_id, "rule:long", False, reason="short answers are fine here")["changed"]
+    with pytest.raises(ValueError, match="unknown check"):
+        set_auto_pause(engine, run_id, "rule:nope", False, reason="no such check at all")

@@ -18,7 +18,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.engine import Connection, Engine
 
-from ..check_catalog import CHECK_INFO, CHECK_NAMES, DEFAULT_RULES
+from ..check_catalog import BIT, CHECK_INFO, CHECK_NAMES, DEFAULT_RULES, extended_rule
 from ..quality.alarm_text import render as render_alarm
 from ..quality.alarms import (
     AlarmNotFound,
@@ -28,6 +28,7 @@ from ..quality.alarms import (
     effective_rules,
     list_alarms,
     list_overrides,
+    rules_for,
     snoozed_alarms,
 )
 from ..quality.checks import ChecksConfigError, parse_settings
@@ -66,9 +67,10 @@ def _config(run: dict[str, Any]) -> dict[str, Any]:
 
 def _rules(cfg: dict[str, Any]) -> dict[str, Any]:
     try:
-        return effective_rules(parse_settings(cfg.get("checks") or {}).rules)
+        settings = parse_settings(cfg.get("checks") or {})
     except ChecksConfigError:
         return effective_rules({})
+    return {**effective_rules(settings.rules), **rules_for(settings.extended_names(), settings.rules)}
 
 
 def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
@@ -100,13 +102,15 @@ def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
     except ChecksConfigError as exc:
         settings = parse_settings({})
         settings_error = str(exc)
-    rules = effective_rules(settings.rules)
+    extended = settings.extended_names()  # their rules are set here like a built-in check's (#30)
+    rules = {**effective_rules(settings.rules), **rules_for(extended, settings.rules)}
     return {
         "run": {"id": run["id"], "name": run["name"], "status": run["status"]},
         "live": _live(run),
+        "extended": set(extended),
         "checks": check_rates(conn, run_id),
         "pending_checks": pending_estimate(conn, run_id, int(run.get("n_ok") or 0), settings.extended_names()),
-        "rules": [rules[n] for n in CHECK_NAMES],
+        "rules": [rules[n] for n in (*CHECK_NAMES, *extended)],
         "settings": settings,
         "settings_error": settings_error,
         "disabled": set(settings.disabled),
@@ -165,7 +169,12 @@ def _form_to_settings(form: Any, current: dict[str, Any]) -> dict[str, Any]:
     raw = dict(current)
     rules: dict[str, Any] = dict(raw.get("rules") or {})
     disabled: list[str] = []
-    for name in CHECK_NAMES:
+    try:
+        extended = parse_settings(current).extended_names()
+    except ChecksConfigError:
+        extended = []
+    defaults = {**DEFAULT_RULES, **{n: extended_rule(n) for n in extended}}
+    for name in (*CHECK_NAMES, *extended):
         ov = dict(rules.get(name) or {})
         for fld, conv in (("threshold", float), ("window", int), ("min_records", int)):
             v = str(form.get(f"{fld}__{name}", "")).strip()
@@ -175,7 +184,7 @@ def _form_to_settings(form: Any, current: dict[str, Any]) -> dict[str, Any]:
                 value = conv(v.rstrip("%")) / (100 if fld == "threshold" and v.endswith("%") else 1)
             except ValueError:
                 raise ValueError(f"{name} {fld}: {v!r} is not a number") from None
-            if value != getattr(DEFAULT_RULES[name], fld):
+            if value != getattr(defaults[name], fld):
                 ov[fld] = value
             else:
                 ov.pop(fld, None)
@@ -183,11 +192,11 @@ def _form_to_settings(form: Any, current: dict[str, Any]) -> dict[str, Any]:
             if fld == "auto_pause" and form.get(f"auto_pause_shown__{name}") is None:
                 continue  # shown as "on": turning it off is its own action, with a reason (set_auto_pause)
             on = form.get(f"{fld}__{name}") is not None
-            if on != getattr(DEFAULT_RULES[name], fld):
+            if on != getattr(defaults[name], fld):
                 ov[fld] = on
             else:
                 ov.pop(fld, None)
-        if form.get(f"computed__{name}") is None:
+        if name in BIT and form.get(f"computed__{name}") is None:  # an extended check is on by its own table
             disabled.append(name)
         if ov:
             rules[name] = ov
@@ -299,7 +308,8 @@ def api_checks(run_id: int, conn: ReadConn) -> dict[str, Any]:
         "settings_error": ctx["settings_error"],
         "recomputing": ctx["recomputing"],
         "last_recompute": ctx["last_recompute"],
-        "descriptions": CHECK_INFO,
+        "descriptions": {**CHECK_INFO, **ctx["settings"].extended_info()},
+        "pending_checks": ctx["pending_checks"],
     }
 
 
