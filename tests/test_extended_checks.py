@@ -332,3 +332,24 @@ def test_the_checks_page_and_api_treat_an_extended_check_like_a_built_in(engine,
     assert set_auto_pause(engine, run_id, "rule:long", False, reason="short answers are fine here")["changed"]
     with pytest.raises(ValueError, match="unknown check"):
         set_auto_pause(engine, run_id, "rule:nope", False, reason="no such check at all")
+
+
+def test_turning_auto_pause_on_while_the_run_goes_pauses_it(engine, sim, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A rule changed mid-run applies to the running worker's extended checks within seconds, like a built-in's."""
+    from synthwatch.quality.recompute import save_settings
+
+    url = sim(reasoning_field="reasoning", seed=8, ttft_ms=100)
+    checks = {"rule": [{"name": "has_boxed", "regex": r"\\boxed\{"}]}
+    config = make_config(url, dataset(tmp_path, 1000), concurrency=4, checks=checks)
+    bg = CheckedBackground(engine, config).start()
+    try:
+        wait_for(lambda: any(a["rule"] == "rule:has_boxed" for a in alarms(engine, bg.run_id)), timeout_s=60,
+                 what="the rule's (warning) alarm")
+        assert run_row(engine, bg.run_id)["status"] == "running"  # its default rule does not pause
+        save_settings(engine, bg.run_id, {**checks, "rules": pauses("rule:has_boxed")}, actor="test")
+        wait_for(lambda: run_row(engine, bg.run_id)["status"] == "paused", timeout_s=60, what="auto-pause")
+        assert next(a for a in alarms(engine, bg.run_id) if a["rule"] == "rule:has_boxed")["auto_paused"]
+        assert run_row(engine, bg.run_id)["n_ok"] < 1000
+    finally:
+        store.apply_control(engine, bg.run_id, "stop")
+        bg.join(60)

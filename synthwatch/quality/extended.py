@@ -41,6 +41,7 @@ log = logging.getLogger("synthwatch.checks")
 
 BATCH = 32
 WRITE_EVERY_S = 0.2
+RELOAD_S = 2.0  # how often a live runner reads its run's rules again
 SUBMIT_WAIT_S = 10.0  # the longest a flush waits for room in the queue (the writer's lease heartbeat is 30 s)
 _COLS = ("id, idx, status, reasoning, content, finish_reason, completion_tokens, reasoning_tokens, extra_json, model,"
          " system_fingerprint, prompt_json, endpoint, row_json")
@@ -97,6 +98,7 @@ class ExtendedRunner:
         self._lock = threading.Lock()
         self._paused = False
         self.started_at = time.time()
+        self._reloaded = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._writer: threading.Thread | None = None
         self._load()
@@ -318,6 +320,8 @@ class ExtendedRunner:
             if self.live and v.check_name in self.windows:
                 self.windows[v.check_name].append(failed)
         with self.engine.connect() as conn, store.write_begin(conn):
+            if self.live and time.monotonic() - self._reloaded >= RELOAD_S:
+                self._reload(conn)
             vd.append(conn, buf, now=t)
             if self.live and deltas:
                 for name, (f, n, ex) in deltas.items():
@@ -329,6 +333,28 @@ class ExtendedRunner:
                 self.evaluate(conn, t, set(deltas), new_fail)
         self.counts["verdicts"] += len(buf)
         self.counts["checked"] += len({v.record_id for v in buf})
+
+    def _reload(self, conn: Connection) -> None:
+        """A rule changed while the run goes (the checks page, the API, `synthwatch checks --config`): its new
+        threshold, window or auto-pause applies from the next verdicts, as for a built-in check. Which checks run
+        is fixed when the worker starts (a check added later is pending until the next start or --pending)."""
+        self._reloaded = time.monotonic()
+        cfg = conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": self.run_id}).scalar()
+        try:
+            raw = (orjson.loads(cfg or "{}") or {}).get("checks") or {}
+            rules = rules_for(self.names, CheckSettings.model_validate(raw).rules)
+        except (orjson.JSONDecodeError, ValueError, AttributeError) as exc:
+            log.warning("run %d: ignoring invalid check settings: %s", self.run_id, exc)
+            return
+        if rules == self.rules:
+            return
+        for name, rule in rules.items():
+            if rule.window != self.rules[name].window:
+                self.windows[name] = deque(self.windows[name], maxlen=rule.window)
+        self.rules = rules
+        self.keeper.refresh(conn)
+        self.evaluate(conn, time.time(), None, None)
+        log.info("run %d: extended check rules reloaded", self.run_id)
 
     def evaluate(self, conn: Connection, t: float, only: set[str] | None, new_fail: dict[str, float] | None,
                  *, allow_pause: bool = True, clear_sticky: bool = False) -> list[str]:
