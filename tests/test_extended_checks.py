@@ -241,11 +241,14 @@ def test_recompute_appends_history_and_recounts(engine) -> None:  # type: ignore
     assert n == 4  # the first verdicts are kept: history is appended
 
 
-def test_the_check_catalogue_lists_user_checks(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_check_catalogue_lists_user_checks(tmp_path, monkeypatch, live_app) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.syspath_prepend(str(user_package(tmp_path / "pkg")))
     from synthwatch.quality.user_checks import installed_entry_points
 
     assert installed_entry_points()["boxed"] == "swtest_checks:boxed"
+    page = httpx.get(f"{live_app().url}/help/checks", timeout=HTTP_TIMEOUT_S).text  # the dashboard's catalogue
+    assert 'id="check-verify_math"' in page and 'id="check-near_duplicate"' in page
+    assert "<code>user:boxed</code> — <code>swtest_checks:boxed</code>" in page
 
 
 def test_slow_checks_push_back_drain_on_shutdown_and_pending_stays_visible(engine, db_path, sim, tmp_path,  # type: ignore[no-untyped-def]

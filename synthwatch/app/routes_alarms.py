@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import BIT, CHECK_INFO, CHECK_NAMES, DEFAULT_RULES, extended_rule
+from ..check_extended import VERIFIER_KINDS
 from ..quality.alarm_text import render as render_alarm
 from ..quality.alarms import (
     AlarmNotFound,
@@ -147,7 +148,17 @@ def ack_form(request: Request, run_id: int, alarm_id: int, engine: WriteEngine, 
 @router.get("/help/checks", include_in_schema=False)
 def checks_help_page(request: Request) -> Response:
     """Every check: its label, identifier, what fails it and its default rule (the table of docs/checks.md)."""
-    return render(request, "help_checks.html", {"rules": [DEFAULT_RULES[n] for n in CHECK_NAMES if n in DEFAULT_RULES]})
+    from ..quality.user_checks import installed_entry_points
+
+    extended = [(f"verify_{k}", f"{k} verifier: the answer against a reference field of the dataset row")
+                for k in VERIFIER_KINDS]
+    extended += [("user:<name>", "your Python function (entry point or module:function) returns a failing verdict"),
+                 ("rule:<name>", "a TOML rule (regex, length bounds, language) does not hold"),
+                 ("language", "the answer is not in the prompt's (or the configured) language (lingua)"),
+                 ("near_duplicate", "the answer is a near-duplicate of an earlier one (MinHash LSH)")]
+    return render(request, "help_checks.html", {
+        "rules": [DEFAULT_RULES[n] for n in CHECK_NAMES if n in DEFAULT_RULES], "extended": extended,
+        "extended_rule": extended_rule("x"), "entry_points": sorted(installed_entry_points().items())})
 
 
 @router.get("/runs/{run_id}/checks", include_in_schema=False)
