@@ -356,3 +356,25 @@ def test_turning_auto_pause_on_while_the_run_goes_pauses_it(engine, sim, tmp_pat
     finally:
         store.apply_control(engine, bg.run_id, "stop")
         bg.join(60)
+
+
+def test_verdicts_computed_elsewhere_feed_the_same_rates_and_alarms(engine) -> None:  # type: ignore[no-untyped-def]
+    """ExtendedRunner.add_verdicts (a judge model's verdicts, computed with its own concurrency) is counted, windowed
+    and alarmed like the check processes' verdicts."""
+    from synthwatch.check_catalog import CheckSettings
+    from synthwatch.quality.extended import ExtendedRunner
+
+    checks = {"rule": [{"name": "long", "min_chars": 1}], "rules": {"rule:long": {"min_records": 3}}}
+    run_id, ids = crafted_run(engine, checks, [("q", f"answer {i}", {}) for i in range(4)])
+    runner = ExtendedRunner(engine, run_id, "crafted", CheckSettings.model_validate(checks)).start(backlog=False)
+    try:
+        runner.add_verdicts([vd.NewVerdict(run_id, i, "rule:long", vd.Verdict("fail", reason="judged elsewhere"))
+                             for i in ids])
+        wait_for(lambda: stats(engine, run_id).get("rule:long", {}).get("n_fail") == 4, timeout_s=30,
+                 what="the added verdicts counted")
+        wait_for(lambda: any(a["rule"] == "rule:long" for a in alarms(engine, run_id)), timeout_s=30,
+                 what="the alarm")
+    finally:
+        runner.close(0)
+    assert "judged elsewhere" in next(a for a in alarms(engine, run_id) if a["rule"] == "rule:long")["message"]
+    assert _verdicts(engine, run_id, "rule:long")[ids[0]].verdict.reason == "judged elsewhere"

@@ -76,7 +76,10 @@ class ExtendedRunner:
         self.live = live  # False (recheck): totals are recounted at the end instead of added per write
         self.names = settings.extended_names()
         self.rules: dict[str, Rule] = rules_for(self.names, settings.rules)
-        pool_names = [n for n in self.names if n != "near_duplicate"]
+        # the checks the check processes run (check_pool.pool_checks); near_duplicate runs in the verdict thread, and
+        # a check whose verdicts come from elsewhere (add_verdicts: a judge) has its rule and rates here only
+        pool_names = [v.check_name for v in settings.verifiers] + [u.check_name for u in settings.user]
+        pool_names += [r.check_name for r in settings.rule] + (["language"] if settings.language.enabled else [])
         budget = pool_checks_budget(settings)
         n_proc = settings.extended.pool_processes if pool_names else 0
         self.procs = [CheckProcess(settings, pool_names, budget) for _ in range(n_proc)]
@@ -87,6 +90,7 @@ class ExtendedRunner:
             self.neardup = NearDuplicates(settings.near_duplicate)
         self.q: queue.Queue[int] = queue.Queue(maxsize=settings.extended.queue_max)
         self.done: queue.SimpleQueue[tuple[int, RecordView, list[Result]]] = queue.SimpleQueue()
+        self.outside: queue.SimpleQueue[list[vd.NewVerdict]] = queue.SimpleQueue()  # add_verdicts()
         self.keeper = AlarmKeeper(run_id, run_name, notifier, settings.webhook.dashboard_url)
         self.windows: dict[str, deque[bool]] = {n: deque(maxlen=self.rules[n].window) for n in self.names}
         self.run_stats: dict[str, tuple[int, int, int | None]] = {}
@@ -214,6 +218,13 @@ class ExtendedRunner:
         """Wait until every queued record has its verdicts written (recheck)."""
         self.q.join()
 
+    def add_verdicts(self, verdicts: list[vd.NewVerdict]) -> None:
+        """Verdicts a check computed outside the check processes (a judge model with its own concurrency): the
+        verdict thread appends them and counts them in the rates, windows, alarms and auto-pause of their check
+        (its name must be one of the run's extended checks, CheckSettings.extended_names, to have a rule)."""
+        if verdicts:
+            self.outside.put(list(verdicts))
+
     def take_paused(self) -> bool:
         with self._lock:
             paused, self._paused = self._paused, False
@@ -270,6 +281,11 @@ class ExtendedRunner:
                 rid, view, results = self.done.get(timeout=0.1)
             except queue.Empty:
                 rid = 0
+            while True:  # verdicts computed elsewhere (a judge): rates, windows and alarms as for the others
+                try:
+                    buf.extend(self.outside.get_nowait())
+                except queue.Empty:
+                    break
             if rid < 0:
                 finished += -rid
             elif rid > 0:
