@@ -139,7 +139,8 @@ class NearDuplicateSettings(BaseModel):
     enabled: bool = False
     threshold: float = Field(0.8, gt=0.0, lt=1.0, description="Estimated Jaccard similarity of word 3-shingles.")
     num_perm: int = Field(64, ge=16, le=256, description="MinHash permutations (memory per record grows with it).")
-    max_records: int = Field(1_000_000, ge=1, description="Answers kept in the index; later ones are checked only.")
+    max_records: int = Field(250_000, ge=1, description="Answers kept in the index; later ones are checked only "
+                             "(memory: about 2 KB per answer at num_perm 64, docs/checks.md).")
     min_chars: int = Field(50, ge=1, description="Shorter answers are not judged (pass).")
     field: Literal["content", "reasoning", "both"] = "content"
 

@@ -241,11 +241,14 @@ def test_recompute_appends_history_and_recounts(engine) -> None:  # type: ignore
     assert n == 4  # the first verdicts are kept: history is appended
 
 
-def test_the_check_catalogue_lists_user_checks(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_check_catalogue_lists_user_checks(tmp_path, monkeypatch, live_app) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.syspath_prepend(str(user_package(tmp_path / "pkg")))
     from synthwatch.quality.user_checks import installed_entry_points
 
     assert installed_entry_points()["boxed"] == "swtest_checks:boxed"
+    page = httpx.get(f"{live_app().url}/help/checks", timeout=HTTP_TIMEOUT_S).text  # the dashboard's catalogue
+    assert 'id="check-verify_math"' in page and 'id="check-near_duplicate"' in page
+    assert "<code>user:boxed</code> — <code>swtest_checks:boxed</code>" in page
 
 
 def test_slow_checks_push_back_drain_on_shutdown_and_pending_stays_visible(engine, db_path, sim, tmp_path,  # type: ignore[no-untyped-def]
@@ -303,3 +306,75 @@ def test_slow_checks_push_back_drain_on_shutdown_and_pending_stays_visible(engin
     assert (row["n_fail"], row["n_total"]) == (0, 300)
     rec_page = httpx.get(f"{app.url}/runs/{bg.run_id}/records/{waiting}", timeout=HTTP_TIMEOUT_S).text
     assert "<code>user:slow</code> pass" in rec_page
+
+
+def test_the_checks_page_and_api_treat_an_extended_check_like_a_built_in(engine, live_app) -> None:  # type: ignore[no-untyped-def]
+    from synthwatch.quality.alarms import set_auto_pause
+
+    run_id, ids = crafted_run(engine, {"rule": [{"name": "long", "min_chars": 10}]},
+                              [("q", "short", {}), ("q", "long enough answer", {})] * 15)
+    recheck(engine, run_id)
+    c = httpx.Client(base_url=live_app().url, timeout=HTTP_TIMEOUT_S)
+    body = c.get(f"/api/runs/{run_id}/checks").json()
+    row = next(x for x in body["checks"] if x["check_name"] == "rule:long")
+    assert (row["n_fail"], row["n_total"]) == (15, 30) and body["pending_checks"] == 0
+    assert body["rules"]["rule:long"]["auto_pause"] is False
+    assert body["descriptions"]["rule:long"] == "TOML rule: the content >= 10 characters"
+    page = c.get(f"/runs/{run_id}/checks").text
+    assert 'data-rule="rule:long"' in page and "15 / 30" in page
+    # the page's form turns on its auto-pause and changes its threshold, as for a built-in rule
+    form = {f"computed__{n}": "on" for n in ("empty_reasoning", "error", "timeout")}
+    form |= {"auto_pause_shown__rule:long": "1", "auto_pause__rule:long": "on", "threshold__rule:long": "20%"}
+    assert c.post(f"/runs/{run_id}/checks/settings", data=form).status_code == 303
+    rules = c.get(f"/api/runs/{run_id}/checks").json()["rules"]
+    assert rules["rule:long"]["auto_pause"] is True and rules["rule:long"]["threshold"] == 0.2
+    with engine.connect() as conn:  # the form kept the check itself
+        assert vd.configured_checks(conn.execute(text("SELECT config_json FROM run WHERE id = :r"),
+                                                 {"r": run_id}).scalar()) == ["rule:long"]
+    # an auto-pause override names it like a built-in check; an unknown name is refused
+    assert set_auto_pause(engine, run_id, "rule:long", False, reason="short answers are fine here")["changed"]
+    with pytest.raises(ValueError, match="unknown check"):
+        set_auto_pause(engine, run_id, "rule:nope", False, reason="no such check at all")
+
+
+def test_turning_auto_pause_on_while_the_run_goes_pauses_it(engine, sim, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A rule changed mid-run applies to the running worker's extended checks within seconds, like a built-in's."""
+    from synthwatch.quality.recompute import save_settings
+
+    url = sim(reasoning_field="reasoning", seed=8, ttft_ms=100)
+    checks = {"rule": [{"name": "has_boxed", "regex": r"\\boxed\{"}]}
+    config = make_config(url, dataset(tmp_path, 1000), concurrency=4, checks=checks)
+    bg = CheckedBackground(engine, config).start()
+    try:
+        wait_for(lambda: any(a["rule"] == "rule:has_boxed" for a in alarms(engine, bg.run_id)), timeout_s=60,
+                 what="the rule's (warning) alarm")
+        assert run_row(engine, bg.run_id)["status"] == "running"  # its default rule does not pause
+        save_settings(engine, bg.run_id, {**checks, "rules": pauses("rule:has_boxed")}, actor="test")
+        wait_for(lambda: run_row(engine, bg.run_id)["status"] == "paused", timeout_s=60, what="auto-pause")
+        assert next(a for a in alarms(engine, bg.run_id) if a["rule"] == "rule:has_boxed")["auto_paused"]
+        assert run_row(engine, bg.run_id)["n_ok"] < 1000
+    finally:
+        store.apply_control(engine, bg.run_id, "stop")
+        bg.join(60)
+
+
+def test_verdicts_computed_elsewhere_feed_the_same_rates_and_alarms(engine) -> None:  # type: ignore[no-untyped-def]
+    """ExtendedRunner.add_verdicts (a judge model's verdicts, computed with its own concurrency) is counted, windowed
+    and alarmed like the check processes' verdicts."""
+    from synthwatch.check_catalog import CheckSettings
+    from synthwatch.quality.extended import ExtendedRunner
+
+    checks = {"rule": [{"name": "long", "min_chars": 1}], "rules": {"rule:long": {"min_records": 3}}}
+    run_id, ids = crafted_run(engine, checks, [("q", f"answer {i}", {}) for i in range(4)])
+    runner = ExtendedRunner(engine, run_id, "crafted", CheckSettings.model_validate(checks)).start(backlog=False)
+    try:
+        runner.add_verdicts([vd.NewVerdict(run_id, i, "rule:long", vd.Verdict("fail", reason="judged elsewhere"))
+                             for i in ids])
+        wait_for(lambda: stats(engine, run_id).get("rule:long", {}).get("n_fail") == 4, timeout_s=30,
+                 what="the added verdicts counted")
+        wait_for(lambda: any(a["rule"] == "rule:long" for a in alarms(engine, run_id)), timeout_s=30,
+                 what="the alarm")
+    finally:
+        runner.close(0)
+    assert "judged elsewhere" in next(a for a in alarms(engine, run_id) if a["rule"] == "rule:long")["message"]
+    assert _verdicts(engine, run_id, "rule:long")[ids[0]].verdict.reason == "judged elsewhere"

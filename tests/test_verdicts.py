@@ -91,3 +91,19 @@ def test_reasons_and_labels_are_bounded(reason: str, label: str | None) -> None:
 def test_row_fields_never_raise() -> None:
     assert vd.row_fields(None) == {} and vd.row_fields("[1]") == {} and vd.row_fields("{bad") == {}
     assert vd.row_fields(orjson.dumps({"answer": "4"}).decode()) == {"answer": "4"}
+
+
+def test_a_reason_never_stores_a_registered_secret(engine) -> None:  # type: ignore[no-untyped-def]
+    from synthwatch.redact import add_secret, forget_secret
+
+    rid, ids = _run(engine, 1, CHECKS)
+    secret = "sk-test-verdict-secret-1234567890"
+    add_secret(secret)
+    try:
+        with engine.begin() as conn:
+            vd.append(conn, [vd.NewVerdict(rid, ids[0], "verify_exact", vd.Verdict("error", reason=f"boom {secret}"))])
+        with engine.connect() as conn:
+            reason = vd.record_verdicts(conn, ids[0])[0].verdict.reason
+    finally:
+        forget_secret(secret)
+    assert reason is not None and secret not in reason and reason.startswith("boom ")

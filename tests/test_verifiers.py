@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from synthwatch.check_catalog import CheckSettings
 from synthwatch.check_extended import VerifierSettings
-from synthwatch.quality.check_pool import CheckProcess, PoolCheck, run_check
+from synthwatch.quality.check_pool import CheckProcess, PoolCheck, pool_checks_budget, run_check, view_args
 from synthwatch.quality.checks import RecordView
 from synthwatch.quality.user_checks import coerce
 from synthwatch.quality.verdicts import REASON_MAX, STATES, Verdict
@@ -128,3 +129,31 @@ def test_a_process_that_dies_or_hangs_is_restarted_and_the_record_gets_errors(tm
     assert states == {10: "pass", 11: "error", 12: "error", 13: "pass", 14: "pass"}
     assert "died" in (out[11][0][4] or "") and "did not finish" in (out[12][0][4] or "")
     assert proc.restarts == 2
+
+
+@pytest.fixture(scope="module")
+def every_check_process() -> Iterator[CheckProcess]:
+    """One check process with every verifier, a rule and the language check, kept across generated examples."""
+    s = CheckSettings.model_validate({
+        "verifiers": [{"kind": k, "reference": "ref", "timeout_s": 3} for k in KINDS],
+        "rule": [{"name": "r", "regex": "a+b", "min_chars": 1, "language": "en"}],
+        "language": {"enabled": True, "languages": ["en", "de"], "min_chars": 1},
+    })
+    names = s.extended_names()
+    proc = CheckProcess(s, names, pool_checks_budget(s))
+    assert proc.start(), proc.start_error
+    yield proc
+    proc.close()
+
+
+@settings(deadline=None, max_examples=40)
+@given(texts, texts, refs)
+def test_generated_records_never_take_the_check_process_down(every_check_process: CheckProcess, content: str,
+                                                             prompt: str, ref: object) -> None:
+    proc = every_check_process
+    before = proc.restarts
+    args = view_args(RecordView(7, 0, "ok", "", content, "stop", messages=[{"role": "user", "content": prompt}]))
+    [(rid, results)] = list(proc.run([(7, args, {"ref": ref})]))
+    assert rid == 7 and [r[0] for r in results] == proc.names
+    assert all(r[1] in STATES and r[1] != "pending" for r in results)
+    assert proc.restarts == before  # answered by the same process: nothing generated crashed or hung it

@@ -159,8 +159,12 @@ class CheckProcess:
         self.conn: Connection | None = None
         self.restarts = 0
         self.start_error: str | None = None
+        self.closed = False  # after close(): no restart, no more records (a dispatcher may still be on one)
 
     def start(self) -> bool:
+        if self.closed:
+            self.start_error = "the checks were shut down"
+            return False
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=serve, args=(child, self.settings_json), name="synthwatch-checks", daemon=True)
@@ -192,6 +196,7 @@ class CheckProcess:
             self.proc = None
 
     def close(self) -> None:
+        self.closed = True
         if self.conn is not None:
             try:
                 self.conn.send(None)
@@ -207,15 +212,20 @@ class CheckProcess:
     def run(self, items: list[tuple[int, tuple[Any, ...], dict[str, Any]]]) -> Iterator[tuple[int, list[Result]]]:
         """Each item's verdicts, in order; a record whose process died or overran gets 'error' verdicts."""
         todo = list(items)
-        while todo:
+        while todo and not self.closed:
             if self.conn is None and not self.start():
+                if self.closed:
+                    return
                 for rid, _a, _r in todo:
                     yield rid, self._errors(self.start_error or "the check process did not start")
                 return
-            assert self.conn is not None
+            conn = self.conn  # close() (another thread) may drop self.conn while this waits on it
+            assert conn is not None
             try:
-                self.conn.send(todo)
+                conn.send(todo)
             except OSError as exc:
+                if self.closed:
+                    return
                 self.kill()
                 self.restarts += 1
                 rid = todo.pop(0)[0]
@@ -225,8 +235,8 @@ class CheckProcess:
                 rid = todo[0][0]
                 why = None
                 try:
-                    if self.conn.poll(self.deadline_s):
-                        kind, got_rid, results = self.conn.recv()
+                    if conn.poll(self.deadline_s):
+                        kind, got_rid, results = conn.recv()
                         if kind == "r" and got_rid == rid:
                             todo.pop(0)
                             yield rid, results
@@ -236,8 +246,13 @@ class CheckProcess:
                         why = (f"the checks did not finish within {self.deadline_s:g} s (a check stuck where its own "
                                "time budget cannot stop it); the check process was restarted")
                 except (EOFError, OSError):
-                    code = self.proc.exitcode if self.proc is not None else None
+                    if self.closed:  # shut down under this record: it stays pending, re-checkable
+                        return
+                    proc = self.proc
+                    code = proc.exitcode if proc is not None else None
                     why = f"the check process died (exit code {code}) on this record; it was restarted"
+                if self.closed:
+                    return
                 log.warning("record %d: %s", rid, why)
                 self.kill()
                 self.restarts += 1

@@ -41,6 +41,7 @@ log = logging.getLogger("synthwatch.checks")
 
 BATCH = 32
 WRITE_EVERY_S = 0.2
+RELOAD_S = 2.0  # how often a live runner reads its run's rules again
 SUBMIT_WAIT_S = 10.0  # the longest a flush waits for room in the queue (the writer's lease heartbeat is 30 s)
 _COLS = ("id, idx, status, reasoning, content, finish_reason, completion_tokens, reasoning_tokens, extra_json, model,"
          " system_fingerprint, prompt_json, endpoint, row_json")
@@ -75,7 +76,10 @@ class ExtendedRunner:
         self.live = live  # False (recheck): totals are recounted at the end instead of added per write
         self.names = settings.extended_names()
         self.rules: dict[str, Rule] = rules_for(self.names, settings.rules)
-        pool_names = [n for n in self.names if n != "near_duplicate"]
+        # the checks the check processes run (check_pool.pool_checks); near_duplicate runs in the verdict thread, and
+        # a check whose verdicts come from elsewhere (add_verdicts: a judge) has its rule and rates here only
+        pool_names = [v.check_name for v in settings.verifiers] + [u.check_name for u in settings.user]
+        pool_names += [r.check_name for r in settings.rule] + (["language"] if settings.language.enabled else [])
         budget = pool_checks_budget(settings)
         n_proc = settings.extended.pool_processes if pool_names else 0
         self.procs = [CheckProcess(settings, pool_names, budget) for _ in range(n_proc)]
@@ -86,6 +90,7 @@ class ExtendedRunner:
             self.neardup = NearDuplicates(settings.near_duplicate)
         self.q: queue.Queue[int] = queue.Queue(maxsize=settings.extended.queue_max)
         self.done: queue.SimpleQueue[tuple[int, RecordView, list[Result]]] = queue.SimpleQueue()
+        self.outside: queue.SimpleQueue[list[vd.NewVerdict]] = queue.SimpleQueue()  # add_verdicts()
         self.keeper = AlarmKeeper(run_id, run_name, notifier, settings.webhook.dashboard_url)
         self.windows: dict[str, deque[bool]] = {n: deque(maxlen=self.rules[n].window) for n in self.names}
         self.run_stats: dict[str, tuple[int, int, int | None]] = {}
@@ -97,6 +102,7 @@ class ExtendedRunner:
         self._lock = threading.Lock()
         self._paused = False
         self.started_at = time.time()
+        self._reloaded = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._writer: threading.Thread | None = None
         self._load()
@@ -212,6 +218,13 @@ class ExtendedRunner:
         """Wait until every queued record has its verdicts written (recheck)."""
         self.q.join()
 
+    def add_verdicts(self, verdicts: list[vd.NewVerdict]) -> None:
+        """Verdicts a check computed outside the check processes (a judge model with its own concurrency): the
+        verdict thread appends them and counts them in the rates, windows, alarms and auto-pause of their check
+        (its name must be one of the run's extended checks, CheckSettings.extended_names, to have a rule)."""
+        if verdicts:
+            self.outside.put(list(verdicts))
+
     def take_paused(self) -> bool:
         with self._lock:
             paused, self._paused = self._paused, False
@@ -268,6 +281,11 @@ class ExtendedRunner:
                 rid, view, results = self.done.get(timeout=0.1)
             except queue.Empty:
                 rid = 0
+            while True:  # verdicts computed elsewhere (a judge): rates, windows and alarms as for the others
+                try:
+                    buf.extend(self.outside.get_nowait())
+                except queue.Empty:
+                    break
             if rid < 0:
                 finished += -rid
             elif rid > 0:
@@ -318,6 +336,8 @@ class ExtendedRunner:
             if self.live and v.check_name in self.windows:
                 self.windows[v.check_name].append(failed)
         with self.engine.connect() as conn, store.write_begin(conn):
+            if self.live and time.monotonic() - self._reloaded >= RELOAD_S:
+                self._reload(conn)
             vd.append(conn, buf, now=t)
             if self.live and deltas:
                 for name, (f, n, ex) in deltas.items():
@@ -329,6 +349,28 @@ class ExtendedRunner:
                 self.evaluate(conn, t, set(deltas), new_fail)
         self.counts["verdicts"] += len(buf)
         self.counts["checked"] += len({v.record_id for v in buf})
+
+    def _reload(self, conn: Connection) -> None:
+        """A rule changed while the run goes (the checks page, the API, `synthwatch checks --config`): its new
+        threshold, window or auto-pause applies from the next verdicts, as for a built-in check. Which checks run
+        is fixed when the worker starts (a check added later is pending until the next start or --pending)."""
+        self._reloaded = time.monotonic()
+        cfg = conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": self.run_id}).scalar()
+        try:
+            raw = (orjson.loads(cfg or "{}") or {}).get("checks") or {}
+            rules = rules_for(self.names, CheckSettings.model_validate(raw).rules)
+        except (orjson.JSONDecodeError, ValueError, AttributeError) as exc:
+            log.warning("run %d: ignoring invalid check settings: %s", self.run_id, exc)
+            return
+        if rules == self.rules:
+            return
+        for name, rule in rules.items():
+            if rule.window != self.rules[name].window:
+                self.windows[name] = deque(self.windows[name], maxlen=rule.window)
+        self.rules = rules
+        self.keeper.refresh(conn)
+        self.evaluate(conn, time.time(), None, None)
+        log.info("run %d: extended check rules reloaded", self.run_id)
 
     def evaluate(self, conn: Connection, t: float, only: set[str] | None, new_fail: dict[str, float] | None,
                  *, allow_pause: bool = True, clear_sticky: bool = False) -> list[str]:

@@ -153,7 +153,9 @@ def recompute(engine: Engine, run_id: int, *, batch: int = 1000, use_tokenizer: 
     run_stats = {n: (v[0], v[1], v[2]) for n, v in totals.items()}
     keeper = AlarmKeeper(run_id, ctx.name, None, ctx.settings.webhook.dashboard_url)
     with engine.connect() as conn, store.write_begin(conn):
-        conn.execute(text("DELETE FROM check_stat WHERE run_id = :r"), {"r": run_id})
+        # the built-in checks' rows only: the extended checks' are recounted from their verdicts (extended.recheck)
+        names = ", ".join(f"'{n}'" for n in CHECK_NAMES)
+        conn.execute(text(f"DELETE FROM check_stat WHERE run_id = :r AND check_name IN ({names})"), {"r": run_id})
         stat_rows = [{"r": run_id, "c": n, "f": v[0], "n": v[1], "wf": windows[n][0], "wn": windows[n][1],
                       "ex": v[2], "t": t} for n, v in totals.items() if v[1]]
         if stat_rows:

@@ -124,7 +124,7 @@ def make_rule_check(s: RuleCheckSettings, language: LanguageSettings | None = No
             found = rx.search(text) is not None
             if found != s.must_match:
                 return Verdict("fail", None, None, f"{s.field} {'does not match' if s.must_match else 'matches'}"
-                                                   f" {s.regex!r}")
+                                                   f" /{s.regex}/")
         if detector is not None and s.language is not None:
             got = detector.detect(text)
             if got is not None and got != s.language:

@@ -28,6 +28,7 @@ import orjson
 from sqlalchemy import text
 
 from ..check_catalog import CheckSettings
+from ..redact import redact
 from .checks import RecordView
 
 STATES = ("pending", "pass", "fail", "error")
@@ -195,10 +196,12 @@ _INSERT = text("INSERT INTO check_verdict (run_id, record_id, check_name, state,
 
 
 def append(session: Any, verdicts: Iterable[NewVerdict], now: float | None = None) -> int:
-    """Append verdicts (bounded reasons and labels); returns how many rows were written."""
+    """Append verdicts (reasons redacted and bounded, labels bounded); returns how many rows were written."""
     t = time.time() if now is None else now
     rows = [{"r": v.run_id, "i": v.record_id, "c": v.check_name, "s": v.verdict.state,
-             "sc": v.verdict.score, "l": bound(v.verdict.label, LABEL_MAX), "re": bound(v.verdict.reason),
+             "sc": v.verdict.score, "l": bound(v.verdict.label, LABEL_MAX),
+             # a reason may quote an exception of user code or a server's words: no registered secret is stored
+             "re": bound(redact(v.verdict.reason)) if v.verdict.reason else v.verdict.reason,
              "ms": v.cost_ms, "t": t} for v in verdicts]
     if rows:
         session.execute(_INSERT, rows)

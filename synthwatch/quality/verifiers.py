@@ -15,6 +15,7 @@ A missing reference is the verifier's 'error' verdict, not a failure: the datase
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -126,6 +127,18 @@ def verify_choice(s: VerifierSettings, v: RecordView, ref: Any) -> Verdict:
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(.*?)\n?```\s*$", re.S)
 
 
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Any:
+    """A checked validator per schema text: most datasets share a few schemas, and checking a schema costs more
+    than validating a document against it (measured in bench/bench_checks.py)."""
+    import jsonschema  # noqa: PLC0415 - loaded by the check processes that verify structured output only
+
+    schema = orjson.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
 def verify_json_schema(s: VerifierSettings, v: RecordView, ref: Any) -> Verdict:
     import jsonschema  # noqa: PLC0415 - loaded by the check processes that verify structured output only
 
@@ -138,10 +151,11 @@ def verify_json_schema(s: VerifierSettings, v: RecordView, ref: Any) -> Verdict:
     if not isinstance(schema, dict | bool):
         return Verdict("error", None, None, "the reference is not a JSON schema (not an object)")
     try:
-        cls = jsonschema.validators.validator_for(schema)
-        cls.check_schema(schema)
+        validator = _validator(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode())
     except jsonschema.SchemaError as exc:
         return Verdict("error", None, None, f"the reference schema is invalid: {exc.message}")
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        return Verdict("error", None, None, f"the reference schema cannot be read: {exc}")
     text = v.content
     m = _FENCE.match(text)
     if m:
@@ -150,7 +164,7 @@ def verify_json_schema(s: VerifierSettings, v: RecordView, ref: Any) -> Verdict:
         doc = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         return Verdict("fail", 0.0, None, f"the content is not JSON: {exc}")
-    err = jsonschema.exceptions.best_match(cls(schema).iter_errors(doc))
+    err = jsonschema.exceptions.best_match(validator.iter_errors(doc))
     if err is None:
         return Verdict("pass", 1.0)
     where = "/".join(str(p) for p in err.absolute_path) or "(root)"
