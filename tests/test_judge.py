@@ -137,6 +137,18 @@ def test_synthwatch_judge_catches_up_a_finished_run(tmp_path, sim, db_path) -> N
     assert "12 verdicts" in res.stdout and "config version 2" in res.stderr
     again = run_cli("judge", "later", "--db", str(db_path), check=True)  # the stored settings; nothing left
     assert "0 verdicts" in again.stdout
+    # a re-run replaces one record's output: its verdict is older than the answer now, so it is judged again (by the
+    # run's own judge: the run has [judge] since `synthwatch judge --config` made it a config version)
+    run_cli("rerun", "later", "--db", str(db_path), "--ids", "3", "--yes", check=True)
+    rerun = run_cli("run", "--db", str(db_path), "--name", "later", "--quiet", check=True)
+    assert "judge: 1 verdicts written by this process" in rerun.stderr
+    third = run_cli("judge", "later", "--db", str(db_path), check=True)
+    assert "0 verdicts" in third.stdout
+    engine = open_engine(str(db_path))
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT record_id FROM check_verdict WHERE check_name = 'judge' AND record_id = 3"
+                                 " ORDER BY id")).all()
+    assert len(rows) == 2  # history kept: the earlier verdict stays, the new one is in force
 
 
 CFG = JudgeConfig.model_validate({"endpoint": {"base_url": "http://127.0.0.1:1/v1"}, "model": "j", "min_score": 0.5})

@@ -158,9 +158,11 @@ class JudgeRunner:
         """(whether any record past the cursor was looked at, the sampled ones of them still to judge)."""
         with self.engine.connect() as conn:
             rows = [dict(r) for r in conn.execute(text(
+                # a verdict older than the record's output (a re-run replaced it) does not count: judged again
                 "SELECT r.id, r.prompt_json, r.reasoning, r.content, r.row_json FROM record r WHERE r.run_id = :r"
                 " AND r.status = 'ok' AND r.idx >= 0 AND r.id > :after AND NOT EXISTS (SELECT 1 FROM check_verdict v"
-                " WHERE v.record_id = r.id AND v.check_name = :c AND v.state != 'pending') ORDER BY r.id LIMIT :n"),
+                " WHERE v.record_id = r.id AND v.check_name = :c AND v.state != 'pending'"
+                " AND v.created_at >= COALESCE(r.finished_at, 0)) ORDER BY r.id LIMIT :n"),
                 {"r": self.run_id, "after": self.after, "c": CHECK, "n": BATCH}).mappings()]
             conn.rollback()
         if rows:
