@@ -101,6 +101,9 @@ def test_a_judge_on_a_10_percent_sample_flags_rates_alarm_and_agreement(tmp_path
     assert usage["requests"] == len(in_sample) and usage["guided"] == "json_schema"
     assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
     assert run_tokens == rec_tokens  # the run's own series: generation only
+    shown = run_cli("checks", "judged", "--db", str(db_path), "--json", check=True)
+    judge_row = next(r for r in json.loads(shown.stdout)["checks"] if r["check_name"] == "judge")
+    assert (judge_row["n_fail"], judge_row["n_total"]) == (len(bad), len(in_sample))
 
     # people flag some judged records: two as the judge did, one against it
     srv = live_app()
@@ -117,6 +120,8 @@ def test_a_judge_on_a_10_percent_sample_flags_rates_alarm_and_agreement(tmp_path
         assert j["agreement"]["person_good_judge_bad"] + j["agreement"]["person_bad_judge_good"] == 1
         assert j["cost"] == pytest.approx((usage["prompt_tokens"] * 1.0 + usage["completion_tokens"] * 2.0) / 1e6)
         page = c.get(f"/runs/{run['id']}/checks").text
+        rates = {r["check_name"]: r for r in c.get(f"/api/runs/{run['id']}/checks").json()["checks"]}
+        assert (rates["judge"]["n_fail"], rates["judge"]["n_total"]) == (len(bad), len(in_sample))
         assert f"agree on <strong>{j['agreement']['agree']} of {j['agreement']['both']}</strong>" in page
         viewer = c.get(f"/runs/{run['id']}/records/{bad_one}").text
         why = next(r[4] for r in rows if r[0] == bad_one)

@@ -189,6 +189,13 @@ def check_rates(conn: Connection, run_id: int) -> list[dict[str, Any]]:
         out.append(r)
     # the run's extended checks (#30), after the built-ins, with their verdicts' states (errors, pending)
     cfg = conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": run_id}).scalar()
+    if "judge" in rows:  # a judge model's verdicts (synthwatch.workers.judge keeps its check_stat row)
+        j = rows["judge"]
+        j.update(rate=j["n_fail"] / j["n_total"] if j["n_total"] else None,
+                 win_rate=j["win_fail"] / j["win_total"] if j["win_total"] else None, extended=True,
+                 description="a judge model says bad (its label is a bad label, or its score is below min_score)",
+                 n_error=verdicts.state_counts(conn, run_id).get("judge", {}).get("error", 0))
+        out.append(j)
     try:
         settings = parse_settings((orjson.loads(cfg or "{}") or {}).get("checks") or {})
     except (orjson.JSONDecodeError, ChecksConfigError, AttributeError):
