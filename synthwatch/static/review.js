@@ -18,13 +18,19 @@
       t.setAttribute("aria-selected", t.dataset.tab === name ? "true" : "false");
     });
     root.querySelectorAll(".tab-pane[data-pane]").forEach((p) => { p.hidden = p.dataset.pane !== name; });
+    // A tab chosen while the next record is on its way is the arriving record's: the swap would otherwise bring it
+    // up on Text, throwing the choice (and the outgoing record's token request) away (#28: "the first t after a
+    // swap sometimes loads nothing").
+    if (arriving > 0) { carryTab = name; return; }
     if (name === "tokens") {
-      const pane = document.getElementById("tokens-pane");
-      // a record swapped in a moment ago may not have its hx- triggers bound yet: bind them first (idempotent)
+      const pane = root.querySelector("#tokens-pane");
+      // bind its hx- trigger before firing it (idempotent), so the event never goes out to no listener
       if (pane && typeof htmx !== "undefined") htmx.process(pane);
       if (pane) pane.dispatchEvent(new Event("sw-show"));
     }
   }
+  let arriving = 0;  // records on their way (show() calls not yet swapped in)
+  let carryTab = null;  // the tab asked for meanwhile
 
   // Whitespace made visible in the page itself: text nodes are split with textContent only (never HTML),
   // the server's markers for invisible characters are kept as they are.
@@ -140,7 +146,11 @@
     let p = prefetched.get(url);
     prefetched.delete(url);
     if (!p) p = getPage(url);
+    arriving += 1;
     return p.then(function (got) {
+      arriving -= 1;
+      const tab = arriving === 0 ? carryTab : null;
+      if (arriving === 0) carryTab = null;
       const doc = got && new DOMParser().parseFromString(got.html, "text/html");
       const fresh = doc && doc.getElementById("review");
       const old = reviewRoot();
@@ -153,6 +163,7 @@
       window.history.pushState({ swReview: true }, "", got.url);
       document.title = doc.title;
       init(node);
+      if (tab) showTab(node, tab);
       const again = focusedId && document.getElementById(focusedId);
       if (again && node.contains(again)) again.focus();  // focus stays on the control it was on
       node.dispatchEvent(new CustomEvent("sw:record-shown", { bubbles: true,
