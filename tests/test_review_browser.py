@@ -270,7 +270,7 @@ def test_tab_key_while_the_next_record_is_on_its_way(page: Page, live_app: Any, 
     # the Tokens tab of the record that arrived is open and loaded (this run has no tokenizer: the hint says so)
     expect(page.locator('#review .tab[data-tab="tokens"]')).to_have_attribute("aria-selected", "true")
     expect(page.locator("#tokens-pane #token-hint")).to_be_visible()
-    assert page.locator("#tokens-pane").get_attribute("hx-get").startswith(f"/runs/{run_id}/records/{rec_id(page)}/")
+    assert page.locator("#tokens-pane").get_attribute("data-src").startswith(f"/runs/{run_id}/records/{rec_id(page)}/")
     # and on a record swapped in a moment ago, the first `t` loads it too
     page.keyboard.press("x")
     second = rec_id(page)
