@@ -407,7 +407,12 @@
       scales: { x: { time: false, range: function () { return [-0.5, entry.bins.length - 0.5]; } },
                 y: { range: function (u, lo, hi) { return [0, uPlot.rangeNum(0, Math.max(hi || 0, 1), 0.1, true)[1]]; } } },
       axes: [axis({ values: function (u, vals) {
-        return vals.map(function (v) { var b = entry.bins[Math.round(v)]; return b && v === Math.round(v) ? String(b.lo) : ""; });
+        // a bin is named by its upper edge (0, 200, 400, ... with the server's round bin widths), the limit bar by max_tokens
+        return vals.map(function (v) {
+          var b = entry.bins[Math.round(v)];
+          if (!b || v !== Math.round(v)) { return ""; }
+          return b.hi === null || b.hi === undefined ? num(b.lo, 0) + "+" : num(b.hi, 0);
+        });
       } }), axis({ size: 50, values: function (u, vals) { return vals.map(function (v) { return num(v); }); } })],
       cursor: { y: false, drag: { x: false, y: false } },
       legend: { live: true },
