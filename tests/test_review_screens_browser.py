@@ -18,6 +18,7 @@ SHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
 
 
 def text_in_first_screen(page: Page, height: int) -> float:
+    expect(page.locator("#record-text")).to_be_visible()
     box = page.locator("#record-text").bounding_box()
     assert box is not None
     return min(height, box["y"] + box["height"]) - box["y"]
@@ -35,8 +36,10 @@ def test_review_page_at_1024_1440_and_390(page: Page, live_app: Any, engine: Any
     page.set_viewport_size({"width": 1024, "height": 768})
     page.goto(f"{srv.url}/runs/{worker.run_id}/sample?mode=unreviewed")
     expect(page.locator("#rec-id")).to_be_visible()
+    first = page.locator("#rec-id").inner_text()
     page.keyboard.press("g")  # one verdict, so the toast and the progress show what a session looks like
-    expect(page.locator("#review-toast")).to_contain_text("flagged #")
+    expect(page.locator("#review-toast")).to_contain_text(f"flagged #{first}")
+    expect(page.locator("#rec-id")).not_to_have_text(first)  # the next record is in place
     for width, height, name in ((1024, 768, None), (1440, 900, "review.png"), (390, 844, "review-phone.png")):
         page.set_viewport_size({"width": width, "height": height})
         page.evaluate("() => window.scrollTo(0, 0)")
