@@ -33,7 +33,8 @@ def test_tokens_and_cost_per_endpoint_version_and_projection(engine, sim, prompt
     assert t["by_config_version"] == [{"config_version": 1, "records": 30,
                                        "prompt": sum(r["prompt_tokens"] for r in ok),
                                        "completion": sum(r["completion_tokens"] for r in ok),
-                                       "reasoning": sum(r["reasoning_tokens"] or 0 for r in ok)}]
+                                       "reasoning": sum(r["reasoning_tokens"] or 0 for r in ok),
+                                       "reasoning_estimated": 0}]
     page.goto(f"{srv.url}/runs/{run_id}")
     assert page.locator('[data-testid="cost-so-far"]').inner_text() == f"{want:,.2f}"
     assert "Projected at 30 ok records" in page.locator('[data-testid="cost-projection"]').inner_text()

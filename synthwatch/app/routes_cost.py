@@ -42,20 +42,23 @@ def cost_context(conn: Connection, run_id: int, *, by_version: bool = False) -> 
     prices = {_label(e): (e.get("price_in_per_mtok"), e.get("price_out_per_mtok"))
               for e in (cfg.get("endpoints") or []) if isinstance(e, dict)}
     endpoints = []
-    total: dict[str, Any] = {"prompt": 0, "completion": 0, "reasoning": 0, "content": 0, "cost": None}
+    total: dict[str, Any] = {"prompt": 0, "completion": 0, "reasoning": 0, "content": 0, "reasoning_estimated": 0,
+                             "cost": None}
     cost = 0.0
     priced = False
-    for ep, p, c, r, ct in conn.execute(text(
-            "SELECT endpoint, SUM(prompt_tokens), SUM(completion_tokens), SUM(reasoning_tokens), SUM(content_tokens)"
+    for ep, p, c, r, ct, r_est in conn.execute(text(
+            "SELECT endpoint, SUM(prompt_tokens), SUM(completion_tokens), SUM(reasoning_tokens), SUM(content_tokens),"
+            " SUM(reasoning_estimated)"
             " FROM series WHERE run_id = :r AND endpoint != '' GROUP BY endpoint ORDER BY endpoint"), {"r": run_id}):
         row: dict[str, Any] = {"endpoint": ep, "prompt": int(p or 0), "completion": int(c or 0),
-                               "reasoning": int(r or 0), "content": int(ct or 0), "cost": None}
+                               "reasoning": int(r or 0), "content": int(ct or 0),
+                               "reasoning_estimated": int(r_est or 0), "cost": None}
         pin, pout = prices.get(ep, (None, None))
         if pin is not None or pout is not None:
             row["cost"] = row["prompt"] * (pin or 0) / 1e6 + row["completion"] * (pout or 0) / 1e6
             cost += row["cost"]
             priced = True
-        for k in ("prompt", "completion", "reasoning", "content"):
+        for k in ("prompt", "completion", "reasoning", "content", "reasoning_estimated"):
             total[k] += row[k]
         endpoints.append(row)
     n_ok = int(run["n_ok"] or 0)
@@ -72,9 +75,10 @@ def cost_context(conn: Connection, run_id: int, *, by_version: bool = False) -> 
     if by_version:
         out["by_config_version"] = [
             {"config_version": v, "records": int(n), "prompt": int(p or 0), "completion": int(c or 0),
-             "reasoning": int(r or 0)}
-            for v, n, p, c, r in conn.execute(text(
-                "SELECT gen_version, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(reasoning_tokens)"
+             "reasoning": int(r or 0), "reasoning_estimated": int(r_est or 0)}
+            for v, n, p, c, r, r_est in conn.execute(text(
+                "SELECT gen_version, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(reasoning_tokens),"
+                " SUM(CASE WHEN reasoning_tokens_source = 'estimate' THEN reasoning_tokens ELSE 0 END)"
                 " FROM record WHERE run_id = :r AND status = 'ok' GROUP BY gen_version ORDER BY gen_version"),
                 {"r": run_id})]
     return out

@@ -42,6 +42,9 @@ class RecordOutput(SQLModel):
     prompt_tokens: int | None = Field(default=None, sa_type=TOKENS)
     completion_tokens: int | None = Field(default=None, sa_type=TOKENS)
     reasoning_tokens: int | None = Field(default=None, sa_type=TOKENS)
+    # where reasoning_tokens comes from: ids | usage | none | estimate (capture.token_count.reasoning_count);
+    # NULL on records written before 0016 (their count is the server's usage)
+    reasoning_tokens_source: str | None = None
     usage_json: str | None = Field(default=None, sa_type=Text)
     token_ids_json: str | None = Field(default=None, sa_type=Text)
     latency_s: float | None = None
@@ -166,6 +169,7 @@ class Series(SQLModel, table=True):
     completion_tokens: int = Field(default=0, sa_type=TOKENS)
     reasoning_tokens: int = Field(default=0, sa_type=TOKENS)
     content_tokens: int = Field(default=0, sa_type=TOKENS)
+    reasoning_estimated: int = Field(default=0, sa_type=TOKENS, sa_column_kwargs={"server_default": "0"})  # part of reasoning_tokens estimated from text
     chunks: int = 0
     empty_reasoning: int = 0
     finish_length: int = 0
