@@ -20,7 +20,7 @@ from ..store import versions
 from . import launch, run_stats, stats, timeseries
 from .deps import HX, ReadConn, WriteEngine, lean, render
 from .form_errors import FormErrors
-from .routes_cost import cost_context
+from .routes_cost import run_page_cost
 from .routes_open_items import flash as open_items_flash
 from .routes_server import server_context
 
@@ -222,7 +222,7 @@ def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m
     ctx["message"], ctx["control_error"] = open_items_flash(conn, run_id, request.query_params)
     ctx["versions"] = list(reversed(versions.list_versions(conn, run_id, counts=False)))[:5]
     ctx["server"] = server_context(conn, run_id)
-    ctx["cost"] = cost_context(conn, run_id)
+    ctx["cost"] = run_page_cost(conn, run_id)
     return render(request, "run.html", ctx)
 
 

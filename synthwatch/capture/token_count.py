@@ -78,6 +78,40 @@ def completion_count(ex: Any) -> tuple[int, int, bool]:
     return prompt, len(ids) if ids is not None else ex.n_chunks or 0, True
 
 
+PROMPT_BYTES_PER_TOKEN = 4
+"""A failed attempt's prompt without a count from the server: its request body's bytes over this (an estimate)."""
+
+
+def billed_tokens(ex: Any, body_bytes: int) -> tuple[int, int, int]:
+    """(prompt, completion, the estimated part of the two) a provider bills for one attempt.
+
+    An attempt with no reply (refused, connection failed, an error status) generated nothing: 0. One that
+    answered, ok or not (a stream that timed out or dropped half-way): the server's usage where it reported it;
+    else the prompt's ids, or the request body's bytes / 4 (an estimate), and the completion's ids, or its
+    stream's chunks (an estimate)."""
+    if ex is None:
+        return 0, 0, 0
+    usage = ex.usage
+    est = 0
+    prompt = count_in(usage, "prompt_tokens")
+    completion = count_in(usage, "completion_tokens")
+    if completion is None:
+        if ex.token_ids is not None:
+            completion = len(ex.token_ids)
+        else:
+            completion = ex.n_chunks or 0
+            est += completion
+    if prompt is None:
+        if ex.prompt_token_ids is not None:
+            prompt = len(ex.prompt_token_ids)
+        elif completion or ex.reasoning or ex.content:
+            prompt = -(-body_bytes // PROMPT_BYTES_PER_TOKEN)
+            est += prompt
+        else:
+            prompt = 0  # a reply that generated nothing (an error body): nothing billed
+    return prompt, completion, est
+
+
 REASONING_SOURCES = ("ids", "usage", "none", "estimate")
 """Where a record's ``reasoning_tokens`` comes from (``record.reasoning_tokens_source``), best first."""
 

@@ -63,6 +63,11 @@ class RecordOutput(SQLModel):
     gen_version: int | None = None  # config version the output was generated under
     derive_version: int | None = None  # config version the output was last derived (read) under
     turns_json: str | None = Field(default=None, sa_type=Text)  # turns = all: the finished turns before the last
+    # tokens billed for every attempt of the output (failed, timed-out and retried ones too; the estimated part
+    # counted by us, not from usage): capture.token_count.billed_tokens. NULL before 0016 and on imported records
+    billed_prompt_tokens: int | None = Field(default=None, sa_type=TOKENS)
+    billed_completion_tokens: int | None = Field(default=None, sa_type=TOKENS)
+    billed_estimated: int | None = Field(default=None, sa_type=TOKENS)
 
 
 class Run(SQLModel, table=True):
@@ -170,6 +175,11 @@ class Series(SQLModel, table=True):
     reasoning_tokens: int = Field(default=0, sa_type=TOKENS)
     content_tokens: int = Field(default=0, sa_type=TOKENS)
     reasoning_estimated: int = Field(default=0, sa_type=TOKENS, sa_column_kwargs={"server_default": "0"})  # part of reasoning_tokens estimated from text
+    # tokens billed for every attempt that finished in this bucket, ok or failed (prompt_tokens/completion_tokens:
+    # ok records only), and the part of them we counted (estimated) rather than read from usage
+    billed_prompt_tokens: int = Field(default=0, sa_type=TOKENS, sa_column_kwargs={"server_default": "0"})
+    billed_completion_tokens: int = Field(default=0, sa_type=TOKENS, sa_column_kwargs={"server_default": "0"})
+    billed_estimated: int = Field(default=0, sa_type=TOKENS, sa_column_kwargs={"server_default": "0"})
     chunks: int = 0
     empty_reasoning: int = 0
     finish_length: int = 0

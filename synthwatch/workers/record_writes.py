@@ -74,6 +74,7 @@ class RecordWrites:
             "was_rerun": o.rerun,
             "turns_json": orjson.dumps(o.turns, option=orjson.OPT_NON_STR_KEYS).decode() if o.turns else None,
             "turns_done": len(o.turns or ()) + (o.status == "ok"),
+            "billed_prompt_tokens": o.billed[0], "billed_completion_tokens": o.billed[1], "billed_estimated": o.billed[2],
         }
         row.update(record_columns(o.extracted))
         return row, False
@@ -211,7 +212,8 @@ FINAL_COLS = (
     "usage_json", "token_ids_json", "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind",
     "error", "endpoint", "model", "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags",
     "check_json", "rnd",
-    "gen_version", "derive_version", "rerun", "turns_json", "turns_done",
+    "gen_version", "derive_version", "rerun", "turns_json", "turns_done", "billed_prompt_tokens",
+    "billed_completion_tokens", "billed_estimated",
 )
 FINAL_ROW = operator.itemgetter(*FINAL_COLS, "id", "w")  # a row's parameters, in C
 # run through the driver (exec_driver_sql, positional parameters): SQLAlchemy's processing of ~30 named

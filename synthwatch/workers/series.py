@@ -22,6 +22,7 @@ _SERIES_COUNTERS = (
     "finished", "ok", "errors", "timeouts", "attempts_failed", "attempt_timeouts", "retries", "dropped",
     "http_429", "http_4xx", "http_5xx", "other_errors", "cancelled", "prompt_tokens", "completion_tokens",
     "reasoning_tokens", "content_tokens", "chunks", "empty_reasoning", "finish_length", "reasoning_estimated",
+    "billed_prompt_tokens", "billed_completion_tokens", "billed_estimated",
 )
 
 
@@ -177,6 +178,10 @@ class SeriesAccumulator:
             touched[(b.endpoint, b.t)] = b
             c = b.counts
             c["attempts_failed"] += 1
+            bp, bc, be = f.billed  # a failed attempt's tokens are billed too (a timeout half-way, a dropped stream)
+            c["billed_prompt_tokens"] += bp
+            c["billed_completion_tokens"] += bc
+            c["billed_estimated"] += be
             if f.retried:
                 c["retries"] += 1
             k = f.kind
@@ -212,6 +217,10 @@ class SeriesAccumulator:
                 c["timeouts"] += 1
             else:
                 c["errors"] += 1
+        bp, bc, be = o.attempt_billed  # the ok attempt's (a failed one's came as an AttemptFailure)
+        c["billed_prompt_tokens"] += bp
+        c["billed_completion_tokens"] += bc
+        c["billed_estimated"] += be
         ex = o.extracted
         if ex is not None and (o.status == "ok" or turn):
             p, comp, _counted = completion_count(ex)
