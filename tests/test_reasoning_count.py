@@ -96,6 +96,26 @@ def test_parser_mode_counts_the_reasoning_chunks_ids_without_a_tokenizer(engine,
     _agree(_tokens(live_app().url, run_id), ok)
 
 
+def test_deepseek_ids_split_at_the_close_id_after_a_prefilled_think(engine, sim, prompts, live_app) -> None:  # type: ignore[no-untyped-def]
+    # vLLM 0.32-like: the DeepSeek tokenizer's real ids (several per word), the prompt ends with <think>, the
+    # completion holds </think> and ends with EOS; the split at the tokenizer's close id is the server's count
+    url = sim(seed=34, token_ids="deepseek", reasoning_field="reasoning", reasoning_tokens="20-40",
+              content_tokens="5-15")
+    cfg = make_config(url, prompts(12), name="ids-deepseek", concurrency=4, request_token_ids=True,
+                      tokenizer={"name_or_path": "deepseek-v4"})
+    run_id, final = run_to_end(engine, cfg, timeout_s=120)
+    assert final == "completed"
+    ok = records(engine, run_id, "status = 'ok'")
+    for r in ok:
+        ids = orjson.loads(r["token_ids_json"])
+        assert ids["prompt"][-2:] == [THINK_OPEN_ID, 201] and THINK_OPEN_ID not in ids["completion"]
+        assert r["reasoning_tokens"] == ids["completion"].index(THINK_CLOSE_ID)
+        usage = orjson.loads(r["usage_json"])
+        assert r["reasoning_tokens"] == usage["completion_tokens_details"]["reasoning_tokens"] > 0
+        assert r["reasoning_tokens_source"] == "ids"
+    _agree(_tokens(live_app().url, run_id), ok)
+
+
 @pytest.mark.browser
 def test_without_ids_the_estimate_is_marked(engine, sim, prompts, live_app, page) -> None:  # type: ignore[no-untyped-def]
     # inline tags and no ids: the only count is the text-length share, marked as an estimate in the API and UI
