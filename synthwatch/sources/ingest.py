@@ -54,7 +54,7 @@ _RAW_COLUMNS = frozenset({
     "latency_s", "ttft_s", "n_chunks",
     "attempts", "attempts_json", "error_kind", "error", "endpoint", "model", "system_fingerprint", "response_id",
     "extra_json", "worker_id", "lease_until", "claimed_at", "finished_at", "check_flags", "check_json", "review",
-    "review_reason", "reviewed_at",
+    "review_reason", "reviewed_at", "billed_prompt_tokens", "billed_completion_tokens", "billed_estimated",
 })
 
 
