@@ -136,3 +136,45 @@ def test_without_ids_the_estimate_is_marked(engine, sim, prompts, live_app, page
     page.locator("#meta-row summary").click()  # the record's details, folded by default
     want = f"reasoning ≈{ok[0]['reasoning_tokens']:,} (estimated from text length)"
     assert want in page.locator("#rec-meta").inner_text()
+
+
+def _extracted(reasoning: str, content: str, usage: object, ids: list[int] | None, prompt_ids: list[int] | None,
+               n_chunks: int, reasoning_ids: int | None):  # type: ignore[no-untyped-def]
+    from synthwatch.capture.reasoning import Extracted
+
+    return Extracted(reasoning=reasoning, content=content, content_was_null=False, reasoning_source="reasoning",
+                     finish_reason="stop", usage=usage, token_ids=ids, prompt_token_ids=prompt_ids, response_id=None,
+                     model=None, system_fingerprint=None, extra={}, unread_fields={}, duplicate_fields=[],
+                     n_chunks=n_chunks, reasoning_ids=reasoning_ids)
+
+
+_COUNT = st.one_of(st.integers(-5, 10**6), st.none(), st.booleans(), st.floats(), st.text(max_size=3))
+_USAGE = st.one_of(st.none(), st.fixed_dictionaries({}, optional={
+    "prompt_tokens": _COUNT, "completion_tokens": _COUNT,
+    "completion_tokens_details": st.one_of(st.none(), st.fixed_dictionaries({}, optional={"reasoning_tokens": _COUNT}))}))
+_IDS = st.one_of(st.none(), st.lists(st.integers(0, 200_000), max_size=40))
+
+
+@given(st.text(max_size=30), st.text(max_size=30), _USAGE, _IDS, _IDS, st.integers(0, 500),
+       st.one_of(st.none(), st.integers(0, 100)), st.integers(0, 10_000))
+def test_counts_are_whole_and_consistent(reasoning: str, content: str, usage: object, ids: list[int] | None,
+                                         prompt_ids: list[int] | None, n_chunks: int, reasoning_ids: int | None,
+                                         body: int) -> None:
+    """Whatever a server sends: reasoning + content = completion, nothing negative, the source says which rule
+    gave the count, and a billed attempt's estimated part is at most what it bills."""
+    from synthwatch.capture.safety import MAX_COUNT
+    from synthwatch.capture.token_count import REASONING_SOURCES, billed_tokens, completion_count, reasoning_count
+
+    ex = _extracted(reasoning, content, usage, ids, prompt_ids, n_chunks, reasoning_ids)
+    reported = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    prompt, completion, counted = completion_count(ex)
+    r, source = reasoning_count(ex, completion)
+    assert source in REASONING_SOURCES and 0 <= r <= completion and prompt >= 0
+    assert (source == "ids") == (reasoning_ids is not None)
+    if source == "estimate":
+        assert reasoning  # an estimate only for text there is; without text the count is 0 ("none")
+    assert not counted or type(reported) is not int or not 0 <= reported <= MAX_COUNT
+    bp, bc, est = billed_tokens(ex, body)
+    assert bp >= 0 and bc >= 0 and 0 <= est <= bp + bc
+    if type(reported) is int and 0 <= reported <= MAX_COUNT:
+        assert bc == reported == completion  # the server's count wins, for the bill and the series alike
