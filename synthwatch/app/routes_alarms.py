@@ -34,6 +34,7 @@ from ..quality.alarms import (
 )
 from ..quality.checks import ChecksConfigError, parse_settings
 from ..quality.recompute import recompute, save_settings
+from ..repair.likely_fix import proposal
 from ..store import queue as store
 from ..store.models import LIVE_STATUSES
 from .deps import ReadConn, WriteEngine, render
@@ -81,6 +82,8 @@ def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
     cfg = _config(run)
     rules = _rules(cfg)
     alarms = [render_alarm(a, cfg, rules) for a in banner_alarms(conn, run_id)]
+    for a in alarms:  # "Apply the likely fix": only where the alarm's evidence pins the fix down
+        a["one_step_fix"] = proposal(a, cfg, str(run.get("kind") or "generate")) is not None
     hold = []
     if _live(run):
         claimed = int(run.get("total") or 0) - int(run.get("n_pending") or 0)
