@@ -19,4 +19,9 @@
     var el = evt.detail.elt;
     if (el && el.classList) { el.classList.remove("is-stale"); }
   });
+  // The runs list's filter: a changed select applies at once (the form works without this too).
+  document.addEventListener("change", function (evt) {
+    var el = evt.target;
+    if (el && el.classList && el.classList.contains("auto-submit") && el.form) { el.form.requestSubmit(); }
+  });
 })();
