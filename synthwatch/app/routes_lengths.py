@@ -17,6 +17,7 @@ from ..review.filters import Filters, ReviewError
 from ..store.versions import diff
 from . import run_stats, stats
 from .deps import ReadConn, lean, render
+from .launch import shown_url
 from .routes_runs import request_limit_ms, run_or_404
 from .words import check_label
 
@@ -157,8 +158,14 @@ def compare_data(conn: Any, a: dict[str, Any], b: dict[str, Any], limit_ms: int)
 
 def settings_diff_of(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """Where the two runs' current settings differ, "path: A -> B" (secret values never shown), names aside."""
-    cfg_a = {k: v for k, v in (a.get("config") or {}).items() if k != "name"}
-    cfg_b = {k: v for k, v in (b.get("config") or {}).items() if k != "name"}
+    def shown(cfg: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in cfg.items() if k != "name"}
+        if isinstance(out.get("endpoints"), list):  # a base URL's user:password@ is never shown (launch.shown_url)
+            out["endpoints"] = [{**e, "base_url": shown_url(str(e.get("base_url") or ""))} if isinstance(e, dict) else e
+                                for e in out["endpoints"]]
+        return out
+
+    cfg_a, cfg_b = shown(a.get("config") or {}), shown(b.get("config") or {})
     return [line.replace(" -> ", " → ") for line in lines([c.as_dict() for c in diff(cfg_a, cfg_b)])]
 
 
