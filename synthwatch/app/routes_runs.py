@@ -23,6 +23,7 @@ from .form_errors import FormErrors
 from .routes_cost import run_page_cost
 from .routes_open_items import flash as open_items_flash
 from .routes_server import server_context
+from .runs_list import runs_view
 
 router = APIRouter()
 
@@ -65,11 +66,11 @@ def _window_s(request: Request) -> int:
 def _list_context(request: Request, conn: Any) -> dict[str, Any]:
     try:
         with stats.time_limit(conn, request_limit_ms(request)):
-            runs = stats.list_runs(conn, window_s=_window_s(request))
+            view = runs_view(conn, stats.list_runs(conn, window_s=_window_s(request)), request.query_params)
         stale = None
     except stats.StatsTimeout as exc:
-        runs, stale = [], str(exc)
-    return {"runs": runs, "stale": stale, "poll_ms": max(2000, _poll_ms(request))}
+        view, stale = runs_view(conn, [], request.query_params), str(exc)
+    return {**view, "stale": stale, "poll_ms": max(2000, _poll_ms(request))}
 
 
 def _stats_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:

@@ -287,11 +287,15 @@ def run_info(conn: Connection, run_id: int) -> tuple[dict[str, Any], dict[str, A
 
 def _changes(engine: Engine, run_id: int, sel: Selection, *,
              on_chunk: Callable[[list[dict[str, Any]], list[tuple[dict[str, Any], dict[str, Any]]], dict[str, str]],
-                                None]) -> dict[str, Any]:
-    """Walk the selection; for each chunk call on_chunk(rows, [(row, new columns)], {id: why not})."""
+                                None], config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Walk the selection; for each chunk call on_chunk(rows, [(row, new columns)], {id: why not}).
+
+    ``config``: read under these settings instead of the current version's (a preview of a proposed version)."""
     with engine.connect() as conn:
         run, cfg, version = run_info(conn, run_id)
         conn.rollback()
+    if config is not None:
+        cfg, version = config, version + 1
     rs = ReadingSettings.of(cfg)
     rechecker = _Rechecker(run_id, run["name"], cfg)
     totals = {"selected": 0, "changed": 0, "unchanged": 0, "cannot": 0}
@@ -326,8 +330,10 @@ def _changes(engine: Engine, run_id: int, sel: Selection, *,
     return {**totals, "cannot_why": reasons, "config_version": version, "reading": rs.__dict__}
 
 
-def preview_rederive(engine: Engine, run_id: int, sel: Selection, *, examples: int = 5) -> dict[str, Any]:
-    """What a re-derive would do: counts, why some cannot be re-derived, and before/after for a few records."""
+def preview_rederive(engine: Engine, run_id: int, sel: Selection, *, examples: int = 5,
+                     config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a re-derive would do: counts, why some cannot be re-derived, and before/after for a few records
+    (under ``config``, a proposed next version, when given)."""
     shown: list[dict[str, Any]] = []
     cannot_examples: list[dict[str, Any]] = []
 
@@ -340,7 +346,7 @@ def preview_rederive(engine: Engine, run_id: int, sel: Selection, *, examples: i
             if len(cannot_examples) < examples:
                 cannot_examples.append({"record_id": int(rid), "why": why})
 
-    out = _changes(engine, run_id, sel, on_chunk=look)
+    out = _changes(engine, run_id, sel, on_chunk=look, config=config)
     out.update(selection=sel.description, examples=shown, cannot_examples=cannot_examples,
                max_id=sel.max_id)
     return out
