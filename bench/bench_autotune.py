@@ -62,10 +62,10 @@ def _run(size: dict[str, Any], concurrency: str, tmp: Path, log: Any) -> dict[st
     dataset = write_dataset(tmp / "prompts.jsonl", size["records"], size["records"])
     args = [sys.executable, "-m", "synthwatch", "run", "--db", str(db), "--dataset", str(dataset), "--base-url",
             sim.url, "--model", "sim-reasoner", "--name", f"c-{concurrency}", "--concurrency", concurrency,
-            "--idle-timeout-s", str(size["timeout_s"]), "--timeout-s", str(size["timeout_s"] * 10),
-            "--max-attempts", "1", "--quiet"]
+            "--timeouts-idle-s", str(size["timeout_s"]), "--timeouts-total-s", str(size["timeout_s"] * 10),
+            "--retries-max-attempts", "1", "--quiet"]
     if concurrency == "auto":
-        args += ["--concurrency-max", "512"]
+        args += ["--autotune-max", "512"]
         cfg = tmp / "auto.toml"
         cfg.write_text(f"[autotune]\ninterval_s = {size['interval_s']}\nstart = 8\n")
         args += ["--config", str(cfg)]

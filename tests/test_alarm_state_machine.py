@@ -1,9 +1,10 @@
 """A stateful property test of the pausing-alarm state (#26 item 7): random sequences of pause, resume (plain:
 refused while an alarm holds the run), acknowledge and resume for N records, fault injection on the server
 (it switches its reasoning field: every record then fails field_mismatch), the fix (the reading set to what the
-server sends, a new config version), re-derive, re-run and undo of the field-mismatch records, a cap change, and
-an immediate stop followed by a restart of the worker, with the real in-process worker against the simulator over
-a real SQLite file.
+server sends, a new config version), re-derive, re-run and undo of the field-mismatch records, a cap change, an
+immediate stop followed by a restart of the worker, and a kill -9 of a real `synthwatch run` process mid-run
+followed by a restart (in-process or another `synthwatch run --name RUN` process), against the simulator over a
+real SQLite file.
 
 Invariants, checked after every step:
 - no claim while a pausing alarm is open and not snoozed: once a check saw an alarm holding the run, no record
@@ -11,20 +12,23 @@ Invariants, checked after every step:
 - a run never reaches ``completed`` without naming every open data-quality alarm in its status message;
 - the run's counters (what the status line prints) equal the records in the database.
 
-Examples and steps: the "ci" profile runs 6 examples of at most 8 steps (10-60 s here on one shared core); the
-"fuzz" profile (SYNTHWATCH_HYPOTHESIS_PROFILE=fuzz, `./dev fuzz`) takes its max_examples and 20 steps.
-Not covered: a kill -9 of a worker process (an immediate stop and a restart stand in for it here; the lease
-return after a kill -9 has tests of its own in test_worker.py)."""
+Examples and steps: the "ci" profile runs 6 examples of at most 8 steps (a minute or two on one shared core: each
+`synthwatch run` process costs its start-up); the "fuzz" profile (`./dev fuzz --suite alarms`) runs examples of 20
+steps, 30 examples at a time, until its time share (SYNTHWATCH_FUZZ_SECONDS) is spent."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from typing import Any
 
 import pytest
+from conftest import ROOT, cli_env
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
@@ -38,9 +42,10 @@ from synthwatch.repair.actions import RepairError, rederive_records, rerun_recor
 from synthwatch.repair.history import list_repairs, undo
 from synthwatch.store import queue as store
 from synthwatch.store.versions import VersionError, change_settings
+from tests.fuzzkit import FUZZ_SECONDS
 
 FUZZ = os.environ.get("SYNTHWATCH_HYPOTHESIS_PROFILE") == "fuzz"
-EXAMPLES = settings.default.max_examples if FUZZ else 6
+EXAMPLES = 30 if FUZZ else 6  # per batch: under ./dev fuzz, batches follow one another until its time share ends
 STEPS = 20 if FUZZ else 8
 
 
@@ -55,28 +60,100 @@ def _gate(engine: Any, run_id: int) -> list[dict[str, Any]]:
         return store.alarm_gate(conn, run_id, int(r["total"] - r["n_pending"]), time.time(), reopen=False)[0]
 
 
+class InProcess:
+    """The real worker (RunWorker) in a thread of this process, with the checks' writer hooks."""
+
+    def __init__(self, engine: Any, config: Any, run_id: int | None = None) -> None:
+        self.bg = Background(engine, config, run_id=run_id,
+                             hooks=lambda rid: writer_hooks(engine, rid, config)).start()
+        self.run_id = self.bg.run_id
+
+    def registered(self) -> None:
+        # a control written before the worker registered would be overwritten by its start (desired = 'run')
+        wait_for(lambda: getattr(self.bg.worker, "writer", None) is not None, timeout_s=60, what="worker started")
+
+    def stop_now(self) -> None:
+        self.bg.worker.local_stop = "stop_now"  # a second Ctrl-C: in-flight records go back to pending
+        self.bg.worker._wake.set()
+        self.bg.join(60)
+
+
+class CliProcess:
+    """A real `synthwatch run --name RUN --db DB` process (a resume from the stored settings); its output goes to
+    a file (a pipe nobody reads could fill and block it)."""
+
+    def __init__(self, engine: Any, db: str, name: str, run_id: int, log: Any) -> None:
+        self.engine, self.run_id, self.log = engine, run_id, log
+        self.proc = subprocess.Popen([sys.executable, "-m", "synthwatch", "run", "--name", name, "--db", db,
+                                      "--quiet"], stdout=log, stderr=subprocess.STDOUT, env=cli_env(), cwd=ROOT)
+        self.started = time.time()
+
+    def worker_id(self) -> int | None:
+        with self.engine.connect() as conn:
+            return conn.execute(text("SELECT MAX(id) FROM worker WHERE run_id = :r AND pid = :p"),
+                                {"r": self.run_id, "p": self.proc.pid}).scalar_one()
+
+    def registered(self) -> None:
+        """Its worker row exists (it has taken the run over), or it ended on its own (a finished run)."""
+        wait_for(lambda: self.worker_id() is not None or self.proc.poll() is not None, timeout_s=180,
+                 what="the synthwatch run process to register")
+        if self.proc.poll() is not None and self.worker_id() is None:
+            raise AssertionError(f"synthwatch run exited {self.proc.returncode} before it started:\n{self.output()}")
+
+    def claimed(self) -> int:
+        with self.engine.connect() as conn:  # the worker row's count, written in each claim's transaction
+            return int(conn.execute(text("SELECT COALESCE(MAX(claimed), 0) FROM worker WHERE run_id = :r AND pid = :p"),
+                                    {"r": self.run_id, "p": self.proc.pid}).scalar_one())
+
+    def output(self) -> str:
+        self.log.flush()
+        return open(self.log.name, errors="replace").read()[-3000:]
+
+    def kill_9(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(60)
+
+    def stop_now(self) -> None:
+        """Ctrl-C twice: the second stops at once (in-flight records go back to pending). Sent again until the
+        process ends: two signals sent back to back may reach its handler as one."""
+        deadline = time.monotonic() + 120
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(2)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"synthwatch run did not stop on Ctrl-C:\n{self.output()}")
+
+
 class AlarmMachine(RuleBasedStateMachine):
-    def __init__(self, engine: Any, url: str, dataset: Any, n: int) -> None:
+    def __init__(self, engine: Any, db: str, url: str, dataset: Any, n: int, logs: Any) -> None:
         super().__init__()
-        self.engine, self.url = engine, url
-        self.dataset, self.n = dataset, n
+        self.engine, self.db, self.url = engine, db, url
+        self.dataset, self.n, self.logs = dataset, n, logs
         self.held: tuple[frozenset[int], float] | None = None  # alarms seen holding the run, and when
+        self.worker: InProcess | CliProcess | None = None
+        self.left: list[int] = []  # per kill -9: the records its process died holding
 
     @initialize(sends=st.sampled_from(["reasoning", "reasoning_content"]))
     def start(self, sends: str) -> None:
         """The run reads `reasoning`; the server sends that (healthy) or `reasoning_content` (a mismatch from the
         first record)."""
         patch_sim(self.url, reasoning_field=sends)
+        # lease_s 2 (the least allowed): a worker killed with claims held is taken over soon
         self.config = make_config(self.url, self.dataset, concurrency=4, reasoning={"mode": "reasoning"},
-                                  name=f"sm-{self.n}")
-        self.bg = Background(self.engine, self.config,
-                             hooks=lambda rid: writer_hooks(self.engine, rid, self.config)).start()
-        self.run_id = self.bg.run_id
-        self._registered()
+                                  name=f"sm-{self.n}", lease_s=2)
+        self.worker = InProcess(self.engine, self.config)
+        self.run_id = self.worker.run_id
+        self.worker.registered()
 
-    def _registered(self) -> None:
-        # a control written before the worker registered would be overwritten by its start (desired = 'run')
-        wait_for(lambda: getattr(self.bg.worker, "writer", None) is not None, timeout_s=20, what="worker started")
+    def _cli(self) -> CliProcess:
+        log = open(self.logs / f"sm-{self.n}-{time.monotonic_ns()}.log", "w")  # noqa: SIM115
+        return CliProcess(self.engine, self.db, self.config.name, self.run_id, log)
 
     def _acked(self) -> None:
         self.held = None  # an acknowledgement (or a new worker's view of it) starts a new observation
@@ -114,14 +191,34 @@ class AlarmMachine(RuleBasedStateMachine):
     def change_cap(self, cap: int | None) -> None:
         store.apply_control(self.engine, self.run_id, "cap", "none" if cap is None else cap, actor="test")
 
-    @rule()
-    def stop_and_restart(self) -> None:
-        self.bg.worker.local_stop = "stop_now"  # a second Ctrl-C: in-flight records go back to pending
-        self.bg.worker._wake.set()
-        self.bg.join(30)
-        self.bg = Background(self.engine, self.config, run_id=self.run_id,
-                             hooks=lambda rid: writer_hooks(self.engine, rid, self.config)).start()
-        self._registered()
+    @rule(cli=st.booleans())
+    def stop_and_restart(self, cli: bool) -> None:
+        """An immediate stop (two Ctrl-C), then the same command again: in this process or as `synthwatch run`."""
+        assert self.worker is not None
+        self.worker.stop_now()
+        self.worker = self._cli() if cli else InProcess(self.engine, self.config, self.run_id)
+        self.worker.registered()
+
+    @rule(after=st.integers(0, 12), then_cli=st.booleans())
+    def kill_9_and_restart(self, after: int, then_cli: bool) -> None:
+        """kill -9 of a real `synthwatch run` process mid-run (once it claimed ``after`` records, or the run is
+        held or over), then a restart: its claims are taken over, nothing else."""
+        assert self.worker is not None
+        if not isinstance(self.worker, CliProcess):
+            self.worker.stop_now()  # the run goes on in a real process, the one that is killed
+            self.worker = self._cli()
+            self.worker.registered()
+        victim = self.worker
+        wait_for(lambda: victim.proc.poll() is not None or victim.claimed() >= after
+                 or run_row(self.engine, self.run_id)["desired"] != "run", timeout_s=120,
+                 what=f"the process to claim {after} records")
+        victim.kill_9()
+        with self.engine.connect() as conn:  # the claims it died holding (taken over by the next worker)
+            self.left.append(int(conn.execute(text(
+                "SELECT COUNT(*) FROM record r JOIN worker w ON w.id = r.worker_id WHERE r.run_id = :r"
+                " AND w.pid = :p AND r.status = 'in_flight'"), {"r": self.run_id, "p": victim.proc.pid}).scalar_one()))
+        self.worker = self._cli() if then_cli else InProcess(self.engine, self.config, self.run_id)
+        self.worker.registered()
 
     @rule()
     def fix_reading(self) -> None:
@@ -206,19 +303,58 @@ class AlarmMachine(RuleBasedStateMachine):
         assert row["n_pending"] + row["n_in_flight"] == got["pending"] + got["in_flight"], (row, got)
 
     def teardown(self) -> None:
-        if not hasattr(self, "bg"):
-            return
-        self.bg.worker.local_stop = "stop_now"
-        self.bg.worker._wake.set()
-        self.bg.join(30)
+        if self.worker is not None:
+            self.worker.stop_now()
 
 
 @pytest.mark.slow
-def test_alarm_state_machine(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_alarm_state_machine(engine, db_path, sim, prompts, tmp_path) -> None:  # type: ignore[no-untyped-def]
     url = sim(reasoning_field="reasoning", seed=5, ttft_ms=10)
     dataset = prompts(400)
-    made = iter(range(10_000))
-    run_state_machine_as_test(
-        lambda: AlarmMachine(engine, url, dataset, next(made)),
-        settings=settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None),
-    )
+    made = iter(range(1_000_000))
+    # A time budget is spent between whole Hypothesis runs (each with fresh random choices), never inside one: a
+    # skip raised mid-example makes Hypothesis see a replay that draws less than the first time (flaky strategy).
+    deadline = time.monotonic() + FUZZ_SECONDS
+    while True:
+        run_state_machine_as_test(
+            lambda: AlarmMachine(engine, str(db_path), url, dataset, next(made), tmp_path),
+            settings=settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None),
+        )
+        if time.monotonic() > deadline:
+            break
+
+
+def _steps(machine: AlarmMachine, *steps: Any) -> None:
+    """Named steps, each followed by the invariants (as the state machine checks them)."""
+    try:
+        for step in steps:
+            step()
+            machine.no_claim_while_held()
+            machine.completion_names_open_alarms()
+            machine.counters_equal_the_records()
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_restart_keeps_an_alarms_hold(engine, db_path, sim, prompts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The named case next to the property: a real `synthwatch run` process killed with SIGKILL while it holds
+    claims, on a healthy run and then on one that an alarm paused; after each restart (another process, then the
+    in-process worker) the hold stands, nothing is claimed behind it, and the counters equal the records."""
+    url = sim(reasoning_field="reasoning", seed=7, ttft_ms=10)
+    m = AlarmMachine(engine, str(db_path), url, prompts(400), 0, tmp_path)
+
+    def kill(after: int, then_cli: bool) -> Any:
+        return lambda: m.kill_9_and_restart(after=after, then_cli=then_cli)
+
+    def held() -> None:
+        wait_for(lambda: _gate(engine, m.run_id), timeout_s=120, what="the field-mismatch alarm to hold the run")
+        m.no_claim_while_held()  # records the hold and its moment
+
+    _steps(m, lambda: m.start(sends="reasoning"), kill(8, True), m.let_it_run,
+           lambda: m.server_switches_field("reasoning_content"), held, kill(0, True), held,
+           m.resume_behind_the_back, kill(0, False), held)
+    assert len(m.left) == 3 and m.left[0] > 0, m.left  # the first one died mid-run, holding claims
+    with engine.connect() as conn:
+        pids = conn.execute(text("SELECT COUNT(DISTINCT pid) FROM worker WHERE run_id = :r"), {"r": m.run_id}).scalar()
+    assert pids >= 3  # this process, and the two `synthwatch run` processes killed

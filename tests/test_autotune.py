@@ -124,9 +124,14 @@ def test_each_endpoint_is_tuned_to_its_own_knee(engine, sim, prompts) -> None:  
     try:
         label_small = "127.0.0.1:" + small.split(":")[2].split("/")[0]
         label_big = "127.0.0.1:" + big.split(":")[2].split("/")[0]
-        wait_for(lambda: any("queue" in (e["detail"] or "") and label_big in (e["detail"] or "")
-                             for e in _events(engine, bg.run_id)), timeout_s=60, what="the big server's knee")
-        time.sleep(4)
+        # settled: each server's knee found through its own queue, and the run's stored concurrency caught up with
+        # the endpoints' limits (the tuner writes it after each step)
+        for label in (label_big, label_small):
+            wait_for(lambda label=label: any("queue" in (e["detail"] or "") and label in (e["detail"] or "")
+                                             for e in _events(engine, bg.run_id)), timeout_s=60,
+                     what=f"the knee of {label}")
+        wait_for(lambda: run_row(engine, bg.run_id)["concurrency"] == sum(ep.limit for ep in bg.worker.pool.endpoints),
+                 timeout_s=30, what="the stored concurrency to match the limits")
         limits = {ep.label: ep.limit for ep in bg.worker.pool.endpoints}
         assert 2 <= limits[label_small] <= 6 and 8 <= limits[label_big] <= 18, limits
         assert run_row(engine, bg.run_id)["concurrency"] == sum(limits.values())

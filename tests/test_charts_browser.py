@@ -6,7 +6,6 @@ with uPlot from the JSON API. The conftest's problem checks fail a test on any J
 
 from __future__ import annotations
 
-import time
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -14,7 +13,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 from test_checks_kit import CheckedBackground
-from workerkit import Background, make_config, run_row, wait_for
+from workerkit import Background, make_config, wait_for
 
 from synthwatch.store import queue as store
 
@@ -32,6 +31,16 @@ def _legend(page: Page, chart: str, label: str) -> str:
     return row.locator(".u-value").inner_text()
 
 
+def _ok_span_s(engine: Any, run_id: int) -> float:
+    """Seconds between the run's first and last ok record: the data the charts' buckets hold."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        span = conn.execute(text("SELECT MAX(finished_at) - MIN(finished_at) FROM record WHERE run_id = :r"
+                                 " AND status = 'ok'"), {"r": run_id}).scalar()
+    return float(span or 0.0)
+
+
 # Over 30 s under load (~40 s with -n 2): a live run long enough for the charts to have several 5-s buckets, then
 # hover, zoom, Back/Forward and reload in a real browser; the buckets are the time.
 def test_charts_hover_zoom_text_and_url(page: Page, live_app: Any, engine: Any, sim: Any, prompts: Any) -> None:
@@ -42,8 +51,7 @@ def test_charts_hover_zoom_text_and_url(page: Page, live_app: Any, engine: Any, 
     page.on("request", lambda r: "/timeseries" in r.url and timeseries.append(r.url))
     try:
         # three 5 s buckets of data, then stop: the chart's values no longer move under the cursor
-        wait_for(lambda: run_row(engine, bg.run_id)["n_ok"] >= 1, what="first ok record")
-        time.sleep(12)
+        wait_for(lambda: _ok_span_s(engine, bg.run_id) >= 12, timeout_s=120, what="12 s of ok records")
         page.set_viewport_size({"width": 1400, "height": 1000})
         page.goto(f"{srv.url}/runs/{bg.run_id}")
         page.locator('#run-charts [data-chart="requests"] canvas').wait_for()

@@ -6,7 +6,6 @@ person would: controls, acknowledgements and repairs through the library calls t
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import httpx
@@ -56,7 +55,8 @@ def test_mismatch_pauses_within_100_records_at_any_speed(engine, sim, prompts, t
     bg = CheckedBackground(engine, config).start()
     try:
         wait_for(lambda: _paused(engine, bg.run_id), timeout_s=30, what="auto-pause")
-        time.sleep(0.5)
+        # the requests in flight at the pause end (and are stored) before the count
+        wait_for(lambda: run_row(engine, bg.run_id)["n_in_flight"] == 0, timeout_s=30, what="in-flight to drain")
         n = _finished(engine, bg.run_id)
         assert 1 <= n < 100, f"{n} records stored before the auto-pause"
         assert run_row(engine, bg.run_id)["desired"] == "pause"

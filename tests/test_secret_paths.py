@@ -126,7 +126,7 @@ def test_a_worker_stores_no_piece_of_an_echoed_key(tmp_path: Path, mode: str) ->
     db = tmp_path / "echo.db"
     with KeyEchoServer(mode) as echo:
         proc = run_cli("run", "--dataset", str(write_prompts(tmp_path / "p.jsonl", 3)), "--base-url", echo.url,
-                       "--model", "m", "--db", str(db), "--api-key-env", "SW_ECHO_KEY", "--max-attempts", "1",
+                       "--model", "m", "--db", str(db), "--api-key-env", "SW_ECHO_KEY", "--retries-max-attempts", "1",
                        # the echo server answers /v1/models with the key too: the preflight's own refusal is
                        # test_probe_cli_never_prints_an_echoed_key's; here the worker's requests are the subject
                        "--no-preflight", "--name", "echo", env=cli_env(SW_ECHO_KEY=KEY), timeout=120)

@@ -3,12 +3,12 @@ served by the API, and shown on the run page in a real browser; parsing against 
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from conftest import HTTP_TIMEOUT_S
 from sqlalchemy import text
 from workerkit import Background, make_config, wait_for
 
@@ -168,11 +168,16 @@ def test_two_endpoints_each_have_their_own_server_lines(page, live_app, engine, 
     try:
         wait_for(lambda: len({r["endpoint"] for r in _rows(engine, bg.run_id) if r["error"] is None}) == 2,
                  timeout_s=30, what="metrics from both endpoints")
-        time.sleep(1.5)
         srv = live_app()
-        ts = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/timeseries", params={"window": "5m"}).json()
-        per = [p["server_by_endpoint"] for p in ts["points"] if p.get("server_by_endpoint")]
-        assert per and max(len(x) for x in per) == 2
+
+        def per_endpoint() -> list[dict[str, Any]]:
+            ts = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/timeseries", params={"window": "5m"},
+                           timeout=HTTP_TIMEOUT_S).json()
+            return [p["server_by_endpoint"] for p in ts["points"] if p.get("server_by_endpoint")]
+
+        # a chart point holds both endpoints once a bucket has rows of both (the scrapes are not in step)
+        per = wait_for(lambda: (lambda x: x if x and max(len(y) for y in x) == 2 else None)(per_endpoint()),
+                       timeout_s=30, what="a timeseries point with both endpoints")
         page.goto(f"{srv.url}/runs/{bg.run_id}")
         page.locator('#run-charts [data-chart="server"]').wait_for()
         for ep in per[-1]:

@@ -1,7 +1,7 @@
 """Routes: flagging records (one, undo, bulk over a filter), as forms (htmx) and as JSON API.
 
 A flag answered to htmx is the record viewer's flag fragment, from the same data function as the viewer
-(routes_review._flag_context)."""
+(routes_review.flag_context)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..review import filters as review_filters
 from ..review import flags as review_flags
 from ..review.filters import ReviewError
 from .deps import HX, ReadConn, ReadEngine, WriteEngine, catch_up_search, render
-from .routes_review import _bad, _filters, _flag_context, _record_or_404, _run_or_404
+from .routes_review import bad, flag_context, parse_filters, record_or_404, run_or_404
 
 router = APIRouter()
 
@@ -33,11 +33,11 @@ def _form_or_json(data: dict[str, Any], name: str) -> str | None:
 def flag_form(request: Request, run_id: int, record_id: int, conn: ReadConn, write: WriteEngine, hx: HX,
               verdict: Annotated[str, Form()] = "", reason: Annotated[str, Form()] = "",
               note: Annotated[str, Form()] = "") -> Response:
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     try:
         review_flags.flag(write, run_id, record_id, verdict, reason or None, note or None)
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
     except review_filters.NotFound as exc:
         raise HTTPException(404, str(exc)) from None
     return _after_flag(request, conn, run, record_id, hx)
@@ -46,20 +46,20 @@ def flag_form(request: Request, run_id: int, record_id: int, conn: ReadConn, wri
 @router.post("/runs/{run_id}/records/{record_id:int}/undo", include_in_schema=False)
 def undo_form(request: Request, run_id: int, record_id: int, conn: ReadConn, write: WriteEngine,
               hx: HX) -> Response:
-    run = _run_or_404(conn, run_id)
-    _record_or_404(conn, run_id, record_id)
+    run = run_or_404(conn, run_id)
+    record_or_404(conn, run_id, record_id)
     try:
         review_flags.undo(write, run_id, record_id)
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
     return _after_flag(request, conn, run, record_id, hx)
 
 
 def _after_flag(request: Request, conn: Any, run: dict[str, Any], record_id: int, hx: bool) -> Response:
     conn.rollback()  # a fresh read snapshot that sees the write
-    rec = _record_or_404(conn, run["id"], record_id)
+    rec = record_or_404(conn, run["id"], record_id)
     if hx:
-        return render(request, "_viewer_flag.html", _flag_context(conn, run, rec))
+        return render(request, "_viewer_flag.html", flag_context(conn, run, rec))
     return RedirectResponse(f"/runs/{run['id']}/records/{record_id}", status_code=303)
 
 
@@ -69,12 +69,12 @@ def flag_api(run_id: int, record_id: int, conn: ReadConn, write: WriteEngine,
              ) -> Any:
     """Flag a record good or bad (reason: empty_reasoning, truncated, wrong_format, wrong_answer,
     wrong_language, repetition, other; optional note)."""
-    _run_or_404(conn, run_id)
+    run_or_404(conn, run_id)
     try:
         return review_flags.flag(write, run_id, record_id, str(body.get("verdict", "")), _form_or_json(body, "reason"),
                            _form_or_json(body, "note"))
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
     except review_filters.NotFound as exc:
         raise HTTPException(404, str(exc)) from None
 
@@ -82,31 +82,31 @@ def flag_api(run_id: int, record_id: int, conn: ReadConn, write: WriteEngine,
 @router.post("/api/runs/{run_id}/records/{record_id:int}/undo", tags=["review"])
 def undo_api(run_id: int, record_id: int, conn: ReadConn, write: WriteEngine) -> Any:
     """Undo the latest flag on a record; it gets its previous verdict back."""
-    _run_or_404(conn, run_id)
-    _record_or_404(conn, run_id, record_id)
+    run_or_404(conn, run_id)
+    record_or_404(conn, run_id, record_id)
     try:
         return review_flags.undo(write, run_id, record_id)
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
 
 
 @router.post("/api/runs/{run_id}/flags/undo", tags=["review"])
 def undo_last_api(run_id: int, conn: ReadConn, write: WriteEngine) -> Any:
     """Undo the run's latest flag action (a bulk flag is one action)."""
-    _run_or_404(conn, run_id)
+    run_or_404(conn, run_id)
     try:
         return review_flags.undo(write, run_id, None)
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
 
 
 def _bulk_args(data: dict[str, Any]) -> tuple[str, str | None, str | None]:
     verdict = str(data.get("verdict") or "")
     reason, note = _form_or_json(data, "reason"), _form_or_json(data, "note")
     try:
-        review_flags._validate_flag(verdict, reason, note)
+        review_flags.validate_flag(verdict, reason, note)
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
     return verdict, reason, note
 
 
@@ -114,8 +114,8 @@ def _bulk_args(data: dict[str, Any]) -> tuple[str, str | None, str | None]:
 async def bulk_form(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine) -> Response:
     """Preview (no max_id) or apply (max_id from the preview) a bulk flag; the filter comes as form fields."""
     form = {k: str(v) for k, v in (await request.form()).items()}
-    run = _run_or_404(conn, run_id)
-    f = _filters(form)  # the filter's own fields; the verdict comes as flag_* (a filter has a reason field too)
+    run = run_or_404(conn, run_id)
+    f = parse_filters(form)  # the filter's own fields; the verdict comes as flag_* (a filter has a reason field too)
     backlog = await run_in_threadpool(catch_up_search, request, f.q)
     verdict, reason, note = _bulk_args({k.removeprefix("flag_"): v for k, v in form.items() if k.startswith("flag_")})
     ctx: dict[str, Any] = {"run": run, "f": f, "verdict": verdict, "reason": reason, "note": note,
@@ -129,7 +129,7 @@ async def bulk_form(request: Request, run_id: int, conn: ReadConn, read: ReadEng
             ctx["result"] = await run_in_threadpool(review_flags.bulk_flag, read, write, run_id, f, verdict, reason, note,
                                                     _to_int(form["max_id"], "max_id"))
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
     response = render(request, "_records_bulk.html", ctx)
     if "undone" in ctx or "result" in ctx:  # the table below redraws itself with the new flags
         response.headers["HX-Trigger"] = "records-changed"
@@ -149,11 +149,11 @@ def bulk_api(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, wr
                                                          "reason": "truncated"}])) -> Any:
     """Flag every record matching `filters` (the records-table query parameters). Without `max_id` it only
     previews: {count, max_id}; send the same request with that max_id to apply it."""
-    _run_or_404(conn, run_id)
+    run_or_404(conn, run_id)
     filters = body.get("filters") or {}
     if not isinstance(filters, dict):
         raise HTTPException(400, "filters: must be an object of records-table query parameters")
-    f = _filters(filters)
+    f = parse_filters(filters)
     verdict, reason, note = _bulk_args(body)
     backlog = catch_up_search(request, f.q)
     try:
@@ -161,7 +161,7 @@ def bulk_api(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, wr
             return {"preview": review_flags.bulk_preview(conn, run_id, f), "search_backlog": backlog}
         return review_flags.bulk_flag(read, write, run_id, f, verdict, reason, note, _to_int(body["max_id"], "max_id"))
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
 
 
 
@@ -173,7 +173,7 @@ MAX_SELECTED = 1000  # a selection is ticked by hand; a bigger set is a filter (
 async def selected_form(request: Request, run_id: int, conn: ReadConn, write: WriteEngine) -> Response:
     """Flag the records ticked in the records table, one flag each (the same path as a verdict key)."""
     form = {k: str(v) for k, v in (await request.form()).items()}
-    _run_or_404(conn, run_id)
+    run_or_404(conn, run_id)
     try:
         ids = [int(x) for x in form.get("ids", "").replace(" ", "").split(",") if x]
     except ValueError:
@@ -198,7 +198,7 @@ async def selected_form(request: Request, run_id: int, conn: ReadConn, write: Wr
     try:
         done = await run_in_threadpool(work)
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
     text = f"Flagged {done:,} record{'' if done == 1 else 's'} {verdict}"
     if missing:
         text += f"; {len(missing):,} not in this run: {', '.join(map(str, missing[:10]))}"

@@ -15,7 +15,7 @@ from ..review import length_fold, lengths
 from ..review.filters import Filters, ReviewError
 from . import run_stats, stats
 from .deps import ReadConn, lean, render
-from .routes_runs import _limit_ms, _run_or_404
+from .routes_runs import request_limit_ms, run_or_404
 from .words import check_label
 
 router = APIRouter()
@@ -52,10 +52,10 @@ def lengths_data(conn: Any, run: dict[str, Any], f: Filters) -> dict[str, Any]:
 def api_lengths(request: Request, conn: ReadConn, run_id: int) -> Any:
     """Counts per token-length bin. Bin 0 is exactly 0 tokens; with a max_tokens, the last bin is the
     records at the limit. Takes the records table's filter parameters (status, check, flag, q, ...)."""
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     try:
         f = Filters.from_params(request.query_params)
-        with stats.time_limit(conn, _limit_ms(request)):
+        with stats.time_limit(conn, request_limit_ms(request)):
             data = lengths_data(conn, run, f)
     except ReviewError as exc:
         return JSONResponse({"detail": str(exc)}, status_code=400)
@@ -154,7 +154,7 @@ def _pick(conn: Any, run: list[str]) -> tuple[dict[str, Any] | None, dict[str, A
     if len(picked) > 2 or not all(v.isdigit() for v in picked):
         raise HTTPException(400, "pick two runs to compare, by id: ?run=A&run=B")
     ids = list(dict.fromkeys(int(v) for v in picked))
-    found = [_run_or_404(conn, i) for i in ids]
+    found = [run_or_404(conn, i) for i in ids]
     return (found[0] if found else None), (found[1] if len(found) > 1 else None)
 
 
@@ -164,7 +164,7 @@ def compare_page(request: Request, conn: ReadConn, run: Annotated[list[str], Que
     ctx: dict[str, Any] = {"a": a, "b": b, "data": None, "stale": None, "choices": stats.list_runs(conn)}
     if a and b:
         try:
-            ctx["data"] = compare_data(conn, a, b, _limit_ms(request))
+            ctx["data"] = compare_data(conn, a, b, request_limit_ms(request))
         except stats.StatsTimeout as exc:
             ctx["stale"] = str(exc)
     return render(request, "compare.html", ctx)
@@ -177,6 +177,6 @@ def api_compare(request: Request, conn: ReadConn,
     if a is None or b is None:
         return JSONResponse({"detail": "pick two runs to compare: ?run=A&run=B"}, status_code=400)
     try:
-        return lean(request, JSONResponse(compare_data(conn, a, b, _limit_ms(request))))
+        return lean(request, JSONResponse(compare_data(conn, a, b, request_limit_ms(request))))
     except stats.StatsTimeout as exc:
         return JSONResponse({"detail": str(exc), "stale": True}, status_code=503)

@@ -2,7 +2,7 @@
 routes_flags.py).
 
 Pages and their htmx fragments share one data function each (``_viewer_context``, ``_records_context``,
-``_tokens_context``, ``_flag_context``); fragments are the ``_``-prefixed templates. Model text reaches the
+``_tokens_context``, ``flag_context``); fragments are the ``_``-prefixed templates. Model text reaches the
 templates only as escaped segments (review.segments), never marked safe.
 """
 
@@ -36,7 +36,7 @@ MAX_CHIPS = 20_000
 MAX_TOKEN_VIEW_CHARS = 400_000  # ~100k tokens: a few hundred ms to render
 
 
-def _run_or_404(conn: Any, run_id: int) -> dict[str, Any]:
+def run_or_404(conn: Any, run_id: int) -> dict[str, Any]:
     try:
         run = store.run_row(conn, run_id)
     except store.NotFound:
@@ -48,21 +48,21 @@ def _run_or_404(conn: Any, run_id: int) -> dict[str, Any]:
     return run
 
 
-def _record_or_404(conn: Any, run_id: int, record_id: int) -> dict[str, Any]:
+def record_or_404(conn: Any, run_id: int, record_id: int) -> dict[str, Any]:
     try:
         return review.get_record(conn, run_id, record_id)
     except review_filters.NotFound as exc:
         raise HTTPException(404, str(exc)) from None
 
 
-def _filters(params: Any) -> Filters:
+def parse_filters(params: Any) -> Filters:
     try:
         return Filters.from_params(params)
     except ReviewError as exc:
         raise HTTPException(400, str(exc)) from None
 
 
-def _bad(exc: Exception) -> HTTPException:
+def bad(exc: Exception) -> HTTPException:
     return HTTPException(400, str(exc))
 
 
@@ -105,7 +105,7 @@ def _pick(request: Request, conn: Any, run_id: int, session: tuple[float, float]
         return review.sample(conn, run_id, q.get("mode") or "all", minutes=_float_param(request, "minutes", 10.0),
                              check=q.get("check") or None, exclude=_int_param(request, "exclude"), session=session)
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
 
 
 def _session(request: Request, params: dict[str, str]) -> tuple[float, float] | None:
@@ -124,7 +124,7 @@ def _session(request: Request, params: dict[str, str]) -> tuple[float, float] | 
 
 @router.get("/runs/{run_id}/sample", include_in_schema=False)
 def sample_page(request: Request, run_id: int, conn: ReadConn) -> Response:
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     params = _sample_params(request)
     rid = _pick(request, conn, run_id, _session(request, params))
     if rid is None:
@@ -141,11 +141,11 @@ def sample_page(request: Request, run_id: int, conn: ReadConn) -> Response:
 @router.get("/api/runs/{run_id}/sample", tags=["review"])
 def sample_api(request: Request, run_id: int, conn: ReadConn) -> Any:
     """A random record of the run: mode=all|recent|failing|unreviewed|flagged (minutes=, check=, exclude=)."""
-    _run_or_404(conn, run_id)
+    run_or_404(conn, run_id)
     rid = _pick(request, conn, run_id)
     if rid is None:
         return {"record": None}
-    return {"record": review.record_json(_record_or_404(conn, run_id, rid))}
+    return {"record": review.record_json(record_or_404(conn, run_id, rid))}
 
 
 # -------------------------------------------------------------------------------------------- viewer
@@ -245,7 +245,7 @@ def _turn_blocks(rec: dict[str, Any], ws: bool) -> list[dict[str, Any]]:
     return out
 
 
-def _flag_context(conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
+def flag_context(conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
     return {"run": run, "rec": rec, "flags": review.flag_history(conn, rec["id"]), "reasons": review_filters.REASONS,
             "reason_labels": review_filters.REASON_LABELS}
 
@@ -253,14 +253,14 @@ def _flag_context(conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[s
 def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
     ws = False  # whitespace is made visible in the browser (review.js), without a reload
     params = _sample_params(request)
-    f = _filters(request.query_params)
+    f = parse_filters(request.query_params)
     in_set = f.active or "sort" in request.query_params or request.query_params.get("from") == "records"
     prev_id = next_id = None
     if in_set:
         try:
             prev_id, next_id = review.neighbours(conn, run["id"], f, rec)
         except ReviewError as exc:
-            raise _bad(exc) from None
+            raise bad(exc) from None
     filter_qs = _qs({**f.params(), "from": "records"})
     sample_qs = _qs({**params, "exclude": rec["id"], "at": repr(rec["rnd"]) if "s" in params else None})
     attempts: list[Any] = []
@@ -270,7 +270,7 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         except orjson.JSONDecodeError:
             attempts = []
     return {
-        **_flag_context(conn, run, rec),
+        **flag_context(conn, run, rec),
         "ws": ws,
         "mode": params.get("mode", "all"),
         "sample_params": params,
@@ -322,8 +322,8 @@ def _history(conn: Any, record_id: int) -> list[dict[str, Any]]:
 
 @router.get("/runs/{run_id}/records/{record_id:int}", include_in_schema=False)
 def viewer_page(request: Request, run_id: int, record_id: int, conn: ReadConn) -> Response:
-    run = _run_or_404(conn, run_id)
-    rec = _record_or_404(conn, run_id, record_id)
+    run = run_or_404(conn, run_id)
+    rec = record_or_404(conn, run_id, record_id)
     response = render(request, "viewer.html", _viewer_context(request, conn, run, rec))
     response.headers["Cache-Control"] = "no-store"  # Back shows the verdict as it is now, not a cached page
     return response
@@ -332,8 +332,8 @@ def viewer_page(request: Request, run_id: int, record_id: int, conn: ReadConn) -
 @router.get("/api/runs/{run_id}/records/{record_id:int}", tags=["review"])
 def record_api(run_id: int, record_id: int, conn: ReadConn) -> Any:
     """One record with its JSON columns decoded and its flag history."""
-    _run_or_404(conn, run_id)
-    rec = _record_or_404(conn, run_id, record_id)
+    run_or_404(conn, run_id)
+    rec = record_or_404(conn, run_id, record_id)
     from ..repair.history import history
 
     return {"record": review.record_json(rec), "flags": review.flag_history(conn, record_id),
@@ -345,11 +345,11 @@ def record_api(run_id: int, record_id: int, conn: ReadConn) -> Any:
 
 def _records_context(request: Request, conn: Any, run: dict[str, Any], backlog: int) -> dict[str, Any]:
     q = request.query_params
-    f = _filters(q)
+    f = parse_filters(q)
     try:
         pg = review.page(conn, run["id"], f, after=q.get("after") or None, before=q.get("before") or None)
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
     base = f.params()
     found = snippets.for_rows(conn, [r["id"] for r in pg.rows], f.q, f.field) if f.q else {}
     return {
@@ -370,7 +370,7 @@ def _records_context(request: Request, conn: Any, run: dict[str, Any], backlog: 
 
 @router.get("/runs/{run_id}/records", include_in_schema=False)
 def records_page(request: Request, run_id: int, backlog: SearchBacklog, conn: ReadConn, hx: HX) -> Response:
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     if not request.query_params and not hx:  # the default view: finished records, newest first (any: status=)
         return RedirectResponse(f"/runs/{run_id}/records?status={review_filters.FINISHED}", status_code=303)
     ctx = _records_context(request, conn, run, backlog)
@@ -382,12 +382,12 @@ def records_page(request: Request, run_id: int, backlog: SearchBacklog, conn: Re
 
 @router.get("/runs/{run_id}/records/count", include_in_schema=False)
 def records_count_fragment(request: Request, run_id: int, backlog: SearchBacklog, conn: ReadConn) -> Response:
-    run = _run_or_404(conn, run_id)
-    f = _filters(request.query_params)
+    run = run_or_404(conn, run_id)
+    f = parse_filters(request.query_params)
     try:
         n, capped = review.count(conn, run_id, f)
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
     return render(request, "_records_count.html", {"run": run, "n": n, "capped": capped, "search_backlog": backlog})
 
 
@@ -397,14 +397,14 @@ def records_api(request: Request, run_id: int, backlog: SearchBacklog, conn: Rea
     reasoning_len_min/max, content_len_min/max, completion_tokens_min/max, q (+ field), sort, order; pagination:
     after / before cursors, limit). With `q` on SQLite, `search_backlog` counts finished records not yet in the
     search index (0 normally; see docs/review.md)."""
-    _run_or_404(conn, run_id)
+    run_or_404(conn, run_id)
     q = request.query_params
-    f = _filters(q)
+    f = parse_filters(q)
     try:
         pg = review.page(conn, run_id, f, after=q.get("after") or None, before=q.get("before") or None,
                          limit=_int_param(request, "limit") or review_filters.PAGE_SIZE)
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
     return {"records": pg.rows, "next_cursor": pg.next_cursor, "prev_cursor": pg.prev_cursor,
             "filters": f.params(), "elapsed_ms": round(pg.elapsed_ms, 2), "search_backlog": backlog}
 
@@ -412,12 +412,12 @@ def records_api(request: Request, run_id: int, backlog: SearchBacklog, conn: Rea
 @router.get("/api/runs/{run_id}/records/count", tags=["review"])
 def records_count_api(request: Request, run_id: int, backlog: SearchBacklog, conn: ReadConn) -> Any:
     """How many records match the filters (stops counting at 100,000: capped=true)."""
-    _run_or_404(conn, run_id)
-    f = _filters(request.query_params)
+    run_or_404(conn, run_id)
+    f = parse_filters(request.query_params)
     try:
         n, capped = review.count(conn, run_id, f)
     except ReviewError as exc:
-        raise _bad(exc) from None
+        raise bad(exc) from None
     return {"count": n, "capped": capped, "search_backlog": backlog}
 
 
@@ -507,8 +507,8 @@ def _chip_views(lt: Any, chips: list[Any]) -> list[tuple[str, str, str]]:
 
 @router.get("/runs/{run_id}/records/{record_id:int}/tokens", include_in_schema=False)
 def tokens_page(request: Request, run_id: int, record_id: int, conn: ReadConn, hx: HX) -> Response:
-    run = _run_or_404(conn, run_id)
-    rec = _record_or_404(conn, run_id, record_id)
+    run = run_or_404(conn, run_id)
+    rec = record_or_404(conn, run_id, record_id)
     ctx = _tokens_context(request, conn, run, rec)
     return render(request, "_tokens.html" if hx else "tokens.html", ctx)
 
@@ -517,8 +517,8 @@ def tokens_page(request: Request, run_id: int, record_id: int, conn: ReadConn, h
 def tokens_api(request: Request, run_id: int, record_id: int, conn: ReadConn) -> Any:
     """The record as training sees it: chips (id, text, piece, raw_bytes, kind, in_assistant, differs), totals,
     loss mask and integrity warnings; tokenizer from the run's config (or ?tokenizer=NAME_OR_PATH)."""
-    run = _run_or_404(conn, run_id)
-    rec = _record_or_404(conn, run_id, record_id)
+    run = run_or_404(conn, run_id)
+    rec = record_or_404(conn, run_id, record_id)
     ctx = _tokens_context(request, conn, run, rec)
     if ctx["r"] is None:
         detail = ctx["error"] or ("this run has no tokenizer configured: set [tokenizer] name_or_path in the run "

@@ -33,14 +33,14 @@ CONTROL_LABELS = {
 }
 
 
-def _run_or_404(conn: Any, run_id: int) -> dict[str, Any]:
+def run_or_404(conn: Any, run_id: int) -> dict[str, Any]:
     run = run_stats.get_run(conn, run_id)
     if run is None:
         raise HTTPException(404, f"no run with id {run_id} in this database")
     return run
 
 
-def _limit_ms(request: Request) -> int:
+def request_limit_ms(request: Request) -> int:
     return int(request.app.state.settings.stats_time_limit_ms)
 
 
@@ -59,7 +59,7 @@ def _slow_poll_ms(request: Request) -> int:
 
 def _list_context(request: Request, conn: Any) -> dict[str, Any]:
     try:
-        with stats.time_limit(conn, _limit_ms(request)):
+        with stats.time_limit(conn, request_limit_ms(request)):
             runs = stats.list_runs(conn)
         stale = None
     except stats.StatsTimeout as exc:
@@ -69,7 +69,7 @@ def _list_context(request: Request, conn: Any) -> dict[str, Any]:
 
 def _stats_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
     try:
-        with stats.time_limit(conn, _limit_ms(request)):
+        with stats.time_limit(conn, request_limit_ms(request)):
             st = run_stats.run_stats(conn, run)
         stale = None
     except stats.StatsTimeout as exc:
@@ -136,7 +136,7 @@ def _new_run_defaults() -> dict[str, str]:
 def new_run_form(request: Request, conn: ReadConn, like: int | None = None) -> Response:
     form, like_run = _new_run_defaults(), None
     if like is not None:  # "Start a run like this": the form pre-filled from that run's stored configuration
-        like_run = _run_or_404(conn, like)
+        like_run = run_or_404(conn, like)
         form.update({k: v for k, v in launch.config_to_form(like_run["config"]).items() if v != "" or k == "name"})
     return render(request, "new_run.html", {"form": form, "error": None, "modes": REASONING_MODES,
                                             "dataset_fields": launch.dataset_form_fields(),
@@ -214,7 +214,7 @@ def _launch(request: Request, form: dict[str, str]) -> launch.Launched:
 
 @router.get("/runs/{run_id}", include_in_schema=False)
 def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m") -> Response:
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     ctx = _stats_context(request, conn, run)
     ctx.update(_charts_context(request, conn, run, window))
     ctx.update(_audit_context(request, conn, run))
@@ -228,7 +228,7 @@ def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m
 
 @router.get("/runs/{run_id}/stats", include_in_schema=False)
 def run_stats_fragment(request: Request, conn: ReadConn, run_id: int, shown_state: str = "") -> Response:
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     # shown_state: the status:desired the page's controls were drawn for; when the run moved on (an alarm
     # paused it, another tab resumed it) this poll redraws them too
     ctx = {**_stats_context(request, conn, run), "fragment": True, "shown_state": shown_state or None,
@@ -240,19 +240,19 @@ def run_stats_fragment(request: Request, conn: ReadConn, run_id: int, shown_stat
 
 @router.get("/runs/{run_id}/details", include_in_schema=False)
 def run_details_fragment(request: Request, conn: ReadConn, run_id: int) -> Response:
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     return render(request, "_run_details.html", _stats_context(request, conn, run))
 
 
 @router.get("/runs/{run_id}/charts", include_in_schema=False)
 def run_charts_fragment(request: Request, conn: ReadConn, run_id: int, window: Window = "5m") -> Response:
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     return render(request, "_run_charts.html", _charts_context(request, conn, run, window))
 
 
 @router.get("/runs/{run_id}/audit", include_in_schema=False)
 def run_audit_fragment(request: Request, conn: ReadConn, run_id: int) -> Response:
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     return render(request, "_run_audit.html", _audit_context(request, conn, run))
 
 
@@ -261,7 +261,7 @@ def run_control_form(request: Request, conn: ReadConn, write: WriteEngine, hx: H
                      action: Annotated[str, Form()], value: Annotated[str | None, Form()] = None,
                      ack_unit: Annotated[str | None, Form()] = None,
                      ack_amount: Annotated[str | None, Form()] = None) -> Response:
-    _run_or_404(conn, run_id)
+    run_or_404(conn, run_id)
     error = message = None
     status = 200
     try:
@@ -278,7 +278,7 @@ def run_control_form(request: Request, conn: ReadConn, write: WriteEngine, hx: H
             raise HTTPException(status, error)
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
     conn.rollback()  # see the row as it is after our write
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     ctx = {"run": run, "message": message, "control_error": error, "fragment": True,
            **_audit_context(request, conn, run)}
     return render(request, "_run_controls.html", ctx, status_code=status)
@@ -358,14 +358,14 @@ async def api_start_run(request: Request, body: StartBody) -> Any:
 
 @router.get("/api/runs/{run_id}", tags=["runs"], summary="One run: counters, status, configuration, audit log")
 def api_run(conn: ReadConn, run_id: int) -> Any:
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     return {**run, "control_events": run_stats.control_events(conn, run_id)}
 
 
 @router.get("/api/runs/{run_id}/stats", tags=["runs"],
             summary="Live statistics: progress, ETA, rates, latency percentiles, failures, data quality")
 def api_run_stats(request: Request, conn: ReadConn, run_id: int) -> Any:
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     ctx = _stats_context(request, conn, run)
     if ctx["stale"]:
         return JSONResponse({"detail": ctx["stale"], "stale": True}, status_code=503)
@@ -378,9 +378,9 @@ def api_run_timeseries(request: Request, conn: ReadConn, run_id: int,
                        window: Annotated[Window, Query(description="5m | 1h | all")] = "5m",
                        since: Annotated[int | None, Query(description="only buckets from this time on (a poll "
                                                           "passes the last answer's final_before)")] = None) -> Any:
-    run = _run_or_404(conn, run_id)
+    run = run_or_404(conn, run_id)
     try:
-        with stats.time_limit(conn, _limit_ms(request)):
+        with stats.time_limit(conn, request_limit_ms(request)):
             data = timeseries.timeseries(conn, run, window)
     except stats.StatsTimeout as exc:
         return JSONResponse({"detail": str(exc), "stale": True}, status_code=503)
@@ -396,20 +396,20 @@ def api_run_timeseries(request: Request, conn: ReadConn, run_id: int,
 
 @router.get("/api/runs/{run_id}/errors", tags=["runs"], summary="Latest failed attempts (newest first)")
 def api_run_errors(conn: ReadConn, run_id: int, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> Any:
-    _run_or_404(conn, run_id)
+    run_or_404(conn, run_id)
     return {"errors": run_stats.latest_errors(conn, run_id, limit)}
 
 
 @router.get("/api/runs/{run_id}/events", tags=["runs"], summary="Audit log of control actions (newest first)")
 def api_run_events(conn: ReadConn, run_id: int, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
-    _run_or_404(conn, run_id)
+    run_or_404(conn, run_id)
     return {"events": run_stats.control_events(conn, run_id, limit)}
 
 
 @router.post("/api/runs/{run_id}/control", tags=["controls"],
              summary="Pause, resume, stop (graceful or now), set the cap or the concurrency")
 def api_run_control(conn: ReadConn, write: WriteEngine, run_id: int, body: ControlBody) -> Any:
-    _run_or_404(conn, run_id)
+    run_or_404(conn, run_id)
     if body.action in ("cap",) and body.value is not None and body.value < 1:
         return JSONResponse({"detail": f"cap must be at least 1, got {body.value}"}, status_code=400)
     if body.action == "concurrency" and body.value is None:

@@ -17,22 +17,22 @@ from ..store.models import LIVE_STATUSES
 from ..workers.sketch import TPS_MIN, Sketch
 from .quality_tiles import quality_tiles
 from .stats import (
-    _CACHE,
-    _CACHE_LOCK,
-    _SUM_COLS,
+    CACHE,
+    CACHE_LOCK,
     ERROR_BAD,
     ERROR_WARN,
     RECENT_S,
+    SUM_COLS,
     TIMEOUT_BAD,
     TIMEOUT_WARN,
     WORKING_STATUSES,
-    _cached_final,
-    _duration,
-    _rate,
-    _recent_rates,
-    _span,
-    _sums,
-    _sums_range,
+    cached_final,
+    duration,
+    recent_rates,
+    safe_rate,
+    sums,
+    sums_range,
+    window_span_s,
 )
 from .words import check_label, plural
 
@@ -91,7 +91,7 @@ def get_run(conn: Connection, run_id: int) -> dict[str, Any] | None:
         return None
     r = dict(row)
     r["live"] = r["status"] in LIVE_STATUSES
-    r["duration_s"] = _duration(r, time.time())
+    r["duration_s"] = duration(r, time.time())
     try:
         r["config"] = orjson.loads(r.pop("config_json") or "{}")
     except orjson.JSONDecodeError:
@@ -102,9 +102,9 @@ def get_run(conn: Connection, run_id: int) -> dict[str, Any] | None:
 def run_stats(conn: Connection, run: dict[str, Any], window_s: int = RECENT_S) -> RunStats:
     now = time.time()
     rid = run["id"]
-    recent = _sums(conn, rid, now - window_s)
-    span = _span(recent, now, window_s)
-    recent.update({k: v for k, v in _recent_rates(recent, span).items()})
+    recent = sums(conn, rid, now - window_s)
+    span = window_span_s(recent, now, window_s)
+    recent.update({k: v for k, v in recent_rates(recent, span).items()})
     recent["span_s"] = span
     recent["tok_s_reasoning"] = recent["reasoning_tokens"] / span
     recent["tok_s_content"] = recent["content_tokens"] / span
@@ -178,17 +178,17 @@ def _whole_sums(conn: Connection, run: dict[str, Any], now: float) -> dict[str, 
     those runs the run's own counters (written in the same transaction as the rows) tell when the fold
     missed rows; the run's folds are then dropped and redone, once per change of the counters."""
     rid = run["id"]
-    total, complete = _cached_final(conn, rid, "sums", now, _sums_range, _add_counts, dict)
+    total, complete = cached_final(conn, rid, "sums", now, sums_range, _add_counts, dict)
     expected = run["n_ok"] + run["n_error"] + run["n_timeout"]
     vkey = (str(conn.engine.url), rid)
     if (complete and run.get("kind", "generate") != "generate" and (total.get("finished") or 0) != expected
             and _VERIFIED.get(vkey) != expected):
-        with _CACHE_LOCK:
+        with CACHE_LOCK:
             _VERIFIED[vkey] = expected
-            for k in [k for k in _CACHE if k[:2] == vkey]:
-                del _CACHE[k]
-        total, _ = _cached_final(conn, rid, "sums", now, _sums_range, _add_counts, dict)
-    return {**dict.fromkeys(_SUM_COLS, 0), **total}
+            for k in [k for k in CACHE if k[:2] == vkey]:
+                del CACHE[k]
+        total, _ = cached_final(conn, rid, "sums", now, sums_range, _add_counts, dict)
+    return {**dict.fromkeys(SUM_COLS, 0), **total}
 
 
 def _add_counts(a: dict[Any, int], b: dict[Any, int]) -> dict[Any, int]:
@@ -268,7 +268,7 @@ def _latency(conn: Connection, rid: int, now: float, window_s: int) -> dict[str,
     out: dict[str, dict[str, float | None]] = {}
     qs = (0.5, 0.95, 0.99)
     recent_all = _hists(conn, rid, int(now - window_s), None)
-    whole_all, complete = _cached_final(conn, rid, "hists", now, _hists, _add_hists, dict)
+    whole_all, complete = cached_final(conn, rid, "hists", now, _hists, _add_hists, dict)
     for col, label in _HIST_COLS:
         recent = _sketch(col, recent_all[col])
         whole = _sketch(col, whole_all.get(col, {}))
@@ -310,13 +310,13 @@ def _quality(conn: Connection, rid: int, recent: dict[str, Any], total: dict[str
              now: float) -> dict[str, Any]:
     ok_all, empty_all, length_all = total["ok"] or 0, total["empty_reasoning"] or 0, total["finish_length"] or 0
     sources_recent = _sources(conn, rid, int(now - RECENT_S), None)
-    sources, sources_complete = _cached_final(conn, rid, "sources", now, _sources, _add_counts, dict)
+    sources, sources_complete = cached_final(conn, rid, "sources", now, _sources, _add_counts, dict)
     ok_r = recent["ok"]
     return {
-        "empty_reasoning_recent": _rate(recent["empty_reasoning"], ok_r),
-        "empty_reasoning_all": _rate(empty_all, ok_all),
-        "length_recent": _rate(recent["finish_length"], ok_r),
-        "length_all": _rate(length_all, ok_all),
+        "empty_reasoning_recent": safe_rate(recent["empty_reasoning"], ok_r),
+        "empty_reasoning_all": safe_rate(empty_all, ok_all),
+        "length_recent": safe_rate(recent["finish_length"], ok_r),
+        "length_all": safe_rate(length_all, ok_all),
         "n_empty_all": empty_all, "n_length_all": length_all, "ok_recent": ok_r, "ok_all": ok_all,
         "sources": sorted(sources.items(), key=lambda kv: -kv[1]),
         "sources_recent": sorted(sources_recent.items(), key=lambda kv: -kv[1]),
@@ -335,8 +335,8 @@ def _checks(conn: Connection, rid: int) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         d = dict(r)
-        d["rate"] = _rate(d["n_fail"], d["n_total"])
-        d["win_rate"] = _rate(d["win_fail"], d["win_total"])
+        d["rate"] = safe_rate(d["n_fail"], d["n_total"])
+        d["win_rate"] = safe_rate(d["win_fail"], d["win_total"])
         out.append(d)
     return out
 
@@ -354,10 +354,10 @@ def _endpoints(conn: Connection, rid: int, now: float, window_s: int, span: floa
         d = dict(r)
         d["req_s"] = (d["ok"] or 0) / span if working else 0.0  # over the time the window covers, as the tiles
         d["tok_s"] = (d["tokens"] or 0) / span if working else 0.0
-        d["timeout_share"] = _rate(d["timeouts"] or 0, d["finished"] or 0)
-        d["error_share"] = _rate(d["errors"] or 0, d["finished"] or 0)
-        d["mean_latency_s"] = _rate(d["latency_sum"] or 0.0, d["ok"] or 0)
-        d["empty_share"] = _rate(d["empty_reasoning"] or 0, d["ok"] or 0)
+        d["timeout_share"] = safe_rate(d["timeouts"] or 0, d["finished"] or 0)
+        d["error_share"] = safe_rate(d["errors"] or 0, d["finished"] or 0)
+        d["mean_latency_s"] = safe_rate(d["latency_sum"] or 0.0, d["ok"] or 0)
+        d["empty_share"] = safe_rate(d["empty_reasoning"] or 0, d["ok"] or 0)
         out.append(d)
     return out
 
@@ -399,7 +399,7 @@ def _tiles(st: RunStats) -> list[Tile]:
     tiles: list[Tile] = []
     span_txt = f"last {int(r['span_s'])} s"
 
-    share = _rate(r["timeouts"], fin) or 0.0
+    share = safe_rate(r["timeouts"], fin) or 0.0
     att_to = r["attempt_timeouts"]
     level = _level(share, TIMEOUT_BAD, TIMEOUT_WARN)  # the colour follows the number shown; retries are detail
     tiles.append(Tile("timeouts", level, check_label("timeout"), f"{share * 100:.1f}%",
@@ -407,7 +407,7 @@ def _tiles(st: RunStats) -> list[Tile]:
                       f" {plural(att_to, 'attempt')} timed out (retried or not);"
                       f" {st.whole['timeouts']:,} in the whole run"))
 
-    eshare = _rate(r["errors"], fin) or 0.0
+    eshare = safe_rate(r["errors"], fin) or 0.0
     att = r["attempts_failed"]
     level = _level(eshare, ERROR_BAD, ERROR_WARN)
     tiles.append(Tile("errors", level, check_label("error"), f"{eshare * 100:.1f}%",

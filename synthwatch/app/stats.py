@@ -32,7 +32,7 @@ WORKING_STATUSES = ("running", "stopping")  # requests are being made: rates are
 WINDOWS = {"5m": 300, "1h": 3600, "all": None}
 RECENT_S = 60  # "current" rates and problem tiles look at the last minute
 MAX_POINTS = 240  # a chart never has more points than this (long runs are downsampled)
-_NICE_WIDTHS = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+NICE_WIDTHS = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 SERIES_FINAL_AFTER_S = 150  # the writer never touches a bucket older than 120 s again
 FOLD_STEP_S = 1800  # whole-run aggregates fold history in steps of this much run time (one query each) ...
 FOLD_BUDGET_S = 0.15  # ... for at most this long per request, so no request stalls on a long run's history
@@ -89,7 +89,7 @@ def window_seconds(window: str) -> int | None:
     return WINDOWS[window]
 
 
-def _rate(n: float, d: float) -> float | None:
+def safe_rate(n: float, d: float) -> float | None:
     return n / d if d else None
 
 
@@ -110,27 +110,27 @@ def list_runs(conn: Connection, limit: int = 200) -> list[dict[str, Any]]:
     items = open_items.open_counts(conn)
     for r in runs:
         r["live"] = r["status"] in LIVE_STATUSES
-        r["duration_s"] = _duration(r, now)
+        r["duration_s"] = duration(r, now)
         r["alarms"], r["alarm_errors"] = alarms.get(r["id"], (0, 0))
         r["open_items"], r["open_records"] = items.get(r["id"], (0, 0))
         finished = r["n_ok"] + r["n_error"] + r["n_timeout"]
-        r["timeout_share"] = _rate(r["n_timeout"], finished)
-        r["error_share"] = _rate(r["n_error"], finished)
+        r["timeout_share"] = safe_rate(r["n_timeout"], finished)
+        r["error_share"] = safe_rate(r["n_error"], finished)
         r["target"] = r["cap"] if r["cap"] is not None else r["total"]
         if r["live"]:
-            recent = _sums(conn, r["id"], now - RECENT_S)
-            r.update(_recent_rates(recent, _span(recent, now, RECENT_S)))
+            recent = sums(conn, r["id"], now - RECENT_S)
+            r.update(recent_rates(recent, window_span_s(recent, now, RECENT_S)))
             if r["status"] not in WORKING_STATUSES:  # paused: nothing runs, so the current rate is 0
                 r.update({"req_s": 0.0, "tok_s": 0.0})
         else:
             d = r["duration_s"] or 0
-            r.update({"req_s": _rate(r["n_ok"], d), "tok_s": None, "recent_timeout_share": None,
+            r.update({"req_s": safe_rate(r["n_ok"], d), "tok_s": None, "recent_timeout_share": None,
                       "recent_error_share": None})
         r["badges"] = run_badges(r)
     return runs
 
 
-def _duration(r: dict[str, Any], now: float) -> float | None:
+def duration(r: dict[str, Any], now: float) -> float | None:
     start = r.get("started_at")
     if not start:
         return None
@@ -169,21 +169,21 @@ def run_badges(r: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-_SUM_COLS = ("finished", "ok", "errors", "timeouts", "attempts_failed", "attempt_timeouts", "retries", "dropped",
+SUM_COLS = ("finished", "ok", "errors", "timeouts", "attempts_failed", "attempt_timeouts", "retries", "dropped",
              "http_429", "http_4xx", "http_5xx", "other_errors", "cancelled", "prompt_tokens", "completion_tokens",
              "reasoning_tokens", "content_tokens", "empty_reasoning", "finish_length", "latency_sum")
-_SUM_SQL = ", ".join(f"COALESCE(SUM({c}), 0) AS {c}" for c in _SUM_COLS)
+_SUM_SQL = ", ".join(f"COALESCE(SUM({c}), 0) AS {c}" for c in SUM_COLS)
 
 
-def _sums(conn: Connection, run_id: int, since: float, endpoint_rows_only: bool = False) -> dict[str, Any]:
+def sums(conn: Connection, run_id: int, since: float, endpoint_rows_only: bool = False) -> dict[str, Any]:
     row = conn.execute(
         text(f"SELECT {_SUM_SQL}, MIN(t) AS t_min FROM series WHERE run_id = :r AND t >= :since"),
         {"r": run_id, "since": int(since)},
     ).mappings().first()
-    return dict(row) if row else dict.fromkeys(_SUM_COLS, 0)
+    return dict(row) if row else dict.fromkeys(SUM_COLS, 0)
 
 
-def _sums_range(conn: Connection, rid: int, since: int, until: int | None) -> dict[str, Any]:
+def sums_range(conn: Connection, rid: int, since: int, until: int | None) -> dict[str, Any]:
     sql = f"SELECT {_SUM_SQL} FROM series WHERE run_id = :r AND t >= :since"
     params: dict[str, Any] = {"r": rid, "since": since}
     if until is not None:
@@ -193,17 +193,17 @@ def _sums_range(conn: Connection, rid: int, since: int, until: int | None) -> di
     return {k: v or 0 for k, v in dict(row).items()} if row else {}
 
 
-def _recent_rates(s: dict[str, Any], span_s: float) -> dict[str, Any]:
+def recent_rates(s: dict[str, Any], span_s: float) -> dict[str, Any]:
     fin = s["finished"]
     return {
         "req_s": s["ok"] / span_s,
         "tok_s": s["completion_tokens"] / span_s,
-        "recent_timeout_share": _rate(s["timeouts"], fin),
-        "recent_error_share": _rate(s["errors"], fin),
+        "recent_timeout_share": safe_rate(s["timeouts"], fin),
+        "recent_error_share": safe_rate(s["errors"], fin),
     }
 
 
-def _span(s: dict[str, Any], now: float, window_s: int) -> float:
+def window_span_s(s: dict[str, Any], now: float, window_s: int) -> float:
     """Seconds the recent sums cover: the window, or less when the run is younger than it."""
     return covered_s(s.get("t_min"), now, window_s)
 
@@ -217,11 +217,11 @@ def covered_s(t_min: float | None, now: float, window_s: float) -> float:
     return max(5.0, min(float(window_s), now - float(t_min)))
 
 
-_CACHE: dict[tuple[str, int, str], tuple[int, Any]] = {}
-_CACHE_LOCK = threading.Lock()
+CACHE: dict[tuple[str, int, str], tuple[int, Any]] = {}
+CACHE_LOCK = threading.Lock()
 
 
-def _cached_final(conn: Connection, rid: int, key: str, now: float,
+def cached_final(conn: Connection, rid: int, key: str, now: float,
                   compute: Callable[[Connection, int, int, int | None], Any],
                   add: Callable[[Any, Any], Any], empty: Callable[[], Any]) -> tuple[Any, bool]:
     """A whole-run aggregate of the series: (value, complete).
@@ -233,8 +233,8 @@ def _cached_final(conn: Connection, rid: int, key: str, now: float,
     """
     final = int(now - SERIES_FINAL_AFTER_S)
     ckey = (str(conn.engine.url), rid, key)
-    with _CACHE_LOCK:
-        cached = _CACHE.get(ckey)
+    with CACHE_LOCK:
+        cached = CACHE.get(ckey)
     if cached is None:
         first = conn.execute(text("SELECT MIN(t) FROM series WHERE run_id = :r"), {"r": rid}).scalar()
         cached = (int(first) if first is not None else final, empty())
@@ -244,8 +244,8 @@ def _cached_final(conn: Connection, rid: int, key: str, now: float,
         step_to = min(final, upto + FOLD_STEP_S)
         base = add(base, compute(conn, rid, upto, step_to))
         upto = step_to
-        with _CACHE_LOCK:
-            _CACHE[ckey] = (upto, base)
+        with CACHE_LOCK:
+            CACHE[ckey] = (upto, base)
         if time.monotonic() - started >= FOLD_BUDGET_S:
             break
     if upto < final:

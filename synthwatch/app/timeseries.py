@@ -13,10 +13,10 @@ from ..quality import open_items
 from ..store.models import LIVE_STATUSES
 from . import stats
 from .stats import (
-    _CACHE_LOCK,
-    _NICE_WIDTHS,
+    CACHE_LOCK,
     FOLD_STEP_S,
     MAX_POINTS,
+    NICE_WIDTHS,
     SERIES_FINAL_AFTER_S,
     window_seconds,
 )
@@ -35,7 +35,7 @@ def timeseries(conn: Connection, run: dict[str, Any], window: str) -> dict[str, 
     # a young run fills the chart's width instead of sitting in the corner of an empty window
     start = first_t if span is None else max(end - span, min(first_t, end - 60))
     total_span = max(5.0, end - start)
-    width = next((w for w in _NICE_WIDTHS if total_span / w <= MAX_POINTS), None)
+    width = next((w for w in NICE_WIDTHS if total_span / w <= MAX_POINTS), None)
     if width is None:
         width = int(-(-total_span // MAX_POINTS) // 3600 + 1) * 3600
     since = int(start // width * width)
@@ -133,7 +133,7 @@ def _bucket_rows(conn: Connection, rid: int, width: int, since: int, now: float)
     """
     final = int((now - SERIES_FINAL_AFTER_S) // width * width)
     key = (str(conn.engine.url), rid, width)
-    with _CACHE_LOCK:
+    with CACHE_LOCK:
         cached = _TS_CACHE.get(key)
     buckets: dict[int, dict[str, Any]]
     if cached is None or cached[0] > since:
@@ -148,7 +148,7 @@ def _bucket_rows(conn: Connection, rid: int, width: int, since: int, now: float)
             step_to = min(final, upto + step)
             buckets.update(_ts_buckets(conn, rid, width, upto, step_to))
             start, upto = max(start, since), step_to
-            with _CACHE_LOCK:
+            with CACHE_LOCK:
                 _TS_CACHE[key] = (start, upto, dict(buckets))
             if time.monotonic() - started >= stats.FOLD_BUDGET_S:  # read at call time: one budget, set in stats
                 break

@@ -67,7 +67,7 @@ KNOWN_TOP_KEYS = frozenset(
 KNOWN_CHOICE_KEYS = frozenset({"index", "message", "delta", "finish_reason", "token_ids"})
 KNOWN_MESSAGE_KEYS = frozenset({"role", "content", *REASONING_FIELDS})
 
-_MISSING: Any = object()
+MISSING: Any = object()
 _MAX_PROBLEMS = 50
 
 
@@ -148,7 +148,7 @@ def _same(a: str, b: str) -> bool:
     return a == b or a.strip() == b.strip()
 
 
-def _resolve(
+def resolve(
     texts: dict[str, str],
     content: str,
     finish_reason: Any,
@@ -233,15 +233,15 @@ def looks_inline(content: str, source: str, think_open: str, think_close: str) -
     return before not in _QUOTE_BEFORE and after not in _QUOTE_AFTER
 
 
-def _details_text(items: Any, problems: _Problems) -> str:
+def details_text(items: Any, problems: Problems) -> str:
     """Text of OpenRouter ``reasoning_details``: reasoning.text / reasoning.summary items."""
     if type(items) is not list:
-        problems.add(f"reasoning_details is {_tname(items)}, not a list")
+        problems.add(f"reasoning_details is {tname(items)}, not a list")
         return ""
     out: list[str] = []
     for item in items:
         if type(item) is not dict:
-            problems.add(f"reasoning_details item is {_tname(item)}, not an object")
+            problems.add(f"reasoning_details item is {tname(item)}, not an object")
             continue
         kind = item.get("type")
         if kind == "reasoning.text":
@@ -253,22 +253,22 @@ def _details_text(items: Any, problems: _Problems) -> str:
         if type(t) is str:
             out.append(t)
         elif t is not None:
-            problems.add(f"reasoning_details {kind} text is {_tname(t)}, not a string")
+            problems.add(f"reasoning_details {kind} text is {tname(t)}, not a string")
     return "".join(out)
 
 
-def _thinking_text(v: Any, problems: _Problems) -> str:
+def thinking_text(v: Any, problems: Problems) -> str:
     if type(v) is str:
         return v
     if type(v) is dict:
         t = v.get("text", v.get("thinking"))
         if type(t) is str:
             return t
-    problems.add(f"thinking is {_tname(v)} without text")
+    problems.add(f"thinking is {tname(v)} without text")
     return ""
 
 
-def _content_parts(v: Any, problems: _Problems, thinking: list[str]) -> str:
+def content_parts(v: Any, problems: Problems, thinking: list[str]) -> str:
     """Content sent as a list of parts (Mistral style): text parts joined, thinking parts kept."""
     out: list[str] = []
     for part in v:
@@ -276,7 +276,7 @@ def _content_parts(v: Any, problems: _Problems, thinking: list[str]) -> str:
             out.append(part)
             continue
         if type(part) is not dict:
-            problems.add(f"content part is {_tname(part)}")
+            problems.add(f"content part is {tname(part)}")
             continue
         kind = part.get("type")
         if kind == "text" and type(part.get("text")) is str:
@@ -286,17 +286,17 @@ def _content_parts(v: Any, problems: _Problems, thinking: list[str]) -> str:
             if type(inner) is str:
                 thinking.append(inner)
             elif type(inner) is list:
-                thinking.append(_content_parts(inner, problems, thinking))
+                thinking.append(content_parts(inner, problems, thinking))
         else:
             problems.add(f"content part of type {kind!r} ignored")
     return "".join(out)
 
 
-def _tname(v: Any) -> str:
+def tname(v: Any) -> str:
     return "null" if v is None else type(v).__name__
 
 
-class _Problems:
+class Problems:
     """Distinct problem messages, capped."""
 
     __slots__ = ("dropped", "items")
@@ -320,14 +320,14 @@ class _Problems:
         return out
 
 
-def _opt_str(v: Any, what: str, problems: _Problems) -> str | None:
+def opt_str(v: Any, what: str, problems: Problems) -> str | None:
     if v is None or type(v) is str:
         return v
-    problems.add(f"{what} is {_tname(v)}, not a string")
+    problems.add(f"{what} is {tname(v)}, not a string")
     return str(v)
 
 
-def _int_list(v: Any, what: str, problems: _Problems) -> list[int] | None:
+def int_list(v: Any, what: str, problems: Problems) -> list[int] | None:
     if v is None:
         return None
     if type(v) is list and all(type(x) is int for x in v):
@@ -336,14 +336,14 @@ def _int_list(v: Any, what: str, problems: _Problems) -> list[int] | None:
     return None
 
 
-def _copy2(v: Any) -> Any:
+def copy2(v: Any) -> Any:
     """Copy a dict and the lists directly inside it (the containers the accumulator extends)."""
     if type(v) is dict:
         return {k: (list(x) if type(x) is list else x) for k, x in v.items()}
     return v
 
 
-def _check_mode(mode: str) -> None:
+def check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"unknown reasoning mode {mode!r}; expected one of {', '.join(MODES)}")
 
@@ -370,10 +370,10 @@ def extract_response(
     prefilled_open: bool = False,
 ) -> Extracted:
     """Read a non-streaming ``chat.completion``. Raises :class:`ResponseShapeError` when it isn't one."""
-    _check_mode(mode)
+    check_mode(mode)
     if not isinstance(body, dict):
-        raise ResponseShapeError(f"response is {_tname(body)}, not a JSON object")
-    problems = _Problems()
+        raise ResponseShapeError(f"response is {tname(body)}, not a JSON object")
+    problems = Problems()
     choices = body.get("choices")
     if choices is None:
         err = body.get("error")
@@ -387,7 +387,7 @@ def extract_response(
         keys = ", ".join(sorted(map(str, body))[:12]) or "none"
         raise ResponseShapeError(f"response has no 'choices' (keys: {keys}): not a chat.completion")
     if not isinstance(choices, list):
-        raise ResponseShapeError(f"'choices' is {_tname(choices)}, not a list")
+        raise ResponseShapeError(f"'choices' is {tname(choices)}, not a list")
     if not choices:
         raise ResponseShapeError("'choices' is empty: the response carries no message")
     if body.get("error") is not None:
@@ -400,14 +400,14 @@ def extract_response(
                 break
         problems.add(f"{len(choices)} choices: only index 0 is read")
     if not isinstance(choice, dict):
-        raise ResponseShapeError(f"choices[0] is {_tname(choice)}, not an object")
+        raise ResponseShapeError(f"choices[0] is {tname(choice)}, not an object")
     msg = choice.get("message")
     if not isinstance(msg, dict):
         if "text" in choice:
             raise ResponseShapeError("choices[0] has 'text' but no 'message': a text completion, not chat")
         if "delta" in choice:
             raise ResponseShapeError("choices[0] has 'delta': a stream chunk, not a chat.completion")
-        raise ResponseShapeError(f"choices[0].message is {_tname(msg)}, not an object")
+        raise ResponseShapeError(f"choices[0].message is {tname(msg)}, not an object")
 
     thinking_parts: list[str] = []
     raw_content = msg.get("content")
@@ -417,9 +417,9 @@ def extract_response(
     elif type(raw_content) is str:
         content = raw_content
     elif type(raw_content) is list:
-        content = _content_parts(raw_content, problems, thinking_parts)
+        content = content_parts(raw_content, problems, thinking_parts)
     else:
-        problems.add(f"message.content is {_tname(raw_content)}, not a string")
+        problems.add(f"message.content is {tname(raw_content)}, not a string")
         content = ""
 
     texts: dict[str, str] = {}
@@ -428,24 +428,24 @@ def extract_response(
         if type(v) is str:
             texts[name] = v
         elif v is not None:
-            problems.add(f"message.{name} is {_tname(v)}, not a string")
+            problems.add(f"message.{name} is {tname(v)}, not a string")
     v = msg.get("reasoning_details")
     if v is not None:
-        texts["reasoning_details"] = _details_text(v, problems)
+        texts["reasoning_details"] = details_text(v, problems)
     v = msg.get("thinking")
     if v is not None:
-        thinking_parts.insert(0, _thinking_text(v, problems))
+        thinking_parts.insert(0, thinking_text(v, problems))
     if thinking_parts:
         texts["thinking"] = "".join(thinking_parts)
 
-    finish_reason = _opt_str(choice.get("finish_reason"), "finish_reason", problems)
+    finish_reason = opt_str(choice.get("finish_reason"), "finish_reason", problems)
     sent_content = content
-    reasoning, content, source, unread, dups = _resolve(
+    reasoning, content, source, unread, dups = resolve(
         texts, content, finish_reason, mode, think_open, think_close, prefilled_open
     )
     usage = body.get("usage")
     if usage is not None and not isinstance(usage, dict):
-        problems.add(f"usage is {_tname(usage)}, not an object")
+        problems.add(f"usage is {tname(usage)}, not an object")
         usage = None
     if usage is not None:
         check_usage(usage, problems)
@@ -467,11 +467,11 @@ def extract_response(
         reasoning_source=source,
         finish_reason=finish_reason,
         usage=usage,
-        token_ids=_int_list(choice.get("token_ids"), "choices[0].token_ids", problems),
-        prompt_token_ids=_int_list(body.get("prompt_token_ids"), "prompt_token_ids", problems),
-        response_id=_opt_str(body.get("id"), "id", problems),
-        model=_opt_str(body.get("model"), "model", problems),
-        system_fingerprint=_opt_str(body.get("system_fingerprint"), "system_fingerprint", problems),
+        token_ids=int_list(choice.get("token_ids"), "choices[0].token_ids", problems),
+        prompt_token_ids=int_list(body.get("prompt_token_ids"), "prompt_token_ids", problems),
+        response_id=opt_str(body.get("id"), "id", problems),
+        model=opt_str(body.get("model"), "model", problems),
+        system_fingerprint=opt_str(body.get("system_fingerprint"), "system_fingerprint", problems),
         extra=extra,
         unread_fields=unread,
         duplicate_fields=dups,
@@ -492,5 +492,5 @@ def rederive(
 ) -> tuple[str, str, str, dict[str, str], list[str]]:
     """Read a stored answer again under other reading settings: the field texts and the content as sent ->
     (reasoning, content, source, unread_fields, duplicate_fields), exactly as a live response would give."""
-    _check_mode(mode)
-    return _resolve(texts, sent_content, finish_reason, mode, think_open, think_close, prefilled_open)
+    check_mode(mode)
+    return resolve(texts, sent_content, finish_reason, mode, think_open, think_close, prefilled_open)

@@ -6,20 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 from .reasoning import (
-    _MISSING,
     KNOWN_CHOICE_KEYS,
     KNOWN_TOP_KEYS,
+    MISSING,
     Extracted,
-    _check_mode,
-    _content_parts,
-    _copy2,
-    _details_text,
-    _int_list,
-    _opt_str,
-    _Problems,
-    _resolve,
-    _thinking_text,
-    _tname,
+    Problems,
+    check_mode,
+    content_parts,
+    copy2,
+    details_text,
+    int_list,
+    opt_str,
+    resolve,
+    thinking_text,
+    tname,
 )
 from .safety import check_usage
 
@@ -65,7 +65,7 @@ class StreamAccumulator:
         think_close: str = "</think>",
         prefilled_open: bool = False,
     ) -> None:
-        _check_mode(mode)
+        check_mode(mode)
         self.mode = mode
         self.think_open = think_open
         self.think_close = think_close
@@ -92,7 +92,7 @@ class StreamAccumulator:
         self._delta_x: dict[str, Any] = {}
         self._delta_x_str: dict[str, list[str]] = {}
         self._error: dict[str, Any] | None = None
-        self._problems = _Problems()
+        self._problems = Problems()
 
     @property
     def n_chunks(self) -> int:
@@ -117,9 +117,9 @@ class StreamAccumulator:
         if not self._n & 255:
             self._compact()
         if type(chunk) is not dict:
-            self._problems.add(f"chunk is {_tname(chunk)}, not an object")
+            self._problems.add(f"chunk is {tname(chunk)}, not an object")
             return False
-        M = _MISSING
+        M = MISSING
         # Usual layout: exactly id, object, created, model, choices -> no unknown key, nothing else
         # to read. Anything else takes the general path (unknown keys, usage, fingerprint, ...).
         if (
@@ -161,7 +161,7 @@ class StreamAccumulator:
         return self._feed_choice(c)
 
     def _feed_choice(self, c: dict[str, Any]) -> bool:
-        M = _MISSING
+        M = MISSING
         idx = c.get("index", M)
         if idx and idx is not M:  # another choice of an n > 1 request
             self._problems.add(f"choice index {idx!r} ignored: only index 0 is read")
@@ -182,7 +182,7 @@ class StreamAccumulator:
                 else:
                     t.extend(tids)
             else:
-                self._problems.add(f"choices[0].token_ids is {_tname(tids)}, not a list")
+                self._problems.add(f"choices[0].token_ids is {tname(tids)}, not a list")
         if lp is not None:
             if lp is not M:
                 self._merge_logprobs(lp)
@@ -193,7 +193,7 @@ class StreamAccumulator:
                 self._problems.add("choices[0] has 'message' instead of 'delta' in a stream")
             else:
                 self._problems.add(
-                    f"choices[0].delta is {_tname(None if delta is M else delta)}, not an object"
+                    f"choices[0].delta is {tname(None if delta is M else delta)}, not an object"
                 )
             return False
         out = False
@@ -251,11 +251,11 @@ class StreamAccumulator:
             if len(choices) > 1:
                 self._problems.add(f"{len(choices)} choices in one chunk: only index 0 is read")
             return self._feed_choice(chosen)
-        if choices is None or choices is _MISSING:
+        if choices is None or choices is MISSING:
             if "choices" not in chunk:
                 self._problems.add("chunk without 'choices'")
             return False
-        self._problems.add(f"choices is {_tname(choices)}, not a list")
+        self._problems.add(f"choices is {tname(choices)}, not a list")
         return False
 
     def _choice_slow(self, c: dict[str, Any]) -> None:
@@ -269,7 +269,7 @@ class StreamAccumulator:
     def _merge_logprobs(self, lp: Any) -> None:
         cur = self._choice_x.get("logprobs")
         if type(lp) is not dict or type(cur) is not dict:
-            self._choice_x["logprobs"] = _copy2(lp)  # own lists: they are extended later
+            self._choice_x["logprobs"] = copy2(lp)  # own lists: they are extended later
             return
         for k, v in lp.items():
             old = cur.get(k)
@@ -287,13 +287,13 @@ class StreamAccumulator:
                 self._delta_x[k] = None
             return False
         if k == "reasoning_details":
-            t = _details_text(v, self._problems)
+            t = details_text(v, self._problems)
             if t:
                 self._details.append(t)
                 return True
             return False
         if k == "thinking":
-            t = _thinking_text(v, self._problems)
+            t = thinking_text(v, self._problems)
             if t:
                 self._pieces["thinking"].append(t)
                 return True
@@ -301,15 +301,15 @@ class StreamAccumulator:
         if k == "content":
             if type(v) is list:
                 th: list[str] = []
-                t = _content_parts(v, self._problems, th)
+                t = content_parts(v, self._problems, th)
                 self._content.append(t)
                 if th:
                     self._pieces["thinking"].extend(th)
                 return bool(t) or any(th)
-            self._problems.add(f"delta.content is {_tname(v)}, not a string")
+            self._problems.add(f"delta.content is {tname(v)}, not a string")
             return False
         if k in self._pieces:  # reasoning / reasoning_content with a non-string value
-            self._problems.add(f"delta.{k} is {_tname(v)}, not a string")
+            self._problems.add(f"delta.{k} is {tname(v)}, not a string")
             return False
         if k == "tool_calls":
             calls = self._delta_x.get("tool_calls")
@@ -348,14 +348,14 @@ class StreamAccumulator:
             "thinking": "".join(pieces["thinking"]),
         }
         content = "".join(self._content)
-        finish_reason = _opt_str(self._finish, "finish_reason", problems)
+        finish_reason = opt_str(self._finish, "finish_reason", problems)
         sent_content = content
-        reasoning, content, source, unread, dups = _resolve(
+        reasoning, content, source, unread, dups = resolve(
             texts, content, finish_reason, self.mode, self.think_open, self.think_close, self.prefilled_open
         )
         usage = self._usage
         if usage is not None and type(usage) is not dict:
-            problems.add(f"usage is {_tname(usage)}, not an object")
+            problems.add(f"usage is {tname(usage)}, not an object")
             usage = None
         if usage is not None:
             check_usage(usage, problems)
@@ -363,7 +363,7 @@ class StreamAccumulator:
         if self._top_x:
             extra["top"] = dict(self._top_x)
         if self._choice_x:
-            extra["choice"] = {k: _copy2(v) for k, v in self._choice_x.items()}
+            extra["choice"] = {k: copy2(v) for k, v in self._choice_x.items()}
         if self._delta_x or self._delta_x_str:
             delta_x = dict(self._delta_x)
             calls = delta_x.get("tool_calls")
@@ -372,7 +372,7 @@ class StreamAccumulator:
             for k, lst in self._delta_x_str.items():
                 delta_x[k] = "".join(lst)
             extra["delta"] = delta_x
-        token_ids = _int_list(self._token_ids, "choices[0].token_ids", problems)
+        token_ids = int_list(self._token_ids, "choices[0].token_ids", problems)
         return Extracted(
             reasoning=reasoning,
             content=content,
@@ -381,10 +381,10 @@ class StreamAccumulator:
             finish_reason=finish_reason,
             usage=usage,
             token_ids=list(token_ids) if token_ids is not None else None,
-            prompt_token_ids=_int_list(self._prompt_token_ids, "prompt_token_ids", problems),
-            response_id=_opt_str(self._id, "id", problems),
-            model=_opt_str(self._model, "model", problems),
-            system_fingerprint=_opt_str(self._fp, "system_fingerprint", problems),
+            prompt_token_ids=int_list(self._prompt_token_ids, "prompt_token_ids", problems),
+            response_id=opt_str(self._id, "id", problems),
+            model=opt_str(self._model, "model", problems),
+            system_fingerprint=opt_str(self._fp, "system_fingerprint", problems),
             extra=extra,
             unread_fields=unread,
             duplicate_fields=dups,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from pydantic import BaseModel
@@ -18,6 +19,42 @@ def add_db_arg(p: argparse.ArgumentParser) -> None:
         default=None,
         help="SQLite file or SQLAlchemy URL (default: $SYNTHWATCH_DB or synthwatch.db)",
     )
+
+
+OLD_FLAGS: dict[str, str] = {}
+"""An old flag name -> its new name (the TOML key's path with hyphens), for every command (add_flag)."""
+_said: set[str] = set()  # old names whose new name was printed (once per process)
+
+
+class OldFlagName(argparse.Action):
+    """An old name of a flag: it still works, sets what the new name sets, and prints the new name once."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kw: Any) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if option_string and option_string not in _said:
+            _said.add(option_string)
+            print(f"note: {option_string} is now {self.new} (named after its TOML key); the old name still works",
+                  file=sys.stderr)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def add_flag(group: Any, flag: str, *old: str, **kw: Any) -> argparse.Action:
+    """``flag`` (named after the TOML key it sets: its path with hyphens) and its ``old`` names, hidden from
+    --help, which keep working and print the new name once."""
+    action = group.add_argument(flag, **kw)
+    kind = kw.get("action")
+    extra: dict[str, Any] = {k: kw[k] for k in ("type", "choices", "metavar") if k in kw}
+    if kind in ("store_true", "store_false"):
+        extra = {"nargs": 0, "const": kind == "store_true"}
+    for name in old:
+        OLD_FLAGS[name] = flag
+        group.add_argument(name, dest=action.dest, action=OldFlagName, new=flag, default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS, **extra)
+    return action
 
 
 def positive_int(value: str) -> int:

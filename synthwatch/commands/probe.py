@@ -108,7 +108,7 @@ def handle(args: argparse.Namespace) -> int:
 # the probe's settings (TOML keys, probe.py) as `synthwatch run` flags: every recommendation names both
 _FLAGS = {
     "reasoning.mode": ("--reasoning-mode {v}", "[reasoning] mode = \"{v}\""),
-    "reasoning.prefilled_open": ("--prefilled-think", "[reasoning] prefilled_open = true"),
+    "reasoning.prefilled_open": ("--reasoning-prefilled-open", "[reasoning] prefilled_open = true"),
     "tokenizer.name_or_path": ("--tokenizer {v}", "[tokenizer] name_or_path = \"{v}\""),
     "tokenizer.chat_template": ("--chat-template {v}", "[tokenizer] chat_template = \"{v}\""),
 }

@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl
 
 from ..capture.reasoning import MODES as REASONING_MODES
 from ..cli import CliError
-from ._common import add_db_arg, json_object_flag, open_run, positive_float, positive_int
+from ._common import add_db_arg, add_flag, json_object_flag, open_run, positive_float, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,12 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("run", help="run name or id")
     g = p.add_argument_group("reading settings")
     g.add_argument("--reasoning-mode", choices=REASONING_MODES)
-    g.add_argument("--think-open")
-    g.add_argument("--think-close")
-    g.add_argument("--prefilled-think", dest="prefilled", action="store_true", default=None)
-    g.add_argument("--no-prefilled-think", dest="prefilled", action="store_false")
-    g.add_argument("--expect-reasoning", dest="expect", action="store_true", default=None)
-    g.add_argument("--no-expect-reasoning", dest="expect", action="store_false")
+    # each flag is named after the TOML key it sets (the old names still work: commands/_common.py add_flag)
+    add_flag(g, "--reasoning-think-open", "--think-open", dest="think_open")
+    add_flag(g, "--reasoning-think-close", "--think-close", dest="think_close")
+    add_flag(g, "--reasoning-prefilled-open", "--prefilled-think", dest="prefilled", action="store_true", default=None)
+    add_flag(g, "--no-reasoning-prefilled-open", "--no-prefilled-think", dest="prefilled", action="store_false")
+    add_flag(g, "--reasoning-expect", "--expect-reasoning", dest="expect", action="store_true", default=None)
+    add_flag(g, "--no-reasoning-expect", "--no-expect-reasoning", dest="expect", action="store_false")
     g = p.add_argument_group("generation settings")
     g.add_argument("--model")
     g.add_argument("--base-url", action="append", help="replaces the run's endpoints; repeat for several")
@@ -42,10 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--top-p", type=float)
     g.add_argument("--seed", type=int)
     g.add_argument("--extra-body", help="JSON object: replaces sampling.extra_body")
-    g.add_argument("--connect-timeout-s", type=positive_float)
-    g.add_argument("--timeout-s", type=positive_float)
-    g.add_argument("--idle-timeout-s", type=positive_float)
-    g.add_argument("--max-attempts", type=positive_int)
+    add_flag(g, "--timeouts-connect-s", "--connect-timeout-s", dest="connect_timeout_s", type=positive_float)
+    add_flag(g, "--timeouts-total-s", "--timeout-s", dest="timeout_s", type=positive_float)
+    add_flag(g, "--timeouts-idle-s", "--idle-timeout-s", dest="idle_timeout_s", type=positive_float)
+    add_flag(g, "--retries-max-attempts", "--max-attempts", dest="max_attempts", type=positive_int)
     p.add_argument("--set", action="append", metavar="KEY=JSON", default=[],
                    help="any setting by dotted key, value as JSON (or a bare string), e.g. sampling.stop='[\"END\"]'")
     p.add_argument("--reason", help="why (kept with the version and in the audit log)")

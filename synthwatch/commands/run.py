@@ -16,7 +16,9 @@ from ..cli import CliError
 from ..config import DatasetConfig
 from ..sources.load import RunLoadError, prepare_run
 from ._common import (
+    OLD_FLAGS,
     add_db_arg,
+    add_flag,
     add_option_flags,
     dashboard_hint,
     json_object_flag,
@@ -59,8 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--no-stream", dest="stream", action="store_false", default=None)
     g.add_argument("--concurrency", type=concurrency_arg, metavar="N|auto",
                    help="requests in flight; 'auto' tunes it to the servers (autotune in docs/configuration.md)")
-    g.add_argument("--concurrency-min", type=positive_int, help="with --concurrency auto: the fewest in flight")
-    g.add_argument("--concurrency-max", type=positive_int, help="with --concurrency auto: the most in flight")
+    add_flag(g, "--autotune-min", "--concurrency-min", type=positive_int, help="--concurrency auto: fewest in flight")
+    add_flag(g, "--autotune-max", "--concurrency-max", type=positive_int, help="--concurrency auto: most in flight")
     g.add_argument("--cap", type=positive_int, help="stop once this many records are ok")
     g.add_argument("--max-tokens", type=positive_int)
     g.add_argument("--temperature", type=float)
@@ -74,22 +76,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--history-reasoning", choices=["strip", "keep"],
                    help="--turns all: leave the model's earlier reasoning out of later requests (strip, the "
                    "default) or send it back as reasoning_content (keep)")
-    g.add_argument("--request-token-ids", "--return-token-ids", dest="request_token_ids", action="store_true",
-                   default=None, help="ask the server (vLLM) for the exact prompt and completion token ids "
-                   "(request_token_ids; `export --for speculators` needs them, or a --tokenizer)")
+    add_flag(g, "--request-token-ids", "--return-token-ids", action="store_true", default=None,
+             help="ask the server (vLLM) for the exact prompt and completion token ids "
+             "(`export --for speculators` needs them, or a --tokenizer)")
     g = p.add_argument_group("timeouts and retries")
-    g.add_argument("--connect-timeout-s", type=positive_float)
-    g.add_argument("--timeout-s", type=positive_float, help="total time for one request")
-    g.add_argument("--idle-timeout-s", type=positive_float, help="longest silence between stream chunks")
-    g.add_argument("--max-attempts", type=positive_int)
+    add_flag(g, "--timeouts-connect-s", "--connect-timeout-s", type=positive_float, help="TCP connect timeout")
+    add_flag(g, "--timeouts-total-s", "--timeout-s", type=positive_float, help="total time for one request")
+    add_flag(g, "--timeouts-idle-s", "--idle-timeout-s", type=positive_float, help="longest silence between chunks")
+    add_flag(g, "--retries-max-attempts", "--max-attempts", type=positive_int, help="attempts per record")
     g.add_argument("--shutdown-grace-s", type=float, metavar="S",
                    help="after the first SIGTERM or SIGINT, how long in-flight requests may take to finish before they"
                    " are interrupted and their records go back to pending (default 10; a second signal stops at once)")
     g = p.add_argument_group("reasoning and tokenizer")
     g.add_argument("--reasoning-mode", choices=REASONING_MODES)
-    g.add_argument("--no-expect-reasoning", dest="expect_reasoning", action="store_false", default=None)
-    g.add_argument("--prefilled-think", "--prefilled-open", dest="prefilled_think", action="store_true", default=None,
-                   help="the chat template already opens the think block in the prompt (reasoning.prefilled_open)")
+    add_flag(g, "--no-reasoning-expect", "--no-expect-reasoning", dest="reasoning_expect", action="store_false",
+             default=None, help="the model does not reason: empty reasoning is not a defect")
+    add_flag(g, "--reasoning-prefilled-open", "--prefilled-think", "--prefilled-open", action="store_true",
+             default=None, help="the chat template already opens the think block in the prompt")
     g.add_argument("--tokenizer", help="tokenizer folder or cached name ('deepseek-v4' is shipped)")
     g.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4'")
     g.add_argument("--trust-remote-code", action="store_true", default=None)
@@ -138,8 +141,8 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
         put("autotune.enabled", True)
     else:
         put("concurrency", a.concurrency)
-    put("autotune.min", a.concurrency_min)
-    put("autotune.max", a.concurrency_max)
+    put("autotune.min", a.autotune_min)
+    put("autotune.max", a.autotune_max)
     put("cap", a.cap)
     put("sampling.max_tokens", a.max_tokens)
     put("sampling.temperature", a.temperature)
@@ -151,14 +154,14 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
     put("request_token_ids", a.request_token_ids)
     put("turns", a.turns)
     put("history_reasoning", a.history_reasoning)
-    put("timeouts.connect_s", a.connect_timeout_s)
-    put("timeouts.total_s", a.timeout_s)
-    put("timeouts.idle_s", a.idle_timeout_s)
-    put("retries.max_attempts", a.max_attempts)
+    put("timeouts.connect_s", a.timeouts_connect_s)
+    put("timeouts.total_s", a.timeouts_total_s)
+    put("timeouts.idle_s", a.timeouts_idle_s)
+    put("retries.max_attempts", a.retries_max_attempts)
     put("shutdown_grace_s", a.shutdown_grace_s)
     put("reasoning.mode", a.reasoning_mode)
-    put("reasoning.expect", a.expect_reasoning)
-    put("reasoning.prefilled_open", a.prefilled_think)
+    put("reasoning.expect", a.reasoning_expect)
+    put("reasoning.prefilled_open", a.reasoning_prefilled_open)
     put("tokenizer.name_or_path", a.tokenizer)
     put("tokenizer.chat_template", a.chat_template)
     put("tokenizer.trust_remote_code", a.trust_remote_code)
@@ -205,20 +208,22 @@ def resolve_config(a: argparse.Namespace, stored: dict[str, Any] | None = None, 
         raise CliError(with_flags(exc)) from None
 
 
-# run settings (TOML keys, docs/configuration.md) and the `synthwatch run` flag that sets each: an error naming a
-# key names its flag too (the dataset's flags come from DatasetConfig's Options)
+# run settings (TOML keys, docs/configuration.md) and the `synthwatch run` flag that sets each, named after the key
+# (tests/test_flag_names.py holds the rule and its exceptions): an error naming a key names its flag too (the
+# dataset's flags come from DatasetConfig's Options)
 KEY_FLAGS = {
     "endpoints.base_url": "--base-url", "endpoints.api_key_env": "--api-key-env", "model": "--model",
     "stream": "--no-stream", "request_token_ids": "--request-token-ids", "concurrency": "--concurrency",
     "cap": "--cap", "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature",
     "sampling.top_p": "--top-p", "sampling.seed": "--seed", "sampling.stop": "--stop",
     "sampling.extra_body": "--extra-body", "turns": "--turns", "history_reasoning": "--history-reasoning",
-    "timeouts.connect_s": "--connect-timeout-s", "timeouts.total_s": "--timeout-s",
-    "timeouts.idle_s": "--idle-timeout-s", "retries.max_attempts": "--max-attempts",
-    "reasoning.mode": "--reasoning-mode", "reasoning.expect": "--no-expect-reasoning",
-    "reasoning.prefilled_open": "--prefilled-think", "tokenizer.name_or_path": "--tokenizer",
+    "timeouts.connect_s": "--timeouts-connect-s", "timeouts.total_s": "--timeouts-total-s",
+    "timeouts.idle_s": "--timeouts-idle-s", "retries.max_attempts": "--retries-max-attempts",
+    "reasoning.mode": "--reasoning-mode", "reasoning.expect": "--no-reasoning-expect",
+    "reasoning.prefilled_open": "--reasoning-prefilled-open", "tokenizer.name_or_path": "--tokenizer",
     "tokenizer.chat_template": "--chat-template", "tokenizer.trust_remote_code": "--trust-remote-code",
-    "autotune.min": "--concurrency-min", "autotune.max": "--concurrency-max",
+    "autotune.min": "--autotune-min", "autotune.max": "--autotune-max", "autotune.enabled": "--concurrency auto",
+    "name": "--name", "shutdown_grace_s": "--shutdown-grace-s",
 }
 
 
@@ -239,9 +244,7 @@ def with_key(message: str) -> str:
     if m is None:
         return message
     flag = m.group(1)
-    keys = [k for k, f in KEY_FLAGS.items() if f == flag]
-    if not keys and flag == "--prefilled-open":
-        keys = ["reasoning.prefilled_open"]
+    keys = [k for k, f in KEY_FLAGS.items() if f == OLD_FLAGS.get(flag, flag)]
     return message if not keys else message.replace(flag, f"{flag} ({keys[0]} in a TOML file)", 1)
 
 

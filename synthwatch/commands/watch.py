@@ -13,7 +13,7 @@ from typing import Any
 from ..capture.reasoning import MODES as REASONING_MODES
 from ..cli import CliError
 from ..store.dashboards import run_link
-from ._common import add_db_arg, dashboard_hint, positive_int
+from ._common import add_db_arg, add_flag, dashboard_hint, positive_int
 
 MAX_BAD_SHOWN = 20
 PEEK_LINES = 200
@@ -32,7 +32,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-mode", default="auto",
                    choices=REASONING_MODES,
                    help="where the reasoning is read from (default: auto, like generated runs)")
-    p.add_argument("--no-expect-reasoning", dest="expect_reasoning", action="store_false",
+    add_flag(p, "--no-reasoning-expect", "--no-expect-reasoning", dest="expect_reasoning", action="store_false",
                    help="the model is not a reasoning model: empty reasoning is not an alarm")
     p.add_argument("--quiet", action="store_true", help="only errors and the final summary")
 

@@ -156,9 +156,9 @@ def _cut_after(lt: LoadedTokenizer, ids: list[int], text: str) -> list[int]:
 def _as_generated(
     lt: LoadedTokenizer, messages: list[dict[str, Any]] | dict[str, Any], reasoning: str, content: str, w: Written
 ) -> TrainingRow:
-    from ..tokens.render import _normalize_messages, prompt_tools
+    from ..tokens.render import normalize_messages, prompt_tools
 
-    prompt_text = lt.apply_chat_template(_normalize_messages(messages), add_generation_prompt=True,
+    prompt_text = lt.apply_chat_template(normalize_messages(messages), add_generation_prompt=True,
                                          tools=prompt_tools(messages))
     open_, close = lt.spec.think_open, lt.spec.think_close
     prefilled = bool(open_) and prompt_text.rstrip().endswith(open_)

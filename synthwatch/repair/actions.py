@@ -37,7 +37,7 @@ from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turn
 from ..quality.live import recent_windows
 from ..review.filters import Filters, ReviewError, failed_checks
 from ..review.flags import max_record_id
-from ..review.queries import Cursor, _select_ids
+from ..review.queries import Cursor, select_ids
 from ..store import queue as store
 from ..store import search_index
 from ..store.models import FINISHED_STATUSES
@@ -132,7 +132,7 @@ def iter_ids(engine: Engine, run_id: int, sel: Selection, chunk: int = CHUNK) ->
     after: Cursor | None = None
     while True:
         with engine.connect() as conn:
-            ids = _select_ids(conn, run_id, f, after=after, limit=chunk, max_id=sel.max_id)
+            ids = select_ids(conn, run_id, f, after=after, limit=chunk, max_id=sel.max_id)
             conn.rollback()
         if not ids:
             return
@@ -149,7 +149,7 @@ _READ_COLS = ("id, idx, run_id, revision, rerun, prompt_json, status, reasoning,
               " turns_done")
 
 
-def _rows(conn: Connection, ids: list[int]) -> list[dict[str, Any]]:
+def record_rows(conn: Connection, ids: list[int]) -> list[dict[str, Any]]:
     if not ids:
         return []
     return [dict(r) for r in conn.execute(text(
@@ -279,7 +279,7 @@ class _Rechecker:
         return flags, (orjson.dumps(merged).decode() if merged else None)
 
 
-def _run_info(conn: Connection, run_id: int) -> tuple[dict[str, Any], dict[str, Any], int]:
+def run_info(conn: Connection, run_id: int) -> tuple[dict[str, Any], dict[str, Any], int]:
     run = store.run_row(conn, run_id)
     cfg = orjson.loads(run["config_json"] or "{}") or {}
     return run, cfg, int(run.get("config_version") or 1)
@@ -290,7 +290,7 @@ def _changes(engine: Engine, run_id: int, sel: Selection, *,
                                 None]) -> dict[str, Any]:
     """Walk the selection; for each chunk call on_chunk(rows, [(row, new columns)], {id: why not})."""
     with engine.connect() as conn:
-        run, cfg, version = _run_info(conn, run_id)
+        run, cfg, version = run_info(conn, run_id)
         conn.rollback()
     rs = ReadingSettings.of(cfg)
     rechecker = _Rechecker(run_id, run["name"], cfg)
@@ -298,7 +298,7 @@ def _changes(engine: Engine, run_id: int, sel: Selection, *,
     reasons: dict[str, int] = {}
     for ids in iter_ids(engine, run_id, sel):
         with engine.connect() as conn:
-            rows = _rows(conn, ids)
+            rows = record_rows(conn, ids)
             conn.rollback()
         changed: list[tuple[dict[str, Any], dict[str, Any]]] = []
         cannot: dict[str, str] = {}
@@ -331,7 +331,7 @@ def preview_rederive(engine: Engine, run_id: int, sel: Selection, *, examples: i
     shown: list[dict[str, Any]] = []
     cannot_examples: list[dict[str, Any]] = []
 
-    def look(_rows: list[dict[str, Any]], changed: list[tuple[dict[str, Any], dict[str, Any]]],
+    def look(record_rows: list[dict[str, Any]], changed: list[tuple[dict[str, Any], dict[str, Any]]],
              cannot: dict[str, str]) -> None:
         for row, cols in changed:
             if len(shown) < examples and set(cols) != {"derive_version"}:
@@ -358,7 +358,7 @@ def _example(row: dict[str, Any], cols: dict[str, Any]) -> dict[str, Any]:
     return {"record_id": row["id"], "idx": row["idx"], "before": before, "after": after}
 
 
-def _start_repair(conn: Connection, run_id: int, kind: str, sel: Selection, version: int, actor: str,
+def start_repair(conn: Connection, run_id: int, kind: str, sel: Selection, version: int, actor: str,
                   undo_of: int | None = None) -> int:
     return int(conn.execute(text(
         "INSERT INTO repair (run_id, kind, t, actor, selection, config_version, n_selected, n_changed, n_skipped,"
@@ -367,7 +367,7 @@ def _start_repair(conn: Connection, run_id: int, kind: str, sel: Selection, vers
     ).scalar_one())
 
 
-def _copy_to_history(conn: Connection, ids: list[int], action: str, repair_id: int, t: float) -> None:
+def copy_to_history(conn: Connection, ids: list[int], action: str, repair_id: int, t: float) -> None:
     for chunk in store.int_lists(ids):
         conn.execute(text(
             f"INSERT INTO record_history (run_id, record_id, revision, t, action, repair_id, {_COLS})"
@@ -390,12 +390,12 @@ def rederive_records(engine: Engine, run_id: int, sel: Selection, *, actor: str 
                      progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Re-derive the selection under the run's current reading settings; returns the repair's summary."""
     with engine.connect() as conn, store.write_begin(conn):
-        _run, _cfg, version = _run_info(conn, run_id)
-        repair_id = _start_repair(conn, run_id, "rederive", sel, version, actor)
+        _run, _cfg, version = run_info(conn, run_id)
+        repair_id = start_repair(conn, run_id, "rederive", sel, version, actor)
     deltas = dict.fromkeys(CHECK_NAMES, 0)
     written = {"n": 0}
 
-    def write(_rows: list[dict[str, Any]], changed: list[tuple[dict[str, Any], dict[str, Any]]],
+    def write(record_rows: list[dict[str, Any]], changed: list[tuple[dict[str, Any], dict[str, Any]]],
               _cannot: dict[str, str]) -> None:
         if not changed:
             return
@@ -409,7 +409,7 @@ def rederive_records(engine: Engine, run_id: int, sel: Selection, *, actor: str 
             real = [(row, cols) for row, cols in good if len(cols) > 1]
             same = [row["id"] for row, cols in good if len(cols) == 1]
             ids = [row["id"] for row, _ in real]
-            _copy_to_history(conn, ids, "rederive", repair_id, t)
+            copy_to_history(conn, ids, "rederive", repair_id, t)
             search_index.unindex(conn, ids)
             if real:
                 # positional parameters through the driver: SQLAlchemy's named-parameter processing cost ~30 us a row
@@ -439,17 +439,17 @@ def rederive_records(engine: Engine, run_id: int, sel: Selection, *, actor: str 
                           "i": repair_id})
         raise
     out["changed"] = written["n"]
-    _finish(engine, run_id, repair_id, "rederive", out, deltas, actor)
+    finish(engine, run_id, repair_id, "rederive", out, deltas, actor)
     out["repair_id"] = repair_id
     return out
 
 
-def _finish(engine: Engine, run_id: int, repair_id: int, kind: str, out: dict[str, Any], fail_deltas: dict[str, int],
+def finish(engine: Engine, run_id: int, repair_id: int, kind: str, out: dict[str, Any], fail_deltas: dict[str, int],
             actor: str, total_deltas: dict[str, int] | None = None) -> None:
     """Whole-run check counts, rolling windows and alarms after a repair; the repair row and the audit log."""
     with engine.connect() as conn, store.write_begin(conn):
         store.lock_run(conn, run_id)
-        run, cfg, _v = _run_info(conn, run_id)
+        run, cfg, _v = run_info(conn, run_id)
         for name in CHECK_NAMES:
             df, dn = fail_deltas.get(name, 0), (total_deltas or {}).get(name, 0)
             if df or dn:
@@ -516,7 +516,7 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
     Each one's output and attempts move to its history first; the run's counters move them from ok / error /
     timeout back to pending (so the cap counts their new answer, once) and count them in n_rerun."""
     with engine.connect() as conn, store.write_begin(conn):
-        run, _cfg, version = _run_info(conn, run_id)
+        run, _cfg, version = run_info(conn, run_id)
         if run["kind"] != "generate":
             raise RepairError(f"run {run['name']!r} is a {run['kind']} run: its records were not generated here,"
                               " so they cannot be run again (re-derive works on them)")
@@ -539,8 +539,8 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
             if not mine:
                 continue
             if repair_id is None:
-                repair_id = _start_repair(conn, run_id, "rerun", sel, version, actor)
-            _copy_to_history(conn, mine, "rerun", repair_id, t)
+                repair_id = start_repair(conn, run_id, "rerun", sel, version, actor)
+            copy_to_history(conn, mine, "rerun", repair_id, t)
             search_index.unindex(conn, mine)
             by = {"ok": 0, "error": 0, "timeout": 0}
             turns_undone = 0
@@ -575,6 +575,6 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
     if repair_id is None:
         out.update(repair_id=None, message=nothing_to_rerun(counts["selected"]))
         return out
-    _finish(engine, run_id, repair_id, "rerun", out, fail_d, actor, total_d)
+    finish(engine, run_id, repair_id, "rerun", out, fail_d, actor, total_d)
     out["repair_id"] = repair_id
     return out

@@ -22,11 +22,11 @@ from .actions import (
     OUTPUT_COLS,
     RepairError,
     Selection,
-    _copy_to_history,
-    _finish,
-    _rows,
-    _run_info,
-    _start_repair,
+    copy_to_history,
+    finish,
+    record_rows,
+    run_info,
+    start_repair,
 )
 
 
@@ -72,8 +72,8 @@ def undo(engine: Engine, run_id: int, repair_id: int, *, actor: str = "cli") -> 
         raise RepairError(f"repair {repair_id} was already undone")
     sel = Selection(f"undo of repair #{repair_id}", Filters(), 0)
     with engine.connect() as conn, store.write_begin(conn):
-        _run, _cfg, version = _run_info(conn, run_id)
-        undo_id = _start_repair(conn, run_id, "undo", sel, version, actor, undo_of=repair_id)
+        _run, _cfg, version = run_info(conn, run_id)
+        undo_id = start_repair(conn, run_id, "undo", sel, version, actor, undo_of=repair_id)
     fail_d = dict.fromkeys(CHECK_NAMES, 0)
     total_d = dict.fromkeys(CHECK_NAMES, 0)
     restored = skipped = 0
@@ -94,7 +94,7 @@ def undo(engine: Engine, run_id: int, repair_id: int, *, actor: str = "cli") -> 
         t = time.time()
         with engine.connect() as conn, store.write_begin(conn):
             store.lock_run(conn, run_id)
-            cur = {r["id"]: r for r in _rows(conn, [h["record_id"] for h in hist])}
+            cur = {r["id"]: r for r in record_rows(conn, [h["record_id"] for h in hist])}
             ok_ids = []
             for h in hist:
                 c = cur.get(h["record_id"])
@@ -105,7 +105,7 @@ def undo(engine: Engine, run_id: int, repair_id: int, *, actor: str = "cli") -> 
                 ok_ids.append(h["record_id"])
             if not ok_ids:
                 continue
-            _copy_to_history(conn, ok_ids, "undo", undo_id, t)
+            copy_to_history(conn, ok_ids, "undo", undo_id, t)
             search_index.unindex(conn, ok_ids)
             by = {"ok": 0, "error": 0, "timeout": 0}
             turns_d = 0
@@ -143,6 +143,6 @@ def undo(engine: Engine, run_id: int, repair_id: int, *, actor: str = "cli") -> 
         conn.execute(text("UPDATE repair SET undone_at = :t WHERE id = :i"), {"t": time.time(), "i": repair_id})
     out: dict[str, Any] = {"selected": restored + skipped, "changed": restored, "cannot": skipped,
                            "selection": f"undo of repair #{repair_id}"}
-    _finish(engine, run_id, undo_id, "undo", out, fail_d, actor, total_d)
+    finish(engine, run_id, undo_id, "undo", out, fail_d, actor, total_d)
     return {"repair_id": undo_id, "undid": repair_id, "restored": restored,
             "skipped": skipped, "skipped_why": "changed again since" if skipped else None}

@@ -47,7 +47,7 @@ COUNT_CAP = 100_000
 RECENT_CAP = 20_000
 
 # Columns the table rows show (never the big texts: previews are cut in SQL).
-_ROW_COLUMNS = (
+ROW_COLUMNS = (
     "id, idx, status, finish_reason, review, review_reason, reasoning_source, endpoint, check_flags,"
     " reasoning_len, content_len, prompt_tokens, completion_tokens, latency_s, attempts, error_kind, finished_at,"
     " substr(prompt_json, 1, 400) AS prompt_head, substr(reasoning, 1, 160) AS reasoning_head,"
@@ -172,11 +172,11 @@ def fts_query(q: str, field_name: str = "all") -> str:
     return f"{{{column}}} : ({expr})" if column else expr
 
 
-def _sort_expr(f: Filters) -> str:
+def sort_expr(f: Filters) -> str:
     return "id" if f.sort == "id" else f"COALESCE({f.sort}, -1)"
 
 
-def _conditions(f: Filters, params: dict[str, Any], alias: str = "") -> list[str]:
+def conditions(f: Filters, params: dict[str, Any], alias: str = "") -> list[str]:
     p = alias
     conds: list[str] = []
     if f.status == FINISHED:
@@ -219,11 +219,11 @@ def _conditions(f: Filters, params: dict[str, Any], alias: str = "") -> list[str
     return conds
 
 
-def _hint(conn: Connection, index: str) -> str:
+def index_hint(conn: Connection, index: str) -> str:
     return f" INDEXED BY {index}" if conn.dialect.name == "sqlite" else ""
 
 
-def _search_supported(conn: Connection) -> bool:
+def search_supported(conn: Connection) -> bool:
     return conn.dialect.name in ("sqlite", "postgresql")
 
 
@@ -265,7 +265,7 @@ def pg_tsquery(q: str, params: dict[str, Any]) -> str:
     return "(" + " && ".join(parts) + ")"
 
 
-def _pg_search_conds(conn: Connection, f: Filters, params: dict[str, Any]) -> list[str]:
+def pg_search_conds(conn: Connection, f: Filters, params: dict[str, Any]) -> list[str]:
     """Conditions that answer a search from ix_record_fts; a field restriction re-checks only the rows the
     index found (one GIN index serves every field)."""
     assert f.q
@@ -286,7 +286,7 @@ PG_FIRST_WINDOW = 4096
 PG_PROBE_FACTOR = 3  # phase 1 reads this many times a page of the newest records
 
 
-def _pg_search_windows(conn: Connection, run_id: int, conds: list[str], params: dict[str, Any], limit: int,
+def pg_search_windows(conn: Connection, run_id: int, conds: list[str], params: dict[str, Any], limit: int,
                        step_down: bool) -> list[int]:
     """A search page on PostgreSQL in id order, newest-first (or oldest-first), in two phases.
 

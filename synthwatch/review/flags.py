@@ -11,13 +11,13 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..quality import open_items
 from ..store import queue as store
-from .filters import BULK_CHUNK, REASON_CODES, VERDICTS, Filters, NotFound, ReviewError, _hint
-from .queries import Cursor, _select_ids, count
+from .filters import BULK_CHUNK, REASON_CODES, VERDICTS, Filters, NotFound, ReviewError, index_hint
+from .queries import Cursor, count, select_ids
 
 # ------------------------------------------------------------------------------------------- flags
 
 
-def _validate_flag(verdict: str, reason: str | None, note: str | None) -> tuple[str | None, str | None]:
+def validate_flag(verdict: str, reason: str | None, note: str | None) -> tuple[str | None, str | None]:
     if verdict not in VERDICTS:
         raise ReviewError(f"verdict: must be good or bad (got {str(verdict)[:40]!r})")
     reason = reason or None
@@ -34,7 +34,7 @@ def _validate_flag(verdict: str, reason: str | None, note: str | None) -> tuple[
 def flag(engine: Engine, run_id: int, record_id: int, verdict: str, reason: str | None = None,
          note: str | None = None) -> dict[str, Any]:
     """Record a verdict (history row + the record's denormalised latest verdict) in one short transaction."""
-    reason, note = _validate_flag(verdict, reason, note)
+    reason, note = validate_flag(verdict, reason, note)
     t = store.now()
     with engine.connect() as conn, store.write_begin(conn):
         found = conn.execute(text("SELECT 1 FROM record WHERE id = :i AND run_id = :r"),
@@ -131,14 +131,14 @@ def bulk_preview(conn: Connection, run_id: int, f: Filters) -> dict[str, Any]:
 def bulk_flag(read: Engine, write: Engine, run_id: int, f: Filters, verdict: str, reason: str | None,
               note: str | None, max_id: int) -> dict[str, Any]:
     """Flag every record matching `f` (with id <= max_id), in short transactions of BULK_CHUNK records."""
-    reason, note = _validate_flag(verdict, reason, note)
+    reason, note = validate_flag(verdict, reason, note)
     bulk_id = uuid.uuid4().hex[:12]
     by_id = replace(f, sort="id", order="desc")
     after: Cursor | None = None
     n = 0
     while True:
         with read.connect() as conn:
-            ids = _select_ids(conn, run_id, by_id, after=after, limit=BULK_CHUNK, max_id=max_id)
+            ids = select_ids(conn, run_id, by_id, after=after, limit=BULK_CHUNK, max_id=max_id)
         if not ids:
             break
         after = Cursor(None, ids[-1])
@@ -161,7 +161,7 @@ def bulk_flag(read: Engine, write: Engine, run_id: int, f: Filters, verdict: str
 def review_counts(conn: Connection, run_id: int) -> dict[str, int]:
     """Flag counts of a run (walks only flagged entries of ix_record_review)."""
     rows = conn.execute(
-        text(f"SELECT review, count(*) FROM record{_hint(conn, 'ix_record_review')}"
+        text(f"SELECT review, count(*) FROM record{index_hint(conn, 'ix_record_review')}"
              " WHERE run_id = :r AND status IN ('ok', 'error', 'timeout') AND review IN ('good', 'bad')"
              " GROUP BY review"), {"r": run_id}).all()
     return {str(r[0]): int(r[1]) for r in rows}

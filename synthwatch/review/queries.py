@@ -26,26 +26,26 @@ from sqlalchemy.engine import Connection
 from ..store import queue as store
 from ..store.models import FINISHED_STATUSES
 from .filters import (
-    _ROW_COLUMNS,
     COUNT_CAP,
     FINISHED,
     PAGE_SIZE,
     RECENT_CAP,
+    ROW_COLUMNS,
     SAMPLE_MODE_CODES,
     STATUSES,
     VERDICTS,
     Filters,
     NotFound,
     ReviewError,
-    _conditions,
-    _hint,
-    _pg_search_conds,
-    _pg_search_windows,
-    _search_supported,
-    _sort_expr,
     check_bits,
+    conditions,
     failed_checks,
     fts_query,
+    index_hint,
+    pg_search_conds,
+    pg_search_windows,
+    search_supported,
+    sort_expr,
 )
 
 
@@ -109,7 +109,7 @@ def _sparse_index(conn: Connection, run_id: int, f: Filters) -> tuple[str, list[
     return "ix_record_filter", []
 
 
-def _select_ids(
+def select_ids(
     conn: Connection,
     run_id: int,
     f: Filters,
@@ -124,7 +124,7 @@ def _select_ids(
     pg_search = bool(f.q) and conn.dialect.name == "postgresql"
     alias = "r." if f.q and not pg_search else ""
     index, index_conds = _sparse_index(conn, run_id, f)
-    conds = [f"{alias}run_id = :run", *index_conds, *_conditions(f, params, alias)]
+    conds = [f"{alias}run_id = :run", *index_conds, *conditions(f, params, alias)]
     if max_id is not None:
         conds.append(f"{alias}id <= :max_id")
         params["max_id"] = max_id
@@ -132,7 +132,7 @@ def _select_ids(
     reverse = before is not None
     cursor = before if reverse else after
     step_down = descending != reverse  # walking toward smaller keys
-    sort = _sort_expr(f)
+    sort = sort_expr(f)
     sort_col = f"{alias}{sort}" if f.sort == "id" else f"COALESCE({alias}{f.sort}, -1)"
     if cursor is not None:
         op = "<" if step_down else ">"
@@ -145,14 +145,14 @@ def _select_ids(
     direction = "DESC" if step_down else "ASC"
     order = f"{alias}id {direction}" if f.sort == "id" else f"{sort_col} {direction}, {alias}id {direction}"
     if pg_search:
-        conds += _pg_search_conds(conn, f, params)
+        conds += pg_search_conds(conn, f, params)
         if f.sort == "id":
             # conds[0] is the run condition: the windows write it themselves (a form no index can use, at times)
-            ids = _pg_search_windows(conn, run_id, conds[1:], params, limit, step_down)
+            ids = pg_search_windows(conn, run_id, conds[1:], params, limit, step_down)
             return ids[::-1] if reverse else ids
         sql = f"SELECT id FROM record WHERE {' AND '.join(conds)} ORDER BY {order} LIMIT :limit"
     elif f.q:
-        if not _search_supported(conn):
+        if not search_supported(conn):
             raise ReviewError("q: full-text search needs SQLite or PostgreSQL")
         params["match"] = fts_query(f.q, f.field)
         if f.sort == "id":
@@ -160,13 +160,13 @@ def _select_ids(
             order = f"f.rowid {direction}"
             conds = [c.replace("r.id ", "f.rowid ") if c.startswith("r.id ") else c for c in conds]
         sql = (
-            f"SELECT r.id FROM record_fts f CROSS JOIN record r{_hint(conn, 'ix_record_filter')}"
+            f"SELECT r.id FROM record_fts f CROSS JOIN record r{index_hint(conn, 'ix_record_filter')}"
             f" ON r.run_id = :run AND r.id = f.rowid WHERE f.record_fts MATCH :match AND {' AND '.join(conds)}"
             f" ORDER BY {order} LIMIT :limit"
         )
     else:
         sql = (
-            f"SELECT id FROM record{_hint(conn, index)} WHERE {' AND '.join(conds)}"
+            f"SELECT id FROM record{index_hint(conn, index)} WHERE {' AND '.join(conds)}"
             f" ORDER BY {order} LIMIT :limit"
         )
     try:
@@ -184,7 +184,7 @@ def _rows(conn: Connection, ids: list[int]) -> list[dict[str, Any]]:
     params = {f"i{n}": i for n, i in enumerate(ids)}
     marks = ", ".join(f":i{n}" for n in range(len(ids)))
     rows = {r["id"]: dict(r) for r in conn.execute(
-        text(f"SELECT {_ROW_COLUMNS} FROM record WHERE id IN ({marks})"), params).mappings()}
+        text(f"SELECT {ROW_COLUMNS} FROM record WHERE id IN ({marks})"), params).mappings()}
     return [rows[i] for i in ids if i in rows]
 
 
@@ -214,7 +214,7 @@ def page(
     limit = max(1, min(int(limit), 500))
     a = Cursor.decode(after, f) if after else None
     b = Cursor.decode(before, f) if before else None
-    ids = _select_ids(conn, run_id, f, after=a, before=b, limit=limit + 1)
+    ids = select_ids(conn, run_id, f, after=a, before=b, limit=limit + 1)
     more = len(ids) > limit
     if b is not None:
         ids = ids[-limit:] if more else ids
@@ -258,27 +258,27 @@ def matching(conn: Connection, run_id: int, f: Filters, columns: tuple[str, ...]
     cols = ", ".join(alias + c for c in columns) or "1"
     extra = [where.format(p=alias)] if where else []
     if f.q and conn.dialect.name == "postgresql":
-        conds = ["run_id = :run", *_conditions(f, params), *_pg_search_conds(conn, f, params), *extra]
+        conds = ["run_id = :run", *conditions(f, params), *pg_search_conds(conn, f, params), *extra]
         if max_id is not None:
             conds.append("id <= :max_id")
         inner = f"SELECT {cols} FROM record WHERE {' AND '.join(conds)}"
     elif f.q:
-        if not _search_supported(conn):
+        if not search_supported(conn):
             raise ReviewError("q: full-text search needs SQLite or PostgreSQL")
-        conds = ["r.run_id = :run", *_conditions(f, params, "r."), *extra]
+        conds = ["r.run_id = :run", *conditions(f, params, "r."), *extra]
         params["match"] = fts_query(f.q, f.field)
         inner = (
-            f"SELECT {cols} FROM record_fts f CROSS JOIN record r{_hint(conn, 'ix_record_filter')}"
+            f"SELECT {cols} FROM record_fts f CROSS JOIN record r{index_hint(conn, 'ix_record_filter')}"
             f" ON r.run_id = :run AND r.id = f.rowid WHERE f.record_fts MATCH :match AND {' AND '.join(conds)}"
         )
         if max_id is not None:
             inner += " AND r.id <= :max_id"
     else:
         index, index_conds = _sparse_index(conn, run_id, f)
-        conds = ["run_id = :run", *index_conds, *_conditions(f, params), *extra]
+        conds = ["run_id = :run", *index_conds, *conditions(f, params), *extra]
         if max_id is not None:
             conds.append("id <= :max_id")
-        inner = f"SELECT {cols} FROM record{_hint(conn, index)} WHERE {' AND '.join(conds)}"
+        inner = f"SELECT {cols} FROM record{index_hint(conn, index)} WHERE {' AND '.join(conds)}"
     if max_id is not None:
         params["max_id"] = max_id
     return inner, params
@@ -287,8 +287,8 @@ def matching(conn: Connection, run_id: int, f: Filters, columns: tuple[str, ...]
 def neighbours(conn: Connection, run_id: int, f: Filters, row: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """(previous, next) record ids around `row` in the filtered, sorted set."""
     cur = Cursor.of(row, f)
-    prev_ids = _select_ids(conn, run_id, f, before=cur, limit=1)
-    next_ids = _select_ids(conn, run_id, f, after=cur, limit=1)
+    prev_ids = select_ids(conn, run_id, f, before=cur, limit=1)
+    next_ids = select_ids(conn, run_id, f, after=cur, limit=1)
     return (prev_ids[0] if prev_ids else None), (next_ids[0] if next_ids else None)
 
 
@@ -304,7 +304,7 @@ def distinct_values(conn: Connection, run_id: int, column: str, recent: int = 50
 
         known = set(SOURCES)
     rows = conn.execute(
-        text(f"SELECT DISTINCT {column} FROM (SELECT {column} FROM record{_hint(conn, 'ix_record_filter')}"
+        text(f"SELECT DISTINCT {column} FROM (SELECT {column} FROM record{index_hint(conn, 'ix_record_filter')}"
              f" WHERE run_id = :run ORDER BY id DESC LIMIT :n) AS recent WHERE {column} IS NOT NULL"),
         {"run": run_id, "n": recent},
     )
@@ -361,10 +361,10 @@ def sample(
     params: dict[str, Any] = {"run": run_id}
     groups: list[str] = []
     if mode == "all":
-        groups.append(f"SELECT id, rnd FROM record{_hint(conn, 'ix_record_sample')}"
+        groups.append(f"SELECT id, rnd FROM record{index_hint(conn, 'ix_record_sample')}"
                       " WHERE run_id = :run AND status = 'ok' AND rnd >= :x ORDER BY rnd LIMIT 2")
     elif mode == "unreviewed":
-        groups.append(f"SELECT id, rnd FROM record{_hint(conn, 'ix_record_review')}"
+        groups.append(f"SELECT id, rnd FROM record{index_hint(conn, 'ix_record_review')}"
                       " WHERE run_id = :run AND status = 'ok' AND review IS NULL AND rnd >= :x ORDER BY rnd LIMIT 2")
     elif mode == "flagged":
         # The union of several index ranges, each ordered by rnd: the first entry >= x over all of them
@@ -372,7 +372,7 @@ def sample(
         for status in ("ok", "error", "timeout"):
             for verdict in VERDICTS:
                 groups.append(
-                    f"SELECT id, rnd FROM record{_hint(conn, 'ix_record_review')} WHERE run_id = :run"
+                    f"SELECT id, rnd FROM record{index_hint(conn, 'ix_record_review')} WHERE run_id = :run"
                     f" AND status = '{status}' AND review = '{verdict}' AND rnd >= :x ORDER BY rnd LIMIT 2"
                 )
     else:  # failing
@@ -384,7 +384,7 @@ def sample(
             bit = " AND (check_flags & :bit) != 0"
             params["bit"] = bits[check]
         for status in ("ok", "error", "timeout"):  # some checks (timeout, error) judge failed records
-            groups.append(f"SELECT id, rnd FROM record{_hint(conn, 'ix_record_failing')}"
+            groups.append(f"SELECT id, rnd FROM record{index_hint(conn, 'ix_record_failing')}"
                           f" WHERE run_id = :run AND status = '{status}' AND check_flags != 0{bit} AND rnd >= :x"
                           " ORDER BY rnd LIMIT 2")
     if session is not None:
@@ -423,7 +423,7 @@ def reviewed_since(conn: Connection, run_id: int, since: float) -> int:
 
 def unreviewed_ok(conn: Connection, run: dict[str, Any]) -> int:
     """Ok records without a verdict (walks only the flagged entries of ix_record_review)."""
-    flagged = int(conn.execute(text(f"SELECT count(*) FROM record{_hint(conn, 'ix_record_review')}"
+    flagged = int(conn.execute(text(f"SELECT count(*) FROM record{index_hint(conn, 'ix_record_review')}"
                                     " WHERE run_id = :r AND status = 'ok' AND review IN ('good', 'bad')"),
                                {"r": run["id"]}).scalar_one())
     return max(0, int(run["n_ok"]) - flagged)
@@ -435,7 +435,7 @@ def _sample_recent(conn: Connection, run_id: int, minutes: float, rng: random.Ra
     there are more), walking only ix_record_finished (records of other statuses are stepped over)."""
     if not 0 < minutes <= 7 * 24 * 60:
         raise ReviewError(f"minutes: must be between 0 and 10080 (got {minutes})")
-    hint = _hint(conn, "ix_record_finished")
+    hint = index_hint(conn, "ix_record_finished")
     params = {"run": run_id, "since": store.now() - minutes * 60, "cap": RECENT_CAP}
     n = int(conn.execute(text(f"SELECT count(*) FROM (SELECT 1 FROM record{hint} WHERE run_id = :run"
                               " AND finished_at >= :since LIMIT :cap) AS w"), params).scalar_one())

@@ -28,7 +28,7 @@ _MISSING: Any = object()
 # rows -> messages
 
 
-class _BadRow(Exception):
+class BadRow(Exception):
     pass
 
 
@@ -79,23 +79,23 @@ def _text(content: Any, where: str, turn: dict[str, Any], key: str) -> str:
         texts = []
         for j, part in enumerate(content):
             if not isinstance(part, dict):
-                raise _BadRow(f"{where}[{j}] must be an object, got {_type_name(part)}")
+                raise BadRow(f"{where}[{j}] must be an object, got {_type_name(part)}")
             kind = part.get("type")
             if kind != "text":
-                raise _BadRow(f"{where}[{j}] has type {kind!r}: only text parts are supported")
+                raise BadRow(f"{where}[{j}] has type {kind!r}: only text parts are supported")
             text = part.get("text")
             if not isinstance(text, str):
-                raise _BadRow(f"{where}[{j}].text must be a string, got {_type_name(text)}")
+                raise BadRow(f"{where}[{j}].text must be a string, got {_type_name(text)}")
             texts.append(text)
         return "\n".join(texts)
     if content is None:
-        raise _BadRow(f"{where} is {'null' if key in turn else 'missing'}")
-    raise _BadRow(f"{where} must be a string or a list of text parts, got {_type_name(content)}")
+        raise BadRow(f"{where} is {'null' if key in turn else 'missing'}")
+    raise BadRow(f"{where} must be a string or a list of text parts, got {_type_name(content)}")
 
 
 def _messages(value: Any, label: str) -> list[dict[str, str]]:
     if value.__class__ is not list:
-        raise _BadRow(f"{label} must be an array, got {_type_name(value)}")
+        raise BadRow(f"{label} must be an array, got {_type_name(value)}")
     for turn in value:
         if not (
             turn.__class__ is dict
@@ -124,14 +124,14 @@ def _messages(value: Any, label: str) -> list[dict[str, str]]:
 
 def _message_turn(turn: Any, label: str, i: int) -> dict[str, str]:
     if not isinstance(turn, dict):
-        raise _BadRow(f"{label}[{i}] must be an object, got {_type_name(turn)}")
+        raise BadRow(f"{label}[{i}] must be an object, got {_type_name(turn)}")
     role = turn.get("role")
     if role is None:
-        raise _BadRow(f"{label}[{i}] has no role")
+        raise BadRow(f"{label}[{i}] has no role")
     if not isinstance(role, str):
-        raise _BadRow(f"{label}[{i}].role must be a string, got {_type_name(role)}")
+        raise BadRow(f"{label}[{i}].role must be a string, got {_type_name(role)}")
     if role not in _ROLES:
-        raise _BadRow(f"{label}[{i}].role is {role!r}: expected system/user/assistant/tool")
+        raise BadRow(f"{label}[{i}].role is {role!r}: expected system/user/assistant/tool")
     where = f"{label}[{i}]"
     calls = turn.get("tool_calls")
     if role == "assistant" and calls is not None:
@@ -144,7 +144,7 @@ def _message_turn(turn: Any, label: str, i: int) -> dict[str, str]:
         for key in ("tool_call_id", "name"):
             value = turn.get(key)
             if value is not None and not isinstance(value, str):
-                raise _BadRow(f"{where}.{key} must be a string, got {_type_name(value)}")
+                raise BadRow(f"{where}.{key} must be a string, got {_type_name(value)}")
             if value is not None:
                 out[key] = value
     return out
@@ -153,12 +153,12 @@ def _message_turn(turn: Any, label: str, i: int) -> dict[str, str]:
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     """OpenAI tool calls [{"id", "type": "function", "function": {"name", "arguments": JSON text}}]."""
     if not isinstance(calls, list) or not calls:
-        raise _BadRow(f"{where} must be a non-empty array")
+        raise BadRow(f"{where} must be a non-empty array")
     out = []
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise _BadRow(f"{where}[{j}].function.name must be a non-empty string")
+            raise BadRow(f"{where}[{j}].function.name must be a non-empty string")
         args = fn.get("arguments", "{}")
         if not isinstance(args, str):  # some datasets store the arguments as an object: send JSON text
             args = json.dumps(args, ensure_ascii=False)
@@ -174,13 +174,13 @@ def _tools(value: Any) -> list[dict[str, Any]]:
         isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
         for t in value
     ):
-        raise _BadRow("tools must be an array of {\"type\": \"function\", \"function\": {\"name\", ...}} objects")
+        raise BadRow("tools must be an array of {\"type\": \"function\", \"function\": {\"name\", ...}} objects")
     return value
 
 
 def _conversations(value: Any, label: str) -> list[dict[str, str]]:
     if value.__class__ is not list:
-        raise _BadRow(f"{label} must be an array, got {_type_name(value)}")
+        raise BadRow(f"{label} must be an array, got {_type_name(value)}")
     out = []
     for i, turn in enumerate(value):
         # fast path for well-formed from/value turns; _conversation_turn explains everything else
@@ -198,37 +198,37 @@ def _conversations(value: Any, label: str) -> list[dict[str, str]]:
 
 def _conversation_turn(turn: Any, label: str, i: int) -> dict[str, str]:
     if not isinstance(turn, dict):
-        raise _BadRow(f"{label}[{i}] must be an object, got {_type_name(turn)}")
+        raise BadRow(f"{label}[{i}] must be an object, got {_type_name(turn)}")
     role_key, content_key = "from", "value"
     speaker = turn.get("from")
     if speaker is None and turn.get("role") is not None:  # SpecForge-style role/content keys
         role_key, content_key = "role", "content"
         speaker = turn["role"]
     if speaker is None:
-        raise _BadRow(f"{label}[{i}] has no 'from' (or 'role')")
+        raise BadRow(f"{label}[{i}] has no 'from' (or 'role')")
     if not isinstance(speaker, str):
-        raise _BadRow(f"{label}[{i}].{role_key} must be a string, got {_type_name(speaker)}")
+        raise BadRow(f"{label}[{i}].{role_key} must be a string, got {_type_name(speaker)}")
     role = _SHAREGPT_ROLES.get(speaker)
     if role is None:
-        raise _BadRow(f"{label}[{i}].{role_key} is {speaker!r}: expected human/gpt/system/user/assistant")
+        raise BadRow(f"{label}[{i}].{role_key} is {speaker!r}: expected human/gpt/system/user/assistant")
     return _turn(role, turn, content_key, f"{label}[{i}].{content_key}")
 
 
 def _turn(role: str, turn: dict[str, Any], key: str, where: str) -> dict[str, str]:
     content = _text(turn.get(key), where, turn, key)
     if role == "user" and (not content or content.isspace()):
-        raise _BadRow(f"{where} is empty (user turn)")
+        raise BadRow(f"{where} is empty (user turn)")
     return {"role": role, "content": content}
 
 
 def _prompt(value: Any, label: str) -> list[dict[str, str]]:
     if isinstance(value, str):
         if not value or value.isspace():
-            raise _BadRow(f"{label} is empty")
+            raise BadRow(f"{label} is empty")
         return [{"role": "user", "content": value}]
     if isinstance(value, list):  # TRL conversational prompt: a list of messages
         return _messages(value, label)
-    raise _BadRow(f"{label} must be a string, got {_type_name(value)}")
+    raise BadRow(f"{label} must be a string, got {_type_name(value)}")
 
 
 _PARSERS = {
@@ -236,14 +236,14 @@ _PARSERS = {
     SHAPE_CONVERSATIONS: _conversations,
     SHAPE_PROMPT: _prompt,
 }
-_AUTO_FIELDS = (
+AUTO_FIELDS = (
     ("messages", SHAPE_MESSAGES),
     ("conversations", SHAPE_CONVERSATIONS),
     ("prompt", SHAPE_PROMPT),
 )
 
 
-class _RowConverter:
+class RowConverter:
     """Turns one row (a dict) into (shape, messages, source_id) or raises ``_BadRow``."""
 
     def __init__(self, spec: DatasetConfig) -> None:
@@ -261,7 +261,7 @@ class _RowConverter:
 
     def convert(self, row: Any) -> tuple[str, list[dict[str, str]], str | None]:
         if row.__class__ is not dict:
-            raise _BadRow(f"row is a JSON {_type_name(row)}, expected an object")
+            raise BadRow(f"row is a JSON {_type_name(row)}, expected an object")
         if self.mapped is None:
             if (value := row.get("messages")) is not None:
                 shape, label = SHAPE_MESSAGES, "messages"
@@ -275,28 +275,28 @@ class _RowConverter:
                     return shape, [{"role": "user", "content": value}], self._source_id(row)
                 messages = _prompt(value, label)
             else:
-                nulls = [k for k, _ in _AUTO_FIELDS if k in row]
+                nulls = [k for k, _ in AUTO_FIELDS if k in row]
                 note = f"; {', '.join(nulls)} {'is' if len(nulls) == 1 else 'are'} null" if nulls else ""
-                raise _BadRow(f"no 'messages', 'conversations' or 'prompt' field (keys: {_keys(row)}){note}")
+                raise BadRow(f"no 'messages', 'conversations' or 'prompt' field (keys: {_keys(row)}){note}")
         else:
             shape, label, parts = self.mapped
             value = _lookup(row, label, parts)
             if value is _MISSING:
-                raise _BadRow(f"field {label!r} not found (keys: {_keys(row)})")
+                raise BadRow(f"field {label!r} not found (keys: {_keys(row)})")
             if value is None:
-                raise _BadRow(f"field {label!r} is null")
+                raise BadRow(f"field {label!r} is null")
             messages = _PARSERS[shape](value, label)
 
         tools = row.get("tools") if shape == SHAPE_MESSAGES else None
         while messages and messages[-1]["role"] == "assistant":
             messages.pop()
         if not messages:
-            raise _BadRow(f"{label} has no user turn" if value else f"{label} is empty")
+            raise BadRow(f"{label} has no user turn" if value else f"{label} is empty")
         last = messages[-1]["role"]
         if last != "user" and not (last == "tool" and tools):
             if not any(m["role"] == "user" for m in messages):
-                raise _BadRow(f"{label} has no user turn")
-            raise _BadRow(f"last turn is {last!r}, not 'user', after dropping trailing assistant turns")
+                raise BadRow(f"{label} has no user turn")
+            raise BadRow(f"last turn is {last!r}, not 'user', after dropping trailing assistant turns")
         if self.system_prompt is not None and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         if tools:
@@ -313,10 +313,10 @@ class _RowConverter:
             return _id_text(source_id)
         value = _lookup(row, self.id_field, self.id_parts)
         if value is _MISSING:
-            raise _BadRow(f"id field {self.id_field!r} not found (keys: {_keys(row)})")
+            raise BadRow(f"id field {self.id_field!r} not found (keys: {_keys(row)})")
         text = _id_text(value)
         if text is None:
-            raise _BadRow(f"id field {self.id_field!r} must be a string or an integer, got {_type_name(value)}")
+            raise BadRow(f"id field {self.id_field!r} must be a string or an integer, got {_type_name(value)}")
         return text
 
 

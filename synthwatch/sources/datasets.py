@@ -42,7 +42,7 @@ from typing import IO, Any
 import orjson
 
 from ..config import DatasetConfig
-from .dataset_rows import _AUTO_FIELDS, _BadRow, _RowConverter
+from .dataset_rows import AUTO_FIELDS, BadRow, RowConverter
 
 __all__ = [
     "BadLine",
@@ -170,7 +170,7 @@ class DatasetIterator(Iterator[Prompt | BadLine]):
         self.format = _resolve_format(spec)
         self.shape_counts: Counter[str] = Counter()
         self.total_rows = 0
-        self._converter = _RowConverter(spec)
+        self._converter = RowConverter(spec)
         self._gen = self._generate()
 
     def __iter__(self) -> Iterator[Prompt | BadLine]:
@@ -215,7 +215,7 @@ class DatasetIterator(Iterator[Prompt | BadLine]):
                 self.total_rows = index + 1
                 try:
                     shape, messages, source_id = convert(row)
-                except _BadRow as bad:
+                except BadRow as bad:
                     yield BadLine(source, index + 1, str(bad))
                 else:
                     counts[shape] += 1
@@ -261,7 +261,7 @@ class DatasetIterator(Iterator[Prompt | BadLine]):
                         shape, messages, source_id = convert(obj)
                         if slow_path:
                             _check_encodable(messages, source_id)
-                    except _BadRow as bad:
+                    except BadRow as bad:
                         yield BadLine(source, lineno, str(bad))
                     else:
                         counts[shape] += 1
@@ -361,16 +361,16 @@ def _check_encodable(messages: list[dict[str, str]], source_id: str | None) -> N
         if source_id is not None:
             source_id.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise _BadRow(f"invalid text: {exc.reason} (a lone \\u surrogate escape?)") from exc
+        raise BadRow(f"invalid text: {exc.reason} (a lone \\u surrogate escape?)") from exc
     except orjson.JSONEncodeError as exc:
-        raise _BadRow(f"invalid text in tools or tool calls: {exc} (a lone \\u surrogate escape?)") from exc
+        raise BadRow(f"invalid text in tools or tool calls: {exc} (a lone \\u surrogate escape?)") from exc
 
 
 # ----------------------------------------------------------------------------------------------
 # Parquet and Arrow (HF save_to_disk)
 
 
-def _table_columns(converter: _RowConverter, names: list[str], source: str) -> list[str]:
+def _table_columns(converter: RowConverter, names: list[str], source: str) -> list[str]:
     """Top-level columns to read from a Parquet / Arrow table; raises when nothing usable exists."""
     available = set(names)
 
@@ -383,7 +383,7 @@ def _table_columns(converter: _RowConverter, names: list[str], source: str) -> l
     if converter.mapped is not None:
         wanted = [column_of(converter.mapped[1], "field")]
     else:
-        wanted = [name for name, _ in _AUTO_FIELDS if name in available]
+        wanted = [name for name, _ in AUTO_FIELDS if name in available]
         if not wanted:
             raise DatasetError(
                 f"{source}: no 'messages', 'conversations' or 'prompt' column "
@@ -397,7 +397,7 @@ def _table_columns(converter: _RowConverter, names: list[str], source: str) -> l
     return list(dict.fromkeys(wanted))
 
 
-def _parquet_batches(path: Path, source: str, converter: _RowConverter) -> Iterator[list[dict[str, Any]]]:
+def _parquet_batches(path: Path, source: str, converter: RowConverter) -> Iterator[list[dict[str, Any]]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -450,7 +450,7 @@ def _read_json(path: Path, source: str) -> dict[str, Any]:
     return value
 
 
-def _arrow_batches(files: list[Path], source: str, converter: _RowConverter) -> Iterator[list[dict[str, Any]]]:
+def _arrow_batches(files: list[Path], source: str, converter: RowConverter) -> Iterator[list[dict[str, Any]]]:
     import pyarrow as pa
 
     columns: list[str] | None = None

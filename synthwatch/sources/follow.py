@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .watch import _READ_CHUNK, BatchResult, Ingestor, split_lines
+from .watch import READ_CHUNK, BatchResult, Ingestor, split_lines
 
 
 class Follower:
@@ -164,7 +164,7 @@ class Follower:
         last_nl = -1
         with open(self.path, "rb") as fh:
             pos = 0
-            while chunk := fh.read(_READ_CHUNK):
+            while chunk := fh.read(READ_CHUNK):
                 lines += chunk.count(b"\n")
                 i = chunk.rfind(b"\n")
                 if i >= 0:
@@ -249,7 +249,7 @@ class Follower:
             avail = size - self.src.offset
             if avail <= 0:
                 return total
-            want = min(avail, _READ_CHUNK)
+            want = min(avail, READ_CHUNK)
             data = os.pread(self.fd, want, self.src.offset)
             while b"\n" not in data and len(data) < avail:  # one line longer than the chunk
                 want = min(avail, want * 2)
@@ -323,5 +323,5 @@ def import_file(ing: Ingestor, path: Path, *, max_batch_lines: int = 2000, say: 
 
 
 def _chunks(fh: Any) -> Iterator[bytes]:
-    while chunk := fh.read(_READ_CHUNK):
+    while chunk := fh.read(READ_CHUNK):
         yield chunk

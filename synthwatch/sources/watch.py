@@ -34,7 +34,7 @@ log = logging.getLogger("synthwatch.watch")
 
 WATCH_ENDPOINT = "watch"  # endpoint label of watched records (series rows, record.endpoint)
 MAX_ERRORS_STORED = 10_000  # per run: a file of garbage must not fill the database with copies of it
-_READ_CHUNK = 4 << 20
+READ_CHUNK = 4 << 20
 
 
 class WatchError(Exception):

@@ -40,7 +40,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .tokenizer import _MAX_ALIGN_CELLS, USAGE_TOLERANCE_RATIO, USAGE_TOLERANCE_TOKENS, LoadedTokenizer
+from .tokenizer import MAX_ALIGN_CELLS, USAGE_TOLERANCE_RATIO, USAGE_TOLERANCE_TOKENS, LoadedTokenizer
 
 if TYPE_CHECKING:
     pass
@@ -120,7 +120,7 @@ class Assembled:
     """The generation prompt's ids are a token-level prefix of the full render's ids."""
 
 
-def _normalize_messages(messages: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:
+def normalize_messages(messages: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:
     """Accept ShareGPT `from`/`value` turns next to OpenAI `role`/`content` ones (and a prompt stored with its
     tools, ``{"messages", "tools"}``: the messages)."""
     if isinstance(messages, dict):
@@ -153,7 +153,7 @@ def assemble(
     would tokenize the halves separately and invent tokens the model never sees (a lone ``<`` and an
     end-of-sentence spelled in byte tokens when a template drops the reasoning).
     """
-    prompt_messages = _normalize_messages(messages)
+    prompt_messages = normalize_messages(messages)
     tools = prompt_tools(messages)
     answer = {"role": "assistant", "content": content or "", "reasoning_content": reasoning or ""}
     prompt_text = lt.apply_chat_template(prompt_messages, add_generation_prompt=True, tools=tools)
@@ -452,7 +452,7 @@ def _diff_positions(ours: list[int], theirs: list[int]) -> tuple[list[int], int 
     mid_ours, mid_theirs = ours[first : len(ours) - tail], theirs[first : len(theirs) - tail]
     if not mid_ours:  # the server has extra tokens only: mark our token where they would go
         return [min(first, len(ours) - 1)] if ours else [], first
-    if len(mid_ours) * len(mid_theirs) > _MAX_ALIGN_CELLS:  # unrelated sequences: alignment means nothing
+    if len(mid_ours) * len(mid_theirs) > MAX_ALIGN_CELLS:  # unrelated sequences: alignment means nothing
         return list(range(first, first + len(mid_ours))), first
     positions: set[int] = set()
     matcher = difflib.SequenceMatcher(None, mid_ours, mid_theirs, autojunk=False)

@@ -34,7 +34,7 @@ TOKENIZER_FILES = (
 
 USAGE_TOLERANCE_TOKENS = 8
 USAGE_TOLERANCE_RATIO = 0.10
-_MAX_ALIGN_CELLS = 4_000_000  # above this, server/re-tokenized id runs are not aligned token by token
+MAX_ALIGN_CELLS = 4_000_000  # above this, server/re-tokenized id runs are not aligned token by token
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _SP_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")

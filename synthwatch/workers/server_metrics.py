@@ -266,7 +266,10 @@ class Scraper:
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout, trust_env=True) as session:
+        # trust_env off: aiohttp's would read ~/.netrc for every request and send its login for the server's host
+        # (to a metrics URL nobody gave credentials for); a proxy is each endpoint's own, from HTTP(S)_PROXY and
+        # NO_PROXY at start-up (endpoints.env_proxy), as the worker's requests use
+        async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
             while True:
                 t0 = time.monotonic()
                 rows = await asyncio.gather(*(self._one(session, ep) for ep in self.endpoints))
@@ -279,9 +282,9 @@ class Scraper:
                     log.debug("server metrics not written: %s", exc)
                 await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - t0)))
 
-    async def _get(self, session: aiohttp.ClientSession, url: str, headers: dict[str, str],
-                   tls: Any = True) -> tuple[int, bytes]:
-        async with session.get(url, headers=headers, allow_redirects=False, ssl=tls) as resp:
+    async def _get(self, session: aiohttp.ClientSession, url: str, headers: dict[str, str], ep: Any) -> tuple[int, bytes]:
+        async with session.get(url, headers=headers, allow_redirects=False, ssl=ep.ssl, proxy=ep.proxy,
+                               proxy_headers=ep.proxy_headers) as resp:
             body = await resp.content.read(MAX_BODY + 1)
             if len(body) > MAX_BODY:
                 raise ValueError(f"more than {MAX_BODY >> 20} MB")
@@ -293,14 +296,14 @@ class Scraper:
         label = ep.label
         t = time.time()
         if label not in self.version:
-            kind, version, ceiling = await self._identify(session, root, headers, ep.ssl)
+            kind, version, ceiling = await self._identify(session, root, headers, ep)
             self.version[label] = (kind, version)
             if ceiling:
                 self.ceiling[label] = ceiling
         kind, version = self.version[label]
         row: dict[str, Any] = {"endpoint": label, "t": t, "kind": kind or "unknown", "version": version}
         try:
-            status, body = await self._get(session, root + "/metrics", headers, ep.ssl)
+            status, body = await self._get(session, root + "/metrics", headers, ep)
             if status != 200:
                 row["error"] = f"no metrics: GET /metrics answered HTTP {status}"
                 return row
@@ -323,12 +326,12 @@ class Scraper:
         return row
 
     async def _identify(self, session: aiohttp.ClientSession, root: str, headers: dict[str, str],
-                        tls: Any) -> tuple[str | None, str | None, float | None]:
+                        ep: Any) -> tuple[str | None, str | None, float | None]:
         """(kind, version, the requests it runs at once where it says so) from vLLM's /version or SGLang's
         /get_server_info; (None, None, None) when neither answers."""
         for path, kind in (("/version", "vllm"), ("/get_server_info", "sglang")):
             try:
-                status, body = await self._get(session, root + path, headers, tls)
+                status, body = await self._get(session, root + path, headers, ep)
                 if status == 200:
                     data = orjson.loads(body)
                     if isinstance(data, dict) and isinstance(data.get("version"), str):
