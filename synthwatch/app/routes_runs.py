@@ -20,7 +20,7 @@ from ..store import versions
 from . import launch, run_stats, stats, timeseries
 from .deps import HX, ReadConn, WriteEngine, lean, render
 from .form_errors import FormErrors
-from .routes_cost import cost_context
+from .routes_cost import run_page_cost
 from .routes_open_items import flash as open_items_flash
 from .routes_server import server_context
 
@@ -57,10 +57,15 @@ def _slow_poll_ms(request: Request) -> int:
 # ------------------------------------------------------------------ data functions (pages and fragments)
 
 
+def _window_s(request: Request) -> int:
+    """The window of the current rates (settings.rate_window_s): every number that says "last N s" uses it."""
+    return int(request.app.state.settings.rate_window_s)
+
+
 def _list_context(request: Request, conn: Any) -> dict[str, Any]:
     try:
         with stats.time_limit(conn, request_limit_ms(request)):
-            runs = stats.list_runs(conn)
+            runs = stats.list_runs(conn, window_s=_window_s(request))
         stale = None
     except stats.StatsTimeout as exc:
         runs, stale = [], str(exc)
@@ -70,7 +75,7 @@ def _list_context(request: Request, conn: Any) -> dict[str, Any]:
 def _stats_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
     try:
         with stats.time_limit(conn, request_limit_ms(request)):
-            st = run_stats.run_stats(conn, run)
+            st = run_stats.run_stats(conn, run, _window_s(request))
         stale = None
     except stats.StatsTimeout as exc:
         st, stale = None, str(exc)
@@ -221,8 +226,8 @@ def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m
     # an open item's accept form comes back here: what happened, from the item (routes_open_items.py)
     ctx["message"], ctx["control_error"] = open_items_flash(conn, run_id, request.query_params)
     ctx["versions"] = list(reversed(versions.list_versions(conn, run_id, counts=False)))[:5]
-    ctx["server"] = server_context(conn, run_id)
-    ctx["cost"] = cost_context(conn, run_id)
+    ctx["server"] = server_context(conn, run_id, _window_s(request))
+    ctx["cost"] = run_page_cost(conn, run_id)
     return render(request, "run.html", ctx)
 
 

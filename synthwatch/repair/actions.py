@@ -50,10 +50,10 @@ KEPT_CHECKS = ("duplicate_output", "server_drift", "token_count_mismatch", "temp
 _KEPT_MASK = sum(BIT[n] for n in KEPT_CHECKS)
 OUTPUT_COLS = (
     "status", "reasoning", "content", "content_null", "reasoning_source", "reasoning_len", "content_len",
-    "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json",
-    "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
+    "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "reasoning_tokens_source",
+    "usage_json", "token_ids_json", "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
     "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags", "check_json", "gen_version",
-    "derive_version", "turns_json", "turns_done",
+    "derive_version", "turns_json", "turns_done", "billed_prompt_tokens", "billed_completion_tokens", "billed_estimated",
 )
 _COLS = ", ".join(OUTPUT_COLS)
 
@@ -557,7 +557,8 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
                     "UPDATE record SET status = 'pending', rerun = 1, revision = revision + 1, rnd = :rnd,"
                     " reasoning = NULL, content = NULL, content_null = false, reasoning_source = NULL,"
                     " reasoning_len = NULL, content_len = NULL, finish_reason = NULL, prompt_tokens = NULL,"
-                    " completion_tokens = NULL, reasoning_tokens = NULL, usage_json = NULL, token_ids_json = NULL,"
+                    " completion_tokens = NULL, reasoning_tokens = NULL, reasoning_tokens_source = NULL, usage_json = NULL,"
+                    " billed_prompt_tokens = NULL, billed_completion_tokens = NULL, billed_estimated = NULL, token_ids_json = NULL,"
                     " latency_s = NULL, ttft_s = NULL, n_chunks = NULL, attempts = 0, attempts_json = NULL,"
                     " error_kind = NULL, error = NULL, endpoint = NULL, model = NULL, system_fingerprint = NULL,"
                     " response_id = NULL, extra_json = NULL, finished_at = NULL, check_flags = 0, check_json = NULL,"

@@ -302,6 +302,26 @@
     return b.lo === b.hi ? String(b.lo) : b.lo + "–" + b.hi;
   }
 
+  // The x ticks of a histogram: bin edges every S tokens, S a round step (1, 2 or 5 x 10^k, a whole number of bins),
+  // at most one per ~60 px; the limit bar keeps its own tick. Without this uPlot steps through bin indexes, which
+  // put ticks at edges such as 181 and 1958 (#28).
+  function histSplits(u, bins, width) {
+    var last = bins[bins.length - 1], limitBar = last.hi === null || last.hi === undefined;
+    var n = bins.length - (limitBar ? 2 : 1), hi = n >= 1 ? bins[n].hi : 0, w = width || 1;
+    var room = Math.max(2, Math.floor(u.bbox.width / uPlot.pxRatio / 60));
+    var step = w;
+    search: for (var e = 1; e <= 1e15; e *= 10) {
+      for (var m = 1; m <= 5; m += (m === 1 ? 1 : 3)) {
+        var s = m * e;
+        if (s >= w && s % w === 0 && hi / s <= room) { step = s; break search; }
+      }
+    }
+    var out = [0];
+    for (var k = step; k <= hi; k += step) { out.push(k / w); }
+    if (limitBar) { out.push(bins.length - 1); }
+    return out;
+  }
+
   function HistGroup(el) {
     this.el = el;
     this.grid = el.querySelector(".hist-grid");
@@ -378,6 +398,7 @@
       if (entry && entry.key !== key) { entry.u.destroy(); entry.cell.remove(); entry = null; }
       if (!entry) { entry = self.make(kind, key, runs, shares); self.charts[kind] = entry; }
       entry.bins = bins;
+      entry.width = d.bin_width;
       entry.u.setData([xs].concat(ys));
       entry.cell.setAttribute("data-limit", d.max_tokens ? String(runs.map(function (r) { return r.counts[kind][bins.length - 1]; }).join(",")) : "");
     });
@@ -392,7 +413,7 @@
     var colors = [C.purple, C.teal];
     if (kind === "content") { colors = [C.teal, C.purple]; }
     if (kind === "output") { colors = [C.blue, C.amber]; }
-    var entry = { cell: cell, key: key, bins: d.bins };
+    var entry = { cell: cell, key: key, bins: d.bins, width: d.bin_width };
     var bars = uPlot.paths.bars;
     var series = [{ label: "tokens", value: function (u, i) { return i === null ? "–" : binLabel(entry.bins[i]); } }]
       .concat(runs.map(function (r, j) {
@@ -406,8 +427,13 @@
       title: d.kind_labels[kind], width: this.width(), height: 200, series: series,
       scales: { x: { time: false, range: function () { return [-0.5, entry.bins.length - 0.5]; } },
                 y: { range: function (u, lo, hi) { return [0, uPlot.rangeNum(0, Math.max(hi || 0, 1), 0.1, true)[1]]; } } },
-      axes: [axis({ values: function (u, vals) {
-        return vals.map(function (v) { var b = entry.bins[Math.round(v)]; return b && v === Math.round(v) ? String(b.lo) : ""; });
+      axes: [axis({ splits: function (u) { return histSplits(u, entry.bins, entry.width); }, values: function (u, vals) {
+        // a bin is named by its upper edge (0, 200, 400, ... with the server's round bin widths), the limit bar by max_tokens
+        return vals.map(function (v) {
+          var b = entry.bins[Math.round(v)];
+          if (!b || v !== Math.round(v)) { return ""; }
+          return b.hi === null || b.hi === undefined ? num(b.lo, 0) + "+" : num(b.hi, 0);
+        });
       } }), axis({ size: 50, values: function (u, vals) { return vals.map(function (v) { return num(v); }); } })],
       cursor: { y: false, drag: { x: false, y: false } },
       legend: { live: true },
