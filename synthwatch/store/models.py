@@ -530,7 +530,7 @@ class CheckVerdict(SQLModel, table=True):
 
 
 class JudgeUsage(SQLModel, table=True):
-    """What a run's judge model cost (synthwatch.workers.judge), apart from the run's own requests (migration 0016)."""
+    """What a run's judge model cost (synthwatch.workers.judge), apart from the run's own requests (migration 0017_judge)."""
 
     __tablename__ = "judge_usage"
     __table_args__ = (UniqueConstraint("run_id", name="uq_judge_usage_run"),)

@@ -1,6 +1,6 @@
 """judge models: what the judge cost, counted apart from the run's own requests (#30)
 
-Revision ID: 0016_judge
+Revision ID: 0017_judge
 Revises: 0015_samples
 Create Date: 2026-12-02 12:00:00
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0016_judge"
+revision: str = "0017_judge"
 down_revision: str | None = "0015_samples"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
