@@ -29,6 +29,13 @@ from .redact import add_secret, clip, redact, secret_problem
 KNOWN_THINK_IDS = {128821: "DeepSeek-V4", 128798: "DeepSeek-R1", 151667: "Qwen3", 163606: "Kimi-K2"}
 """``<think>`` ids of common reasoning vocabularies: without a tokenizer, a prompt ending with one is taken as
 prefilled (reference/training-formats.md)."""
+PROBE_MAX_TOKENS = 2048
+"""The probe's default max_tokens. A reasoning model thinks before it answers, often for several hundred tokens
+even on the probe's one-line sum; at 512 (the old default) a real DeepSeek-R1-style model was cut while thinking,
+the content came back empty, and the probe could not say where content arrives. 2048 leaves room for the
+reasoning and the short answer, and is still a few seconds of decoding on a GPU server."""
+PROBE_OWN_KEYS = ("model", "messages", "stream", "stream_options")
+"""Request keys --extra-body may not set: the probe sends its own question, non-streamed and streamed."""
 QUESTION = "What is 17 + 25? Think it through, then answer in one short sentence."
 TOOL_QUESTION = "What is the weather in Paris right now? Use the get_weather tool."
 WEATHER_TOOL = {
@@ -46,8 +53,11 @@ class ProbeOptions:
     base_url: str
     model: str
     api_key: str | None = None
-    max_tokens: int = 512
+    max_tokens: int = PROBE_MAX_TOKENS
     timeout_s: float = 60.0
+    # merged into every probe request, as a run's sampling.extra_body (e.g. chat_template_kwargs); sent only to
+    # the probed endpoint, and only its keys are reported (a value may hold a secret)
+    extra_body: dict[str, Any] | None = None
     tokenizer: str | None = None
     chat_template: str | None = None
     trust_remote_code: bool = False
@@ -61,13 +71,14 @@ class ProbeReport:
     tool_calls: dict[str, Any] = field(default_factory=dict)
     tokenizer: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what the output says about the settings (empty content)
     verdict: str = ""
     ready: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("verdict", "ready", "settings", "server", "reasoning", "token_ids",
-                                              "tool_calls", "tokenizer", "problems")}
+                                              "tool_calls", "tokenizer", "problems", "warnings")}
 
 
 class ProbeError(Exception):
@@ -118,7 +129,7 @@ def _probe(options: ProbeOptions) -> ProbeReport:
     with httpx.Client(timeout=options.timeout_s, headers=headers) as client:
         report.server = _server(client, base, options.model)
         body = {"model": options.model, "messages": [{"role": "user", "content": QUESTION}],
-                "max_tokens": options.max_tokens, "return_token_ids": True}
+                "max_tokens": options.max_tokens, "return_token_ids": True, **(options.extra_body or {})}
         started = time.monotonic()
         reply = _post(client, base, body)
         if reply.status_code == 400 and "return_token_ids" in reply.text:
@@ -145,8 +156,10 @@ def _probe(options: ProbeOptions) -> ProbeReport:
             "non_streamed": ex.reasoning_source, "streamed": streamed.reasoning_source if streamed else None,
             "reasoning_chars": len(ex.reasoning), "content_chars": len(ex.content),
             "finish_reason": ex.finish_reason, "other_fields_with_reasoning": sorted(ex.unread_fields),
-            "duplicated_in": ex.duplicate_fields,
+            "duplicated_in": ex.duplicate_fields, "extra_body_keys": sorted(options.extra_body or {}),
         }
+        if not ex.content.strip():
+            report.warnings.append(_empty_content(ex, options))
         report.problems += ex.problems
         report.token_ids = {"returned": bool(ex.prompt_token_ids and ex.token_ids),
                             "prompt_tail": (ex.prompt_token_ids or [])[-3:], "completion_tail": (ex.token_ids or [])[-3:],
@@ -227,7 +240,8 @@ def _tools(client: Any, base: str, options: ProbeOptions) -> dict[str, Any]:
     from .capture import tool_calls
 
     body = {"model": options.model, "messages": [{"role": "user", "content": TOOL_QUESTION}],
-            "max_tokens": options.max_tokens, "tools": [WEATHER_TOOL], "tool_choice": "auto"}
+            "max_tokens": options.max_tokens, "tools": [WEATHER_TOOL], "tool_choice": "auto",
+            **(options.extra_body or {})}
     r = _post(client, base, body)
     if r.status_code != 200:
         return {"parsed": False,
@@ -316,6 +330,21 @@ def _clip(text: str, n: int = 160) -> str:
 # ------------------------------------------------------------------------------------------- verdict
 
 
+def _empty_content(ex: Any, options: ProbeOptions) -> str:
+    """What an empty answer means, and what to do about it."""
+    limit = (options.extra_body or {}).get("max_completion_tokens") or (options.extra_body or {}).get(
+        "max_tokens") or options.max_tokens
+    if ex.finish_reason == "length":
+        return (f"the content came back empty: the reply was cut at max_tokens = {limit} "
+                f"({'while thinking, after ' + str(len(ex.reasoning)) + ' reasoning characters' if ex.reasoning else 'before any answer'}); "
+                f"probe again with a larger --max-tokens (e.g. --max-tokens {max(4 * int(limit), 8192)}), and give "
+                f"the run a max_tokens (--max-tokens) that leaves room for the answer")
+    return (f"the content came back empty (finish_reason {ex.finish_reason!r}"
+            f"{', reasoning ' + str(len(ex.reasoning)) + ' characters' if ex.reasoning else ''}): the reasoning "
+            "parser or the chat template may hold the answer back; check the server's --reasoning-parser, or pass "
+            "the template's switches with --extra-body '{\"chat_template_kwargs\": {...}}'")
+
+
 def _verdict(report: ProbeReport, options: ProbeOptions) -> None:
     r, ids, tok = report.reasoning, report.token_ids, report.tokenizer
     settings: dict[str, Any] = {}
@@ -354,6 +383,7 @@ def _verdict(report: ProbeReport, options: ProbeOptions) -> None:
             caveats.append(f"re-tokenizing through the template fails: {tok['problem']}")
         if tok.get("prompt_matches_server") is False:
             caveats.append("the tokenizer/template's prompt ids differ from the server's: not the server's template")
+    caveats += report.warnings
     if not report.tool_calls.get("parsed"):
         caveats.append("tool calls: " + str(report.tool_calls.get("detail")))
     server = report.server

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     search_catch_up_ms: int = Field(
         300, ge=0, description="How long a search first spends indexing records not yet searchable."
     )
+    rate_window_s: int = Field(
+        60, ge=5, le=3600, description="Window of the run page's current rates, in seconds: the tiles, the per-endpoint "
+        "rows, the workers table and the Server card's client tok/s (each divided by the part of it the run covers).")
     worker_heartbeat_s: float = Field(1.0, gt=0, description="How often a worker writes its heartbeat.")
     dead_worker_after_s: float = Field(15.0, gt=0, description="A worker silent this long is shown dead.")
     max_request_body_bytes: int = Field(

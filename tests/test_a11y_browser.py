@@ -1,4 +1,5 @@
-"""axe-core on every page kind in a real browser (#28 item 3): no critical and no serious violations.
+"""axe-core on every page kind in a real browser (#28 item 3): no critical and no serious violations, in the
+light theme and in the dark one (prefers-color-scheme, emulated; #28 item 9), with alarm cards and strips shown.
 
 axe-core comes from the npm registry, pinned in package.json / package-lock.json, and ``./dev setup`` copies it to
 tests/vendor/ (never committed). It is evaluated through the DevTools protocol, so the dashboard's CSP (no inline
@@ -38,9 +39,32 @@ def axe_problems(page: Page) -> list[str]:
     return out
 
 
+SCHEMES = pytest.mark.parametrize("scheme", ["light", "dark"])
+
+
+def _alarms(engine: Any, run_id: int) -> int:
+    """A cause with a symptom under it (error) and a warning: the cards, the strips and their colours."""
+    import time
+
+    from synthwatch.store import queue as store
+
+    with engine.connect() as conn, store.write_begin(conn):
+        ids = [conn.execute(text(
+            "INSERT INTO alarm (run_id, rule, severity, title, message, fix, count, raised_at, updated_at, active,"
+            " auto_paused) VALUES (:r, :rule, :sev, :title, 'm `code`', 'f', 3, :t, :t, true, false) RETURNING id"),
+            {"r": run_id, "rule": rule, "sev": sev, "title": title, "t": time.time()}).scalar_one()
+            for rule, sev, title in (("field_mismatch", "error", "Reasoning in another field"),
+                                     ("empty_reasoning", "error", "Empty reasoning"),
+                                     ("think_tags_in_content", "warning", "Think tags in the content"))]
+    return int(ids[-1])
+
+
+@SCHEMES
 def test_every_page_kind_has_no_critical_or_serious_violation(page: Page, live_app: Any, engine: Any, sim: Any,
-                                                             prompts: Any) -> None:
+                                                             prompts: Any, scheme: str) -> None:
     from workerkit import Background, make_config
+
+    page.emulate_media(color_scheme=scheme)
 
     if not AXE.exists():
         pytest.fail("tests/vendor/axe.min.js is missing: run ./dev setup (it copies axe-core from node_modules)")
@@ -52,6 +76,7 @@ def test_every_page_kind_has_no_critical_or_serious_violation(page: Page, live_a
         assert worker.join(60) == "completed"
         runs.append(worker.run_id)
     a, b = runs
+    fixable = _alarms(engine, a)
     with engine.connect() as conn:
         rec = conn.execute(text("SELECT id FROM record WHERE run_id = :r ORDER BY id LIMIT 1"), {"r": a}).scalar_one()
     srv = live_app()
@@ -60,24 +85,31 @@ def test_every_page_kind_has_no_critical_or_serious_violation(page: Page, live_a
         "record page": f"/runs/{a}/records/{rec}", "review": f"/runs/{a}/sample?mode=unreviewed",
         "compare": f"/compare?run={a}&run={b}", "export": f"/runs/{a}/export", "checks": f"/runs/{a}/checks",
         "checks help": "/help/checks", "settings & repairs": f"/runs/{a}/repair",
-        "new run": "/runs/new", "API docs": "/docs",
+        "new run": "/runs/new", "API docs": "/docs", "likely fix": f"/runs/{a}/alarms/{fixable}/fix",
+        "runs list filtered": "/runs?q=a11y&state=completed&sort=name",
     }
     found = {}
     for kind, path in pages.items():
         page.goto(srv.url + path)
         page.wait_for_load_state("networkidle")
+        if kind == "records table":  # the theme is the one asked for, and the alarm strip is among what is checked
+            bg = page.evaluate("getComputedStyle(document.body).backgroundColor")
+            assert bg == ("rgb(20, 22, 25)" if scheme == "dark" else "rgb(247, 247, 248)"), bg
+            assert page.get_by_test_id("alarm-strip").is_visible()
         problems = axe_problems(page)
         if problems:
             found[kind] = problems
     assert not found, "\n".join(f"{k}: {p}" for k, ps in found.items() for p in ps)
 
 
+@SCHEMES
 def test_live_and_paused_runs_have_no_critical_or_serious_violation(page: Page, live_app: Any, engine: Any,
-                                                                    sim: Any, prompts: Any) -> None:
+                                                                    sim: Any, prompts: Any, scheme: str) -> None:
     """The running and paused pills, the controls (Stop (graceful) among them) and the workers table of a live
     run: the colours the review measured at 3.79-4.41:1."""
     from workerkit import Background, make_config, run_row, wait_for
 
+    page.emulate_media(color_scheme=scheme)
     url = sim(ttft_ms=150)
     worker = Background(engine, make_config(url, prompts(400), concurrency=2, name="a11y-live")).start()
     srv = live_app()

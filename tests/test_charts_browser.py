@@ -181,6 +181,17 @@ def test_histograms_show_truncation_and_follow_the_filter(page: Page, live_app: 
     legend = cell.locator(".u-legend").inner_text()
     assert "64+ (max_tokens)" in legend and str(cut) in legend, legend
 
+    # the x ticks fall on round numbers: bin edges every 1, 2 or 5 x 10^k tokens, the limit bar last (#28)
+    for kind in ("reasoning", "content", "output"):
+        labels = [v for v in page.evaluate(
+            "k => document.querySelector('#lengths [data-hist=\"' + k + '\"]')._uplot.axes[0]._values", kind) if v]
+        assert labels[0] == "0" and labels[-1] == "64+", (kind, labels)
+        edges = [int(v.replace(",", "")) for v in labels[:-1]]
+        steps = {b - a for a, b in zip(edges, edges[1:], strict=False)}
+        assert len(steps) == 1 and len(edges) >= 3, (kind, labels)
+        step = steps.pop()
+        assert int(str(step)[0]) in (1, 2, 5) and set(str(step)[1:]) <= {"0"}, (kind, labels)
+
     # the records table's filter: the histogram follows it as it changes
     page.goto(f"{srv.url}/runs/{bg.run_id}/records")
     page.locator('#lengths [data-hist="output"] canvas').wait_for()

@@ -30,10 +30,13 @@ def test_tokens_and_cost_per_endpoint_version_and_projection(engine, sim, prompt
     want = by["a"]["prompt"] * 1.0 / 1e6 + by["a"]["completion"] * 4.0 / 1e6
     assert t["priced"] and abs(t["total"]["cost"] - want) < 1e-12
     assert t["target"] == 30 and abs(t["projected_cost"] - want / 30 * 30) < 1e-12  # the cap is reached
-    assert t["by_config_version"] == [{"config_version": 1, "records": 30,
-                                       "prompt": sum(r["prompt_tokens"] for r in ok),
-                                       "completion": sum(r["completion_tokens"] for r in ok),
-                                       "reasoning": sum(r["reasoning_tokens"] or 0 for r in ok)}]
+    [v1] = t["by_config_version"]
+    assert {k: v1[k] for k in ("config_version", "records", "prompt", "completion", "reasoning")} == {
+        "config_version": 1, "records": 30, "prompt": sum(r["prompt_tokens"] for r in ok),
+        "completion": sum(r["completion_tokens"] for r in ok), "reasoning": sum(r["reasoning_tokens"] for r in ok)}
+    # no faults: every billed token is an ok record's; the version's cost is endpoint a's (b has no price)
+    assert (v1["billed_prompt"], v1["billed_completion"]) == (v1["prompt"], v1["completion"])
+    assert v1["cost"] == pytest.approx(want, rel=1e-12)
     page.goto(f"{srv.url}/runs/{run_id}")
     assert page.locator('[data-testid="cost-so-far"]').inner_text() == f"{want:,.2f}"
     assert "Projected at 30 ok records" in page.locator('[data-testid="cost-projection"]').inner_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any
@@ -194,7 +195,8 @@ def test_start_run_form(live_app, engine, sim, prompts, tmp_path) -> None:  # ty
     data = prompts(6)
     form: dict[str, Any] = {"name": "from-ui", "dataset": str(data), "endpoints": url, "model": "sim-reasoner",
                             "concurrency": "4", "stream": "on", "timeout_s": "30", "idle_timeout_s": "5",
-                            "max_attempts": "2", "reasoning_mode": "auto"}
+                            "max_attempts": "2", "reasoning_mode": "auto", "price_in_per_mtok": "0.25",
+                            "price_out_per_mtok": "1"}
     with httpx.Client(base_url=srv.url, timeout=30) as c:
         assert c.get("/runs/new").status_code == 200
         cases = [
@@ -205,6 +207,8 @@ def test_start_run_form(live_app, engine, sim, prompts, tmp_path) -> None:  # ty
             ({"concurrency": "0"}, "concurrency"),
             ({"temperature": "9"}, "sampling.temperature"),
             ({"model": ""}, "model: required"),
+            ({"price_in_per_mtok": "-1"}, "price_in_per_mtok"),
+            ({"price_out_per_mtok": "cheap"}, "price_out_per_mtok: expected a number"),
         ]
         for change, needle in cases:
             r = c.post("/runs/new", data={**form, **change}, follow_redirects=False)
@@ -216,6 +220,8 @@ def test_start_run_form(live_app, engine, sim, prompts, tmp_path) -> None:  # ty
         run_id = int(r.headers["location"].rsplit("/", 1)[1])
         wait_for(lambda: run_row(engine, run_id)["status"] == "completed", timeout_s=60, what="UI-started run")
         assert run_row(engine, run_id)["n_ok"] == 6
+        [ep] = json.loads(run_row(engine, run_id)["config_json"])["endpoints"]
+        assert (ep["price_in_per_mtok"], ep["price_out_per_mtok"]) == (0.25, 1.0)  # the form's prices (#29)
         dup = c.post("/runs/new", data=form, follow_redirects=False)
         assert dup.status_code == 400 and "already exists" in dup.text
         # "Start a run like this": the run page links the form pre-filled from the run's configuration
@@ -225,6 +231,7 @@ def test_start_run_form(live_app, engine, sim, prompts, tmp_path) -> None:  # ty
         fields = dict(re.findall(r'<input name="(\w+)"[^>]*? value="([^"]*)"', like))
         assert fields["dataset"] == str(data) and fields["model"] == "sim-reasoner" and fields["name"] == ""
         assert fields["concurrency"] == "4" and fields["max_attempts"] == "2" and fields["timeout_s"] == "30.0"
+        assert (fields["price_in_per_mtok"], fields["price_out_per_mtok"]) == ("0.25", "1.0")
         assert url in like and 'data-testid="like-run"' in like
         again = c.post("/runs/new", data={**fields, "endpoints": url, "reasoning_mode": "auto", "stream": "on",
                                            "name": "like-it"}, follow_redirects=False)

@@ -143,6 +143,19 @@ def test_demo_run_page_in_browser(demo: Demo, page: Any) -> None:
     if os.environ.get("UPDATE_SCREENSHOTS") == "1":
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOT), full_page=False)
+        # the same at 390 px: the open alarm card, "N more", the controls in the bottom bar (#28 item 1); then the
+        # runs list in the dark theme, with a sparkline per live run (#28 item 9)
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.reload()
+        page.wait_for_selector('.alarm-banner[data-rule="field_mismatch"]')
+        page.screenshot(path=str(SCREENSHOT.parent / "run-page-390.png"), full_page=False)
+        page.set_viewport_size({"width": 1440, "height": 1000})
+        page.emulate_media(color_scheme="dark")
+        page.goto(f"{demo.url}/runs")
+        page.wait_for_selector("svg.spark", timeout=30_000)
+        page.screenshot(path=str(SCREENSHOT.parent / "runs-dark.png"), full_page=False)
+        page.emulate_media(color_scheme="light")
+        page.goto(f"{demo.url}/runs/{demo.runs['drift']}")
         # the healthy run's charts (the cursor on one shows every chart's values) and lengths, and the two runs
         # compared (the drift's empty reasoning piles up at zero)
         page.wait_for_timeout(25_000)

@@ -26,8 +26,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 LEAF_TABLES = {
     "sampling": "its keys are the request body's own parameters (max_tokens, top_p, stop, seed, ...), spelt as the "
                 "OpenAI API and every server spell them; the flag is that parameter's name",
-    "endpoints[]": "a list: --base-url is repeated once per endpoint (a path would need an index) and --api-key-env "
-                   "applies to all of them",
+    "endpoints[]": "a list: --base-url is repeated once per endpoint (a path would need an index); --api-key-env, "
+                   "--price-in-per-mtok and --price-out-per-mtok apply to all of them",
     "dataset": "the dataset's flags are declared on DatasetConfig's fields (Option) and shared with the start-a-run "
                "form; `--split`, `--limit` read as what they are",
 }

@@ -98,10 +98,10 @@ def test_start_form_shows_three_errors_at_once_then_starts_with_a_tokenizer(
     # the Tokens tab works: the run's tokenizer renders the record's chips, the trained span marked
     page.goto(f"{srv.url}/runs/{run_id}/records/{rec_id}")
     page.click("button.tab[data-tab=tokens]")
-    chips = page.locator("#tokens-pane #chips > span")
+    chips = page.locator("#tokens-pane #chips span.chip")
     chips.first.wait_for()
     assert chips.count() > 10
-    assert page.locator("#tokens-pane #chips > span.asst").count() > 0
+    assert page.locator("#tokens-pane #chips span.chip.asst").count() > 0
     assert "no tokenizer configured" not in page.locator("#tokens-pane").inner_text()
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
 from test_review import add_run
 
 from synthwatch.review import lengths
@@ -73,11 +75,20 @@ def test_histogram_follows_a_search(engine: Any) -> None:
         assert review.count(conn, rid, Filters(q="wombat")) == (1, False)  # count reads the same selection
 
 
+@given(st.integers(0, 10**9), st.one_of(st.none(), st.integers(1, 10**9)))
+def test_bin_widths_are_round_and_the_bins_cover_the_range(top: int, max_tokens: int | None) -> None:
+    width, n, hi, limit = lengths.layout(top, max_tokens)
+    mantissa = width // 10 ** (len(str(width)) - 1)
+    assert mantissa in (1, 2, 5) and width == mantissa * 10 ** (len(str(width)) - 1)  # 1/2/5 x 10^k
+    assert (n - 1) * width < hi <= n * width and n <= lengths.BINS  # every length up to hi has a bin, no empty tail
+    assert lengths.round_step(-(-hi // lengths.BINS)) == width  # the smallest round step that fits
+
+
 def test_layout() -> None:
     assert lengths.layout(0, None) == (1, 1, 1, 2)
-    assert lengths.layout(1000, None) == (25, 40, 1000, 1001)
-    assert lengths.layout(9000, 8192) == (205, 40, 8191, 8192)  # cut records: the bins reach the limit
-    assert lengths.layout(300, 8192) == (8, 38, 300, 8192)  # short outputs keep their detail, the limit bar stays
+    assert lengths.layout(1000, None) == (50, 20, 1000, 1001)
+    assert lengths.layout(9000, 8192) == (500, 17, 8191, 8192)  # cut records: the bins reach the limit
+    assert lengths.layout(300, 8192) == (10, 30, 300, 8192)  # short outputs keep their detail, the limit bar stays
     assert lengths.layout(0, 5) == (1, 1, 1, 5)
 
 
@@ -87,7 +98,7 @@ def test_short_outputs_keep_detail_below_a_far_limit(engine: Any) -> None:
         _add(engine, rid, i, "r" * n, "c" * n, n)
     with engine.connect() as conn:
         h = lengths.histogram(conn, rid, max_tokens=8192)
-    assert h["bin_width"] == 3 and h["bins"][-2]["hi"] == 120 and h["bins"][-1] == {"lo": 8192, "hi": None}
+    assert h["bin_width"] == 5 and h["bins"][-2]["hi"] == 120 and h["bins"][-1] == {"lo": 8192, "hi": None}
     assert h["counts"]["output"][-1] == 0 and h["counts"]["output"][-2] == 1  # 120 in the last regular bin
     assert h["counts"]["reasoning"][-1] == 0 and sum(h["counts"]["reasoning"]) == 3
 

@@ -19,6 +19,8 @@ from typing import Any
 import httpx
 import pytest
 from conftest import run_cli
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import text
 from test_checks_kit import CheckedBackground
 from workerkit import make_config, run_row, wait_for
@@ -295,3 +297,19 @@ auto_pause = false
     assert n >= 5 and item["n_records"] == n
     assert last.startswith("run 'cli-last-line' completed with ") and f"{n} records failing empty_reasoning" in last, last
     assert msg.startswith("completed with ") and f"{n} records failing empty_reasoning" in msg
+
+
+@pytest.mark.parametrize(("took_s", "wait_s"), [(0.0, 2.0), (0.003, 2.0), (0.033, 2.0), (0.04, 2.0), (0.1, 5.0),
+                                                 (1.7, 85.0)])
+def test_a_slow_recount_waits_longer_so_open_items_stay_a_small_share_of_the_writer(took_s: float,
+                                                                                     wait_s: float) -> None:
+    """A recount reads every failing record of the run: at 19,000 failing records ~33 ms, at a million seconds. Every
+    2 s that would become most of the writer thread's time on a long run (#25); the wait after a slow one grows."""
+    assert open_items.sync_wait_s(took_s) == pytest.approx(wait_s)
+
+
+@given(st.floats(min_value=0.0, max_value=1e6, allow_nan=False))
+def test_the_recount_wait_is_never_under_2_s_and_keeps_its_share(took_s: float) -> None:
+    wait = open_items.sync_wait_s(took_s)
+    assert wait >= open_items.SYNC_EVERY_S
+    assert took_s / wait <= open_items.SYNC_SHARE * (1 + 1e-9)

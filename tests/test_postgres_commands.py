@@ -156,7 +156,7 @@ def test_search_on_postgresql(pg_server: Any, window: int, monkeypatch: Any) -> 
         conn.execute(text("SET enable_seqscan = off"))
         conn.execute(text("SET enable_indexscan = off"))
         params: dict[str, Any] = {}
-        conds = review_filters._pg_search_conds(conn, review_filters.Filters(q="zeb* hippo"), params)
+        conds = review_filters.pg_search_conds(conn, review_filters.Filters(q="zeb* hippo"), params)
         plan = "\n".join(r[0] for r in conn.execute(
             text(f"EXPLAIN SELECT id FROM record WHERE {' AND '.join(conds)}"), params))
     engine.dispose()

@@ -95,3 +95,45 @@ def test_the_start_a_run_form_offers_the_probe(sim, live_app) -> None:  # type: 
         r = c.post("/runs/new/probe", data={**form, "model": ""})
         assert r.status_code == 400 and "give an endpoint base URL and a model" in r.text
         assert c.get("/api/runs").json()["runs"] == []  # a probe starts nothing
+
+
+def test_probe_default_max_tokens_reaches_content_and_empty_content_is_warned(sim) -> None:  # type: ignore[no-untyped-def]
+    # a model that thinks ~600-900 tokens: the default (2048) sees its answer; 512 (the old default) is cut while
+    # thinking, and the probe says so and what to do
+    url = sim(reasoning_field="reasoning", reasoning_tokens="600-900", content_tokens="10-20", seed=8)
+    report = probe(ProbeOptions(url, "sim-reasoner"))
+    assert report.reasoning["content_chars"] > 0 and report.reasoning["finish_reason"] == "stop"
+    assert report.warnings == [] and report.verdict.startswith("READY")
+    proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner", "--max-tokens", "512")
+    warning = next(line for line in proc.stdout.splitlines() if line.startswith("warning:"))
+    assert "the content came back empty: the reply was cut at max_tokens = 512 (while thinking" in warning
+    assert "--max-tokens 8192" in warning
+    assert "content came back empty" in proc.stdout.strip().splitlines()[-1]  # in the verdict's caveats too
+
+
+def test_probe_extra_body_is_sent_and_validated(sim) -> None:  # type: ignore[no-untyped-def]
+    url = sim(reasoning_field="reasoning", seed=9)
+    # the simulator honours the template switch: no reasoning at all, on every probe request
+    proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner", "--json",
+                   "--extra-body", '{"chat_template_kwargs": {"enable_thinking": false}}')
+    report = orjson.loads(proc.stdout)
+    assert report["reasoning"]["non_streamed"] == "none" == report["reasoning"]["streamed"]
+    assert report["reasoning"]["extra_body_keys"] == ["chat_template_kwargs"]
+    # a body key wins over --max-tokens, as in a run: max_completion_tokens 5 leaves no room for content
+    proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner", "--json",
+                   "--extra-body", '{"max_completion_tokens": 5}')
+    assert "cut at max_tokens = 5" in orjson.loads(proc.stdout)["warnings"][0]
+    for bad, needle in (("{not json", "--extra-body is not valid JSON"), ("[1]", "--extra-body must be a JSON object"),
+                        ('{"stream": false}', "--extra-body may not set stream")):
+        proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner", "--extra-body", bad)
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+
+
+def test_probe_never_prints_an_extra_body_value(sim) -> None:  # type: ignore[no-untyped-def]
+    # a value of --extra-body (it may be a token for a gateway) goes to the endpoint only: the report lists keys
+    url = sim(reasoning_field="reasoning", seed=10)
+    secret = "sk-extra-" + "q7" * 12
+    proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner", "--json",
+                   "--extra-body", orjson.dumps({"user": secret}).decode())
+    assert secret not in proc.stdout and secret not in proc.stderr
+    assert orjson.loads(proc.stdout)["reasoning"]["extra_body_keys"] == ["user"]

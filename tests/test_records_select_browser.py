@@ -58,10 +58,23 @@ def test_select_rows_flag_and_rerun(page: Page, live_app: Any, engine: Any) -> N
     expect(page).to_have_url(f"{srv.url}/runs/{run_id}/repair/preview")
     expect(page.locator("body")).to_contain_text("2 records")
 
-    # bulk by filter sits beside the match count
+    # bulk by filter sits beside the match count: right above it, at the top of the page, not below the histograms
+    page.set_viewport_size({"width": 1024, "height": 768})
     page.goto(f"{srv.url}/runs/{run_id}/records?flag=bad")
+    expect(page.locator("#records-count")).to_have_text("3 records match")
     page.locator("#bulk-by-filter").click()
     expect(page.locator("#bulk")).to_have_attribute("open", "")
+    bulk, count = page.locator("#bulk").bounding_box(), page.locator("#records-count").bounding_box()
+    assert bulk and count and 0 <= count["y"] - (bulk["y"] + bulk["height"]) <= 60, (bulk, count)
+    expect(page.locator("#rerun-matches-button")).to_be_in_viewport()
+    # ... and re-runs every match through the repair page's preview, with the filter as it is now (changed live)
+    page.locator("#record-filters select[name=flag]").select_option("")
+    expect(page.locator("#records-count")).to_have_text("13 records match")  # any status: the pending one too
+    page.locator("#record-filters select[name=flag]").select_option("bad")
+    expect(page.locator("#records-count")).to_have_text("3 records match")
+    page.locator("#rerun-matches-button").click()
+    expect(page).to_have_url(f"{srv.url}/runs/{run_id}/repair/preview")
+    expect(page.get_by_test_id("preview-counts")).to_contain_text("3 of 3 records would be queued")
 
 
 @pytest.mark.parametrize("width", [390])

@@ -59,7 +59,9 @@ def test_story_in_the_browser(page, live_app, engine, sim, prompts) -> None:  # 
         assert "again after acknowledgement" in again.inner_text()
         n2 = run_row(engine, run_id)["n_ok"]
 
-        # fix the reading from the banner's link: a new config version
+        # fix the reading from the banner's link: a new config version (the repair page shows the alarm strip,
+        # not the cards: the alarm's id is read here)
+        alarm_id = again.get_attribute("data-alarm-id")
         again.get_by_role("link", name="fix settings and repair these records").click()
         page.wait_for_url(f"**/runs/{run_id}/repair?*")
         page.locator('[data-testid="set-reasoning-mode"]').select_option("reasoning")
@@ -71,7 +73,6 @@ def test_story_in_the_browser(page, live_app, engine, sim, prompts) -> None:  # 
         assert page.locator('tr[data-version="2"]').inner_text().count("reasoning.mode") == 1
 
         # re-derive the alarm's records: preview first, then apply; no new request reaches the server
-        alarm_id = again.get_attribute("data-alarm-id")
         page.goto(f"{srv.url}/runs/{run_id}/repair?alarm={alarm_id}&kind=rederive")
         page.locator('[data-testid="preview"]').click()
         counts = page.locator('[data-testid="preview-counts"]')

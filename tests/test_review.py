@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import text
 
 from synthwatch.review import display as review_display
@@ -511,6 +513,25 @@ def test_segments_and_emptiness() -> None:
     assert review_display.segments("  \n\u200b ", whitespace=True) == [("ws", "··↵\n"), ("inv", "⟨U+200B ZWSP⟩"), ("ws", "·")]
     assert review_display.emptiness("") == "EMPTY" and review_display.emptiness(None) == "EMPTY (null)"
     assert review_display.emptiness("\u2067 \n") is not None and review_display.emptiness("x") is None
+
+
+def test_long_text_is_cut_into_blocks_after_line_ends() -> None:
+    segs = review_display.segments(("line of text\n" * 1000) + "tail\u200bend")
+    blocks = review_display.chunks(segs, size=100)
+    assert all(b[-1][1].endswith("\n") for b in blocks[:-1])  # every block but the last ends a line
+    assert all(sum(len(s) for _, s in b) <= 100 for b in blocks)
+    assert blocks[-1][-2:] == [("inv", "⟨U+200B ZWSP⟩"), ("t", "end")] and blocks[-1][0][1].endswith("\ntail")
+
+
+@given(st.text(alphabet="ab \n\t\u200b\u202e", max_size=400), st.integers(1, 60), st.booleans())
+def test_blocks_give_the_text_back_unchanged(value: str, size: int, ws: bool) -> None:
+    segs = review_display.segments(value, whitespace=ws)
+    blocks = review_display.chunks(segs, size=size)
+    assert "".join(s for b in blocks for _, s in b) == "".join(s for _, s in segs)
+    assert [k for b in blocks for k, s in b if k != "t"] == [k for k, _ in segs if k != "t"]  # markers never cut
+    assert all(b for b in blocks)  # no empty block
+    longest_marker = max((len(s) for k, s in segs if k != "t"), default=0)
+    assert all(sum(len(s) for _, s in b) < size + longest_marker for b in blocks)
 
 
 def test_migration_indexes_exist(db_path: Path, engine: Any) -> None:

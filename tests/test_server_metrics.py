@@ -3,6 +3,7 @@ served by the API, and shown on the run page in a real browser; parsing against 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 from conftest import HTTP_TIMEOUT_S
 from sqlalchemy import text
 from workerkit import Background, make_config, wait_for
+from workerkit import records as records_of
 
 from synthwatch.workers.server_metrics import interval_row, parse, quantile
 
@@ -231,6 +233,86 @@ def test_young_run_card_tiles_and_workers_agree(live_app, engine, sim, prompts) 
 
         store.apply_control(engine, bg.run_id, "stop_now")
         bg.join(30)
+
+
+def _recent(engine: Any, run_id: int, now: float, window_s: int) -> tuple[int, int, float]:
+    """(ok, completion tokens, seconds covered) of the series buckets in the window ending at ``now``: what the
+    tiles must show, computed here from the rows (app.stats.covered_s's rule, written out)."""
+    with engine.connect() as conn:
+        ok, tokens, t_min = conn.execute(text(
+            "SELECT SUM(ok), SUM(completion_tokens), MIN(t) FROM series WHERE run_id = :r AND t >= :since"),
+            {"r": run_id, "since": int(now - window_s)}).one()
+    return int(ok or 0), int(tokens or 0), max(5.0, min(float(window_s), now - float(t_min)))
+
+
+def _sim_counter(url: str, name: str) -> float:
+    """A counter of the simulator's own /metrics, read with prometheus_client's parser (not synthwatch's)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    page = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
+    return sum(s.value for f in text_string_to_metric_families(page) for s in f.samples if s.name == name)
+
+
+@pytest.mark.slow
+def test_old_run_card_tiles_workers_and_tokens(live_app, engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    """A run older than the window (set to 10 s: settings.rate_window_s, so the test need not run for minutes): the
+    tiles, the per-endpoint rows, the workers table and the Server card's client tok/s divide the window's tokens by
+    the part of the window the buckets cover, never by the run's age; the server's counters, summed over the
+    scraped intervals, are the simulator's own; the tokens API agrees with the records and the simulator."""
+    window = 10
+    url = sim(server_kind="vllm", tokens_per_s=200, ttft_ms=20, seed=17, reasoning_tokens="40-60",
+              content_tokens="20-30")
+    before = _sim_counter(url, "vllm:generation_tokens_total")
+    config = make_config(url, prompts(4000), concurrency=8, name="old", server_metrics={"interval_s": 0.5},
+                         request_token_ids=True)
+    bg = Background(engine, config).start()
+    srv = live_app(rate_window_s=window)
+    try:
+        def first_t() -> float | None:
+            with engine.connect() as conn:
+                return conn.execute(text("SELECT MIN(t) FROM series WHERE run_id = :r"), {"r": bg.run_id}).scalar()
+
+        # older than the window by more than a bucket (5 s): the window holds no bucket from the run's start
+        wait_for(lambda: first_t() is not None and time.time() - first_t() > window + 6, timeout_s=90,
+                 what="a run older than the window")
+        card = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/server", timeout=30).json()
+        stats = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/stats", timeout=30).json()
+        workers = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/workers", timeout=30).json()
+        ok, tokens, covered = _recent(engine, bg.run_id, stats["now"], window)
+        age = stats["now"] - float(first_t() or 0)
+        assert covered <= window < age  # the window's seconds, not the run's
+        tile_tok_s, tile_req_s = stats["recent"]["tok_s"], stats["recent"]["req_s"]
+        # the rows read right after the API: a worker flushes in between, so within a flush's worth
+        assert tile_req_s == pytest.approx(ok / covered, rel=0.2)
+        assert tile_tok_s == pytest.approx(tokens / covered, rel=0.2)
+        [stat_ep] = stats["endpoints"]
+        assert stat_ep["tok_s"] == pytest.approx(tile_tok_s, rel=0.05)
+        [ep] = card["endpoints"]
+        assert 5 <= card["client_window_s"] <= window
+        assert ep["client_tokens_s"] == pytest.approx(tile_tok_s, rel=0.3)
+        [w] = workers["workers"]
+        assert workers["recent_s"] == window and w["recent_rate_s"] == pytest.approx(tile_req_s, rel=0.3)
+        assert stats["window_s"] == window
+        assert ep["latest"]["running"] <= 8 and ep["latest"]["gen_tokens_s"] > 0
+        assert ep["latest"]["queue_mean_s"] is not None and ep["queue"]["mean"] is not None
+    finally:
+        from synthwatch.store import queue as store
+
+        store.apply_control(engine, bg.run_id, "stop")  # in-flight requests finish: the counters close exactly
+        bg.join(60)
+    # the server's side: every interval counted once, none assumed; the first scrape (the server's lifetime) is
+    # not an interval. The simulator's own counter says how many tokens it generated for this run
+    rows = [r for r in _rows(engine, bg.run_id) if r["error"] is None]
+    assert rows[0]["interval_s"] is None and all(r["interval_s"] for r in rows[1:])
+    generated = _sim_counter(url, "vllm:generation_tokens_total") - before
+    ok_rows = [r for r in records_of(engine, bg.run_id) if r["status"] == "ok"]
+    assert generated == sum(r["completion_tokens"] for r in ok_rows)
+    t = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/tokens", timeout=30).json()
+    assert t["total"]["completion"] == generated and t["total"]["prompt"] == sum(r["prompt_tokens"] for r in ok_rows)
+    assert t["total"]["reasoning"] == sum(r["reasoning_tokens"] for r in ok_rows) == sum(
+        v["reasoning"] for v in t["by_config_version"])
+    assert {r["reasoning_tokens_source"] for r in ok_rows} == {"ids"} and t["total"]["reasoning_estimated"] == 0
+    assert (t["total"]["billed_prompt"], t["total"]["billed_completion"]) == (t["total"]["prompt"], generated)
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -53,7 +53,7 @@ def make_run(engine: Any, tmp_path: Path, template: str | None, *, think: tuple[
 
 def chips_html(html: str) -> list[tuple[str, str, str]]:
     """(classes, title, text) of every chip in the page."""
-    return re.findall(r'<span class="(chip[^"]*)" title="([^"]*)">([^<]*)</span>', html)
+    return re.findall(r'<span class="(chip[^"]*)" title="([^"]*)"(?: id="tok-\d+")?>([^<]*)</span>', html)
 
 
 def test_chips_ids_kinds_and_loss_mask(engine: Any, live_app: Any, tmp_path: Path) -> None:
@@ -145,6 +145,38 @@ def test_server_token_ids_are_compared(engine: Any, live_app: Any, tmp_path: Pat
         assert differs == [data["prompt_len"] + 3]
         assert 'data-code="server_ids_differ"' in html and "4242" in html
         assert "Token ids returned by the server" in html
+
+
+def test_only_the_first_differences_are_outlined_with_jump_links(engine: Any, live_app: Any, tmp_path: Path) -> None:
+    """#28 item 8: an outline on thousands of chips says nothing; the first 20 are outlined, the count says the rest."""
+    from synthwatch.app.token_chips import DIFF_OUTLINE
+
+    run_id = make_run(engine, tmp_path, KEEPING)
+    rid = add_record(engine, run_id, 0, reasoning="Let me add these numbers one by one, slowly. " * 12,
+                     content="It is 4.")
+    srv = live_app()
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        data = c.get(f"/api/runs/{run_id}/records/{rid}/tokens").json()
+        prompt_ids = data["input_ids"][: data["prompt_len"]]
+        completion = data["input_ids"][data["prompt_len"]:]
+        server = [7 for _ in completion] + [8, 9]  # every completion id differs, and the server has two more
+        with engine.connect() as conn, store.write_begin(conn):
+            conn.execute(text("UPDATE record SET token_ids_json = :j WHERE id = :i"),
+                         {"j": orjson.dumps({"prompt": prompt_ids, "completion": server}).decode(), "i": rid})
+        api = c.get(f"/api/runs/{run_id}/records/{rid}/tokens").json()
+        n_differ = sum(ch["differs"] for ch in api["chips"])  # the API keeps every difference
+        assert n_differ > DIFF_OUTLINE
+        html = c.get(f"/runs/{run_id}/records/{rid}/tokens").text
+        shown = chips_html(html)
+        outlined = [i for i, (cls, _, _) in enumerate(shown) if "differs" in cls.split()]
+        assert outlined == list(range(data["prompt_len"], data["prompt_len"] + DIFF_OUTLINE))
+        assert f"the first {DIFF_OUTLINE} of {n_differ:,} tokens are outlined" in html
+        links = re.findall(r'<a href="#(tok-\d+)">([\d,]+)</a>', html.split('id="diff-outline"')[1].split("</p>")[0])
+        assert [a for a, _ in links] == [f"tok-{i}" for i in outlined]
+        assert all(f'id="{a}"' in html for a, _ in links)
+        # the warning in words: the server's extra ids have no re-tokenized counterpart, said so (never "None")
+        warning = html.split('data-code="server_ids_differ"')[1].split("</li>")[0]
+        assert "None" not in warning
 
 
 def test_without_a_tokenizer_the_view_says_how(engine: Any, live_app: Any, tmp_path: Path) -> None:

@@ -52,9 +52,11 @@ def dataset_form_fields() -> list[dict[str, Any]]:
     return out
 
 
+PRICE_KEYS = ("price_in_per_mtok", "price_out_per_mtok")  # every endpoint's, named as the TOML keys
 FORM_FIELDS = ("name", *(opt.form for _, _, opt in options(DatasetConfig)), "endpoints", "api_key_env", "model", "temperature", "top_p", "max_tokens",
                "concurrency", "cap", "timeout_s", "idle_timeout_s", "connect_timeout_s", "max_attempts",
-               "reasoning_mode", "stream", "turns", "history_reasoning", "tokenizer")
+               "reasoning_mode", "stream", "turns", "history_reasoning", "tokenizer",
+               *PRICE_KEYS)
 
 
 class LaunchErrors(FormErrors, LaunchError):
@@ -74,7 +76,7 @@ def form_field(loc: tuple[str | int, ...], msg: str) -> str | None:
     if not loc:  # a check across fields: today only the endpoints' ones
         return "endpoints" if "endpoint" in msg else None
     if loc[0] == "endpoints":
-        return "api_key_env" if "api_key_env" in loc else "endpoints"
+        return next((k for k in ("api_key_env", *PRICE_KEYS) if k in loc), "endpoints")
     if loc[0] == "tokenizer":
         return "tokenizer"
     if loc[0] == "dataset" and len(loc) > 1:
@@ -127,7 +129,8 @@ def form_to_data(form: dict[str, str], errors: FormErrors) -> dict[str, Any]:
     if not urls:
         errors.add("endpoints", "endpoints", "give at least one base URL, e.g. http://127.0.0.1:8001/v1")
     key_env = (form.get("api_key_env") or "").strip() or None
-    data["endpoints"] = [{"base_url": u, **({"api_key_env": key_env} if key_env else {})} for u in urls]
+    prices = {k: v for k in PRICE_KEYS if (v := _num(form, k, float, k, errors)) is not None}
+    data["endpoints"] = [{"base_url": u, **({"api_key_env": key_env} if key_env else {}), **prices} for u in urls]
     model = (form.get("model") or "").strip()
     if not model:
         errors.add("model", "model", "required (the model name the endpoint serves)")
@@ -200,6 +203,7 @@ def config_to_form(config: dict[str, Any]) -> dict[str, str]:
            for f in dataset_form_fields()},
         "endpoints": "\n".join(shown_url(str(e["base_url"])) for e in endpoints),
         "api_key_env": next((s(e.get("api_key_env")) for e in endpoints if e.get("api_key_env")), ""),
+        **{k: next((s(e.get(k)) for e in endpoints if e.get(k) is not None), "") for k in PRICE_KEYS},
         "model": s(config.get("model")), "temperature": s(sampling.get("temperature")),
         "top_p": s(sampling.get("top_p")), "max_tokens": s(sampling.get("max_tokens")),
         "concurrency": s(config.get("concurrency")), "cap": s(config.get("cap")),

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.engine import Connection, Engine
 
@@ -27,13 +27,16 @@ from ..quality.alarms import (
     active_overrides,
     banner_alarms,
     effective_rules,
+    group_alarms,
     list_alarms,
     list_overrides,
     rules_for,
     snoozed_alarms,
+    worst_severity,
 )
 from ..quality.checks import ChecksConfigError, parse_settings
 from ..quality.recompute import recompute, save_settings
+from ..repair.likely_fix import proposal
 from ..store import queue as store
 from ..store.models import LIVE_STATUSES
 from .deps import ReadConn, WriteEngine, render
@@ -82,12 +85,15 @@ def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
     cfg = _config(run)
     rules = _rules(cfg)
     alarms = [render_alarm(a, cfg, rules) for a in banner_alarms(conn, run_id)]
+    for a in alarms:  # "Apply the likely fix": only where the alarm's evidence pins the fix down
+        a["one_step_fix"] = proposal(a, cfg, str(run.get("kind") or "generate")) is not None
     hold = []
     if _live(run):
         claimed = int(run.get("total") or 0) - int(run.get("n_pending") or 0)
         hold = [a["id"] for a in store.alarm_gate(conn, run_id, claimed, time.time(), reopen=False)[0]]
     return {"run": {"id": run["id"], "name": run["name"], "status": run["status"], "desired": run["desired"]},
-            "alarms": alarms, "live": _live(run), "poll_s": BANNER_POLL_S, "hold_ids": hold,
+            "alarms": alarms, "groups": group_alarms(alarms), "worst": worst_severity(alarms),
+            "live": _live(run), "poll_s": BANNER_POLL_S, "hold_ids": hold,
             "overrides": overrides, "overrides_by_check": {o["check_name"] for o in overrides}}
 
 
@@ -126,8 +132,17 @@ def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
 
 
 @router.get("/runs/{run_id}/alarms/banner", include_in_schema=False)
-def banner(request: Request, run_id: int, conn: ReadConn) -> Response:
-    return render(request, "_alarms_banner.html", banner_context(conn, run_id))
+def banner(request: Request, run_id: int, conn: ReadConn, show_all: bool = Query(False, alias="all")) -> Response:
+    """The full cards (run page: the first cause open, the rest behind "N more"; ``all=1``: the checks page, all open)."""
+    ctx = banner_context(conn, run_id)
+    ctx["show_all"] = show_all
+    return render(request, "_alarms_banner.html", ctx)
+
+
+@router.get("/runs/{run_id}/alarms/strip", include_in_schema=False)
+def strip(request: Request, run_id: int, conn: ReadConn) -> Response:
+    """One line per run for every other page: the count and worst severity lead to the full cards."""
+    return render(request, "_alarm_strip.html", banner_context(conn, run_id))
 
 
 @router.post("/runs/{run_id}/alarms/{alarm_id}/ack", include_in_schema=False)
@@ -138,7 +153,9 @@ def ack_form(request: Request, run_id: int, alarm_id: int, engine: WriteEngine, 
         raise HTTPException(404, str(exc)) from None
     conn.rollback()  # see the acknowledgement just written
     if request.headers.get("HX-Request") == "true":
-        return render(request, "_alarms_banner.html", banner_context(conn, run_id))
+        ctx = banner_context(conn, run_id)
+        ctx["show_all"] = request.query_params.get("all") == "1"
+        return render(request, "_alarms_banner.html", ctx)
     return RedirectResponse(f"/runs/{run_id}/checks", status_code=303)
 
 

@@ -11,10 +11,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from ..repair.settings_diff import lines
 from ..review import length_fold, lengths
 from ..review.filters import Filters, ReviewError
+from ..store.versions import diff
 from . import run_stats, stats
 from .deps import ReadConn, lean, render
+from .launch import shown_url
 from .routes_runs import request_limit_ms, run_or_404
 from .words import check_label
 
@@ -78,10 +81,12 @@ def _summary(st: run_stats.RunStats) -> dict[str, Any]:
     return {
         "ok": run["n_ok"], "finished": finished, "duration_s": dur,
         "ok_per_s_run": run["n_ok"] / dur if dur else None,
-        "ok_per_s_now": st.recent.get("ok_s") if st.recent.get("working") else None,
+        "ok_per_s_now": st.recent.get("req_s") if st.recent.get("working") else None,  # req_s: ok records/s
         "tok_per_s_now": st.recent.get("tok_s") if st.recent.get("working") else None,
         "timeouts_pct": _pct(st.whole["timeouts"], finished), "errors_pct": _pct(st.whole["errors"], finished),
-        "retries": totals.get("retries", 0), "http_429": totals.get("http_429", 0),
+        # rates, not counts: a 300-record run and a 10k-record run compare per 100 finished records (#28 item 6)
+        "retries_per_100": _pct(totals.get("retries", 0), finished),
+        "http_429_per_100": _pct(totals.get("http_429", 0), finished),
         "empty_reasoning_pct": _pct(q.get("n_empty_all"), q.get("ok_all")),
         "cut_at_max_tokens_pct": _pct(q.get("n_length_all"), q.get("ok_all")),
         "latency_p50_s": lat.get("latency_s", {}).get("run_p50"), "latency_p95_s": lat.get("latency_s", {}).get("run_p95"),
@@ -98,7 +103,8 @@ ROWS = (
     ("duration_s", "duration", "s", None), ("ok_per_s_run", "ok records/s over the run", "/s", False),
     ("ok_per_s_now", "ok records/s now", "/s", False), ("tok_per_s_now", "output tokens/s now", "/s", False),
     ("timeouts_pct", "timeouts (% of finished)", "%", True), ("errors_pct", "errors (% of finished)", "%", True),
-    ("retries", "retries", "", True), ("http_429", "HTTP 429", "", True),
+    ("retries_per_100", "retries per 100 finished records", "/100", True),
+    ("http_429_per_100", "HTTP 429 answers per 100 finished records", "/100", True),
     ("empty_reasoning_pct", "empty reasoning (% of ok)", "%", True),
     ("cut_at_max_tokens_pct", "cut at max_tokens (% of ok)", "%", True),
     ("latency_p50_s", "latency p50", "s", True), ("latency_p95_s", "latency p95", "s", True),
@@ -143,9 +149,24 @@ def compare_data(conn: Any, a: dict[str, Any], b: dict[str, Any], limit_ms: int)
     names = sorted(set(sums[0]["checks"]) | set(sums[1]["checks"]))
     checks = [{"name": n, "label": check_label(n), "a": sums[0]["checks"].get(n), "b": sums[1]["checks"].get(n)}
               for n in names]
-    return {"runs": [{"id": r["id"], "name": r["name"], "status": r["status"], "live": r["live"],
-                      "max_tokens": lengths.max_tokens_of(r), "model": r["config"].get("model")} for r in runs],
-            "rows": rows, "checks": checks, "histograms": hist}
+    return {"runs": [{"id": r["id"], "name": r["name"], "status": r["status"], "live": r["live"], "side": side,
+                      "max_tokens": lengths.max_tokens_of(r), "model": r["config"].get("model")}
+                     for side, r in zip(("a", "b"), runs, strict=True)],
+            "rows": rows, "checks": checks, "histograms": hist, "live": any(r["live"] for r in runs),
+            "settings": settings_diff_of(a, b)}
+
+
+def settings_diff_of(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Where the two runs' current settings differ, "path: A -> B" (secret values never shown), names aside."""
+    def shown(cfg: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in cfg.items() if k != "name"}
+        if isinstance(out.get("endpoints"), list):  # a base URL's user:password@ is never shown (launch.shown_url)
+            out["endpoints"] = [{**e, "base_url": shown_url(str(e.get("base_url") or ""))} if isinstance(e, dict) else e
+                                for e in out["endpoints"]]
+        return out
+
+    cfg_a, cfg_b = shown(a.get("config") or {}), shown(b.get("config") or {})
+    return [line.replace(" -> ", " → ") for line in lines([c.as_dict() for c in diff(cfg_a, cfg_b)])]
 
 
 def _pick(conn: Any, run: list[str]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -168,6 +189,20 @@ def compare_page(request: Request, conn: ReadConn, run: Annotated[list[str], Que
         except stats.StatsTimeout as exc:
             ctx["stale"] = str(exc)
     return render(request, "compare.html", ctx)
+
+
+@router.get("/compare/numbers", include_in_schema=False)
+def compare_numbers(request: Request, conn: ReadConn, run: Annotated[list[str], Query()] = []) -> Response:  # noqa: B006
+    """The compare page's numbers, checks and settings: what it polls while either run is live."""
+    a, b = _pick(conn, run)
+    if a is None or b is None:
+        raise HTTPException(400, "pick two runs to compare, by id: ?run=A&run=B")
+    ctx: dict[str, Any] = {"a": a, "b": b, "data": None, "stale": None}
+    try:
+        ctx["data"] = compare_data(conn, a, b, request_limit_ms(request))
+    except stats.StatsTimeout as exc:
+        ctx["stale"] = str(exc)
+    return render(request, "_compare_numbers.html", ctx)
 
 
 @router.get("/api/compare", tags=["runs"], summary="Two runs side by side: rates, latency, checks, lengths")

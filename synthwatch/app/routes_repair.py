@@ -126,8 +126,13 @@ def repair_page(request: Request, run_id: int, conn: ReadConn) -> Response:
 
 @router.get("/runs/{run_id}/repair/job", include_in_schema=False)
 def repair_job_fragment(request: Request, run_id: int, conn: ReadConn) -> Response:
-    # not repair_context: its version counts scan the run's records, and this polls every second during a repair
-    return render(request, "_repair_job.html", job_context(conn, run_id))
+    # not repair_context: its version counts scan the run's records, and this polls every second during a repair.
+    # The last poll (the job over) redraws the repairs table beside it, so its row no longer says "running" (#28)
+    ctx = job_context(conn, run_id)
+    ctx["fragment"] = True
+    if ctx["job"] and ctx["job"]["state"] != "running":
+        ctx["repairs"] = repair_history.list_repairs(conn, run_id)
+    return render(request, "_repair_job.html", ctx)
 
 
 def _kept_selection(form: Any, prefix: str = "") -> dict[str, str]:
@@ -136,7 +141,8 @@ def _kept_selection(form: Any, prefix: str = "") -> dict[str, str]:
     return {k: str(form.get(prefix + k) or "").strip()[:2000] for k in (*SELECT_KEYS, "filter", "kind")}
 
 
-def _back(run_id: int, **q: str) -> RedirectResponse:
+def back_to_repair(run_id: int, **q: str) -> RedirectResponse:
+    """303 to the run's Settings & repairs page with the page's selection and message in the query."""
     return RedirectResponse(f"/runs/{run_id}/repair?{urlencode({k: v for k, v in q.items() if v})}", status_code=303)
 
 
@@ -234,7 +240,7 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
                    errors=errors, entered=entered)
         return render(request, "repair.html", ctx, status_code=400)
     said = "; ".join(settings_diff.lines(res["changes"])).replace(" -> ", " → ")
-    return _back(run_id, message=f"Config version {res['version']}: {said}", **_kept_selection(form, "keep."))
+    return back_to_repair(run_id, message=f"Config version {res['version']}: {said}", **_kept_selection(form, "keep."))
 
 
 def _endpoint_lines(value: str, current: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -353,21 +359,21 @@ async def apply_form(request: Request, run_id: int, engine: WriteEngine, conn: R
     form = await request.form()
     kind = str(form.get("kind") or "")
     if kind not in ("rederive", "rerun"):
-        return _back(run_id, error=f"unknown repair {kind[:40]!r}")
+        return back_to_repair(run_id, error=f"unknown repair {kind[:40]!r}")
     try:
         sel = _select(conn, run_id, form)
     except repair.RepairError as exc:
-        return _back(run_id, error=str(exc))
+        return back_to_repair(run_id, error=str(exc))
     max_id = str(form.get("max_id") or "")
     if max_id.isdigit():  # the records the preview counted, not ones that finished since
         sel = repair.Selection(sel.description, sel.filters, int(max_id), sel.ids)
     if kind == "rerun":
         prev = repair.preview_rerun(engine, run_id, sel)
         if not prev["queued"]:  # no job, no repair row
-            return _back(run_id, message=repair.nothing_to_rerun(prev["selected"]), **_kept_selection(form))
+            return back_to_repair(run_id, message=repair.nothing_to_rerun(prev["selected"]), **_kept_selection(form))
     if not start_job(engine, run_id, kind, sel, actor="ui"):
-        return _back(run_id, error="a repair of this run is already running")
-    return _back(run_id, message=f"{'Re-derive' if kind == 'rederive' else 'Re-run'} started: {sel.description}")
+        return back_to_repair(run_id, error="a repair of this run is already running")
+    return back_to_repair(run_id, message=f"{'Re-derive' if kind == 'rederive' else 'Re-run'} started: {sel.description}")
 
 
 @router.post("/runs/{run_id}/repairs/{repair_id}/undo", include_in_schema=False)
@@ -375,8 +381,8 @@ def undo_form(run_id: int, repair_id: int, engine: WriteEngine) -> Response:
     try:
         res = repair_history.undo(engine, run_id, repair_id, actor="ui")
     except repair.RepairError as exc:
-        return _back(run_id, error=str(exc))
-    return _back(run_id, message=f"Undid repair #{repair_id}: {res['restored']} records restored"
+        return back_to_repair(run_id, error=str(exc))
+    return back_to_repair(run_id, message=f"Undid repair #{repair_id}: {res['restored']} records restored"
                  + (f", {res['skipped']} changed again since and left as they are" if res["skipped"] else ""))
 
 
@@ -386,10 +392,10 @@ def autopause_form(run_id: int, engine: WriteEngine, check: Annotated[str, Form(
     try:
         set_auto_pause(engine, run_id, check, state == "on", reason=reason, actor="ui")
     except (OverrideError, store.NotFound) as exc:
-        return _back(run_id, error=str(exc))
+        return back_to_repair(run_id, error=str(exc))
     if back == "run":
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
-    return _back(run_id, message=f"Auto-pause for {check} is {'on' if state == 'on' else 'off'}")
+    return back_to_repair(run_id, message=f"Auto-pause for {check} is {'on' if state == 'on' else 'off'}")
 
 
 # ------------------------------------------------------------------------------------------ JSON API

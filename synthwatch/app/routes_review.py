@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import time
-import weakref
 from typing import Any
 from urllib.parse import urlencode
 
@@ -27,13 +26,13 @@ from ..review import queries as review
 from ..review.filters import Filters, ReviewError
 from ..store import queue as store
 from ..store.models import LIVE_STATUSES
-from . import snippets
+from . import snippets, token_chips
 from .deps import HX, ReadConn, SearchBacklog, render
 from .tokenizer_limits import tried_spec
 
 router = APIRouter()
 
-MAX_CHIPS = 20_000
+MAX_CHIPS = 50_000  # drawn in blocks laid out as they scroll into view (#28): a 32k-token record shows whole
 MAX_TOKEN_VIEW_CHARS = 400_000  # ~100k tokens: a few hundred ms to render
 
 
@@ -153,9 +152,12 @@ def sample_api(request: Request, run_id: int, conn: ReadConn) -> Any:
 
 
 def _text_block(value: str | None, ws: bool) -> dict[str, Any]:
+    segs = review_display.segments(value or "", whitespace=ws)
     return {
         "empty": review_display.emptiness(value),
-        "segments": review_display.segments(value or "", whitespace=ws),
+        "segments": segs,
+        # a long text in blocks the browser lays out only as they scroll into view (#28 item 8)
+        "chunks": review_display.chunks(segs) if len(value or "") > review_display.TEXT_CHUNK_CHARS else None,
         "chars": len(value or ""),
         "invisible": review_display.count_invisible(value),
     }
@@ -495,30 +497,13 @@ def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         return ctx
     show_all = q.get("all") == "1"
     shown = r.chips if show_all else r.chips[:MAX_CHIPS]
+    views, outline = token_chips.chip_views(lt, shown)
     ctx.update({
-        "r": r, "lt": lt, "chips": _chip_views(lt, shown), "hidden_chips": len(r.chips) - len(shown),
+        "r": r, "lt": lt, "chunks": token_chips.chunked(views), "outline": outline,
+        "hidden_chips": len(r.chips) - len(shown),
         "server_ids": ids, "all_url": f"/runs/{run['id']}/records/{rec['id']}/tokens{_qs({**dict(q), 'all': '1'})}",
     })
     return ctx
-
-
-_CHIP_WS = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "␍"})
-# Per loaded tokenizer: token id -> (shown text, hover title). A token looks the same in every record.
-_CHIP_CACHE: weakref.WeakKeyDictionary[Any, dict[int, tuple[str, str]]] = weakref.WeakKeyDictionary()
-
-
-def _chip_views(lt: Any, chips: list[Any]) -> list[tuple[str, str, str]]:
-    """(shown text, css classes, hover title) per token chip; the template escapes all three."""
-    cache = _CHIP_CACHE.setdefault(lt, {})
-    out = []
-    for c in chips:
-        seen = cache.get(c.id)
-        if seen is None:
-            shown = "".join(m if k != "t" else m.translate(_CHIP_WS) for k, m in review_display.segments(c.text)) or "∅"
-            seen = cache[c.id] = (shown, f"id {c.id} · {c.kind} · bytes {c.raw_bytes or '–'} · piece {c.piece!r}")
-        classes = f"chip k-{c.kind}" + (" asst" if c.in_assistant else "") + (" differs" if c.differs else "")
-        out.append((seen[0], classes, seen[1] + (" · trained" if c.in_assistant else " · not trained")))
-    return out
 
 
 @router.get("/runs/{run_id}/records/{record_id:int}/tokens", include_in_schema=False)

@@ -21,9 +21,10 @@ from ..store import versions
 from . import launch, run_stats, stats, timeseries
 from .deps import HX, ReadConn, WriteEngine, lean, render
 from .form_errors import FormErrors
-from .routes_cost import cost_context
+from .routes_cost import run_page_cost
 from .routes_open_items import flash as open_items_flash
 from .routes_server import server_context
+from .runs_list import runs_view
 
 router = APIRouter()
 
@@ -58,20 +59,25 @@ def _slow_poll_ms(request: Request) -> int:
 # ------------------------------------------------------------------ data functions (pages and fragments)
 
 
+def _window_s(request: Request) -> int:
+    """The window of the current rates (settings.rate_window_s): every number that says "last N s" uses it."""
+    return int(request.app.state.settings.rate_window_s)
+
+
 def _list_context(request: Request, conn: Any) -> dict[str, Any]:
     try:
         with stats.time_limit(conn, request_limit_ms(request)):
-            runs = stats.list_runs(conn)
+            view = runs_view(conn, stats.list_runs(conn, window_s=_window_s(request)), request.query_params)
         stale = None
     except stats.StatsTimeout as exc:
-        runs, stale = [], str(exc)
-    return {"runs": runs, "stale": stale, "poll_ms": max(2000, _poll_ms(request))}
+        view, stale = runs_view(conn, [], request.query_params), str(exc)
+    return {**view, "stale": stale, "poll_ms": max(2000, _poll_ms(request))}
 
 
 def _stats_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str, Any]:
     try:
         with stats.time_limit(conn, request_limit_ms(request)):
-            st = run_stats.run_stats(conn, run)
+            st = run_stats.run_stats(conn, run, _window_s(request))
             # records written whose extended checks have not answered yet (#30): verdicts follow the records
             names = verdicts.configured_checks(run.get("config") or run.get("config_json"))
             pending = verdicts.pending_estimate(conn, run["id"], int(run.get("n_ok") or 0), names) if names else None
@@ -225,8 +231,8 @@ def run_page(request: Request, conn: ReadConn, run_id: int, window: Window = "5m
     # an open item's accept form comes back here: what happened, from the item (routes_open_items.py)
     ctx["message"], ctx["control_error"] = open_items_flash(conn, run_id, request.query_params)
     ctx["versions"] = list(reversed(versions.list_versions(conn, run_id, counts=False)))[:5]
-    ctx["server"] = server_context(conn, run_id)
-    ctx["cost"] = cost_context(conn, run_id)
+    ctx["server"] = server_context(conn, run_id, _window_s(request))
+    ctx["cost"] = run_page_cost(conn, run_id)
     return render(request, "run.html", ctx)
 
 

@@ -39,7 +39,7 @@ def _json(value: str | None) -> Any:
         return None
 
 
-def server_context(conn: Connection, run_id: int) -> dict[str, Any]:
+def server_context(conn: Connection, run_id: int, rate_window_s: int = RECENT_S) -> dict[str, Any]:
     try:
         run = store.run_row(conn, run_id)
     except store.NotFound:
@@ -48,7 +48,7 @@ def server_context(conn: Connection, run_id: int) -> dict[str, Any]:
     newest = conn.execute(text("SELECT MAX(t) FROM server_metric WHERE run_id = :r"), {"r": run_id}).scalar()
     endpoints: dict[str, dict[str, Any]] = {}
     now = time.time()
-    client_s = float(RECENT_S)
+    client_s = float(rate_window_s)
     if newest is not None:
         since = float(newest) - WINDOW_S
         for row in conn.execute(text(f"SELECT {_COLS} FROM server_metric WHERE run_id = :r AND t >= :since"
@@ -66,9 +66,9 @@ def server_context(conn: Connection, run_id: int) -> dict[str, Any]:
         t_client = now if live else min(now, float(newest))
         client = conn.execute(text(
             "SELECT endpoint, SUM(completion_tokens), MIN(t) FROM series WHERE run_id = :r AND t >= :since"
-            " AND endpoint != '' GROUP BY endpoint"), {"r": run_id, "since": int(t_client - RECENT_S)}).all()
+            " AND endpoint != '' GROUP BY endpoint"), {"r": run_id, "since": int(t_client - rate_window_s)}).all()
         t_min = min((float(t) for _, _, t in client if t is not None), default=None)
-        client_s = covered_s(t_min, t_client, RECENT_S)
+        client_s = covered_s(t_min, t_client, rate_window_s)
         for endpoint, tokens, _t in client:
             if endpoint in endpoints:
                 endpoints[endpoint]["client_tokens_s"] = float(tokens or 0) / client_s
@@ -136,10 +136,11 @@ def _secs(s: float) -> str:
 
 @router.get("/runs/{run_id}/server", include_in_schema=False)
 def server_fragment(request: Request, run_id: int, conn: ReadConn) -> Response:
-    return render(request, "_run_server.html", server_context(conn, run_id))
+    return render(request, "_run_server.html",
+                  server_context(conn, run_id, request.app.state.settings.rate_window_s))
 
 
 @router.get("/api/runs/{run_id}/server", tags=["runs"],
             summary="Each endpoint's own metrics (vLLM, SGLang) over the last 5 minutes, beside the client's tokens/s")
-def api_server(run_id: int, conn: ReadConn) -> Any:
-    return server_context(conn, run_id)
+def api_server(request: Request, run_id: int, conn: ReadConn) -> Any:
+    return server_context(conn, run_id, request.app.state.settings.rate_window_s)

@@ -23,7 +23,6 @@ from .stats import covered_s
 
 router = APIRouter()
 
-RECENT_S = 60  # window of the per-worker recent rate
 MAX_WORKERS = 200
 
 
@@ -36,11 +35,12 @@ def worker_state(status: str, heartbeat_age_s: float, dead_after_s: float) -> st
 
 def workers_context(request: Request, conn: Connection, run: dict[str, Any]) -> dict[str, Any]:
     dead_after_s = float(request.app.state.settings.dead_worker_after_s)
+    window_s = int(request.app.state.settings.rate_window_s)  # the tiles' window (settings.rate_window_s)
     now = time.time()
     rid = run["id"]
     recent = {int(w): (int(n or 0), t_min) for w, n, t_min in conn.execute(
         text("SELECT worker_id, sum(ok), min(t) FROM series WHERE run_id = :r AND t >= :since GROUP BY worker_id"),
-        {"r": rid, "since": int(now - RECENT_S)})}
+        {"r": rid, "since": int(now - window_s)})}
     workers = []
     for r in conn.execute(text(
             "SELECT id, host, pid, started_at, heartbeat_at, status, claimed, done, stats_json FROM worker"
@@ -59,23 +59,23 @@ def workers_context(request: Request, conn: Connection, run: dict[str, Any]) -> 
             "id": r["id"], "host": r["host"], "pid": r["pid"], "state": state, "status": r["status"],
             "claimed": r["claimed"], "done": r["done"],
             "rate_s": r["done"] / lifetime if r["done"] else 0.0,
-            "recent_rate_s": _recent_rate(recent.get(int(r["id"])), now) if live else None,
+            "recent_rate_s": _recent_rate(recent.get(int(r["id"])), now, window_s) if live else None,
             "started_at": r["started_at"], "heartbeat_at": r["heartbeat_at"], "heartbeat_age_s": age,
             "in_flight": st.get("in_flight") if live else 0, "concurrency": st.get("concurrency"),
             "worker_state": st.get("state"), "write_error": st.get("write_error"),
         })
     summary = {s: sum(1 for w in workers if w["state"] == s) for s in ("running", "dead", "exited")}
     return {"run": run, "workers": workers, "summary": summary, "dead_after_s": dead_after_s,
-            "recent_s": RECENT_S, "workers_poll_ms": max(10_000, 5 * int(request.app.state.settings.poll_interval_ms))}
+            "recent_s": window_s, "workers_poll_ms": max(10_000, 5 * int(request.app.state.settings.poll_interval_ms))}
 
 
-def _recent_rate(done: tuple[int, float] | None, now: float) -> float:
+def _recent_rate(done: tuple[int, float] | None, now: float, window_s: int) -> float:
     """A worker's ok records per second over the part of the window it has been working (a worker younger than the
     window is not diluted by time it did not exist: 4.57/s, not 1.60/s)."""
     if done is None:
         return 0.0
     n, t_min = done
-    return n / covered_s(t_min, now, RECENT_S)
+    return n / covered_s(t_min, now, window_s)
 
 
 def _run_or_404(conn: Connection, run_id: int) -> dict[str, Any]:

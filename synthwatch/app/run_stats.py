@@ -122,7 +122,7 @@ def run_stats(conn: Connection, run: dict[str, Any], window_s: int = RECENT_S) -
     total = _whole_sums(conn, run, now)  # first: it may drop the run's cached folds (rows that came late)
     st.latency = _latency(conn, rid, now, window_s)
     st.failures, st.status_codes = _failures(conn, rid, recent, total)
-    st.quality = _quality(conn, rid, recent, total, now)
+    st.quality = _quality(conn, rid, recent, total, now, window_s)
     st.checks = _checks(conn, rid)
     st.endpoints = _endpoints(conn, rid, now, window_s, span, recent["working"])
     st.workers = _workers(conn, rid, now)
@@ -307,9 +307,9 @@ def _failures(conn: Connection, rid: int, recent: dict[str, Any],
 
 
 def _quality(conn: Connection, rid: int, recent: dict[str, Any], total: dict[str, Any],
-             now: float) -> dict[str, Any]:
+             now: float, window_s: int) -> dict[str, Any]:
     ok_all, empty_all, length_all = total["ok"] or 0, total["empty_reasoning"] or 0, total["finish_length"] or 0
-    sources_recent = _sources(conn, rid, int(now - RECENT_S), None)
+    sources_recent = _sources(conn, rid, int(now - window_s), None)
     sources, sources_complete = cached_final(conn, rid, "sources", now, _sources, _add_counts, dict)
     ok_r = recent["ok"]
     return {

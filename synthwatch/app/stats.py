@@ -96,7 +96,7 @@ def safe_rate(n: float, d: float) -> float | None:
 # ------------------------------------------------------------------ runs list
 
 
-def list_runs(conn: Connection, limit: int = 200) -> list[dict[str, Any]]:
+def list_runs(conn: Connection, limit: int = 200, window_s: int = RECENT_S) -> list[dict[str, Any]]:
     now = time.time()
     runs = [dict(r) for r in conn.execute(
         text("SELECT id, name, kind, status, desired, status_message, cap, concurrency, created_at, started_at,"
@@ -118,8 +118,9 @@ def list_runs(conn: Connection, limit: int = 200) -> list[dict[str, Any]]:
         r["error_share"] = safe_rate(r["n_error"], finished)
         r["target"] = r["cap"] if r["cap"] is not None else r["total"]
         if r["live"]:
-            recent = sums(conn, r["id"], now - RECENT_S)
-            r.update(recent_rates(recent, window_span_s(recent, now, RECENT_S)))
+            recent = sums(conn, r["id"], now - window_s)
+            r.update(recent_rates(recent, window_span_s(recent, now, window_s)))
+            r["window_s"] = window_s
             if r["status"] not in WORKING_STATUSES:  # paused: nothing runs, so the current rate is 0
                 r.update({"req_s": 0.0, "tok_s": 0.0})
         else:
@@ -151,7 +152,7 @@ def run_badges(r: dict[str, Any]) -> list[tuple[str, str]]:
         text = f"{plural(r['n_timeout'], 'timeout')} ({(r.get('timeout_share') or 0) * 100:.1f}% of the run"
         recent = r.get("recent_timeout_share")
         if recent is not None:
-            text += f"; {recent * 100:.1f}% in the last {RECENT_S} s"
+            text += f"; {recent * 100:.1f}% in the last {r.get('window_s', RECENT_S)} s"
         out.append((sev, text + ")"))
     eshare = r.get("recent_error_share")
     if eshare is None:

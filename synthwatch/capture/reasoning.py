@@ -37,6 +37,7 @@ __all__ = [
     "KNOWN_TOP_KEYS",
     "MODES",
     "REASONING_FIELDS",
+    "FIELD_SOURCES",
     "SOURCES",
     "Extracted",
     "ResponseShapeError",
@@ -59,6 +60,8 @@ SOURCES = (
     "inline-no-open",
     "none",
 )
+# sources whose text came in a field of its own: a stream's chunks then say which of their ids are reasoning
+FIELD_SOURCES = frozenset({"reasoning", "reasoning_content", "reasoning_details", "thinking"})
 
 # Keys read into Extracted's own fields (or pure protocol boilerplate); everything else is "extra".
 KNOWN_TOP_KEYS = frozenset(
@@ -101,6 +104,9 @@ class Extracted:
     # the content as the server sent it, when the reading changed it (inline think tags split off): with the
     # field texts (reasoning, unread_fields, duplicate_fields) it is what a re-derive reads again
     raw_content: str | None = None
+    # reasoning tokens counted from the completion's ids (synthwatch.capture.token_count): the ids of a stream's
+    # reasoning chunks, or the ids before the think-close token where the run's tokenizer names its id
+    reasoning_ids: int | None = None
 
 
 # --------------------------------------------------------------------------------------------

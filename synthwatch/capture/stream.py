@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .reasoning import (
+    FIELD_SOURCES,
     KNOWN_CHOICE_KEYS,
     KNOWN_TOP_KEYS,
     MISSING,
@@ -49,6 +50,7 @@ class StreamAccumulator:
         "_pieces",
         "_problems",
         "_prompt_token_ids",
+        "_reasoning_ids",
         "_token_ids",
         "_top_x",
         "_usage",
@@ -83,6 +85,7 @@ class StreamAccumulator:
         self._finish: Any = None
         self._usage: Any = None
         self._token_ids: list[Any] | None = None
+        self._reasoning_ids = 0  # ids that came in chunks whose delta carried a reasoning field
         self._prompt_token_ids: Any = None
         self._id: Any = None
         self._model: Any = None
@@ -181,6 +184,11 @@ class StreamAccumulator:
                     self._token_ids = list(tids)
                 else:
                     t.extend(tids)
+                # the ids of a reasoning chunk are reasoning tokens (vLLM sends the </think> token in a chunk of its
+                # own, ``delta: {}``): a count from ids that needs no tokenizer
+                if type(delta) is dict and ("reasoning_content" in delta or "reasoning" in delta
+                                            or "thinking" in delta or "reasoning_details" in delta):
+                    self._reasoning_ids += len(tids)
             else:
                 self._problems.add(f"choices[0].token_ids is {tname(tids)}, not a list")
         if lp is not None:
@@ -391,4 +399,5 @@ class StreamAccumulator:
             n_chunks=self._n,
             problems=problems.as_list(),
             raw_content=None if content == sent_content else sent_content,
+            reasoning_ids=self._reasoning_ids if token_ids is not None and source in FIELD_SOURCES else None,
         )

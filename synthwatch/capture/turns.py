@@ -106,7 +106,8 @@ def history_reasoning_of(config_json: str | dict[str, Any] | None) -> str:
 # columns of a turn, as the record stores its (last) turn; a stored turn holds these plus its attempts
 TURN_COLS = (
     "reasoning", "content", "content_null", "reasoning_source", "reasoning_len", "content_len", "finish_reason",
-    "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json", "model",
+    "prompt_tokens", "completion_tokens", "reasoning_tokens", "reasoning_tokens_source", "usage_json",
+    "token_ids_json", "model",
     "system_fingerprint", "response_id", "extra_json", "endpoint", "latency_s", "ttft_s", "n_chunks",
     "finished_at", "gen_version",
 )

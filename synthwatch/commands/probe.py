@@ -9,7 +9,8 @@ import sys
 import orjson
 
 from ..cli import CliError
-from ._common import positive_float, positive_int
+from ..probe import PROBE_MAX_TOKENS, PROBE_OWN_KEYS
+from ._common import json_object_flag, positive_float, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -28,7 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--tokenizer", help="tokenizer folder, cached name or 'deepseek-v4' (checks the template)")
     p.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4'")
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--max-tokens", type=positive_int, default=512)
+    p.add_argument("--max-tokens", type=positive_int, default=PROBE_MAX_TOKENS,
+                   help=f"max_tokens of each probe request (default {PROBE_MAX_TOKENS}: a reasoning model thinks "
+                   "first; at 512 it was cut before any content)")
+    p.add_argument("--extra-body", metavar="JSON", help="JSON object merged into every probe request, as the run's "
+                   "--extra-body (sampling.extra_body), e.g. '{\"chat_template_kwargs\": {\"thinking\": true}}'")
     p.add_argument("--timeout", type=positive_float, default=60.0, metavar="S")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.set_defaults(func=handle)
@@ -46,9 +51,16 @@ def handle(args: argparse.Namespace) -> int:
             key = secret_from_env(args.api_key_env)
         except SecretError as exc:
             raise CliError(str(exc)) from None
+    extra = None
+    if args.extra_body is not None:
+        extra = json_object_flag(args.extra_body, "--extra-body")
+        own = [k for k in PROBE_OWN_KEYS if k in extra]
+        if own:
+            raise CliError(f"--extra-body may not set {', '.join(own)}: the probe sends its own question, "
+                           "non-streamed and streamed")
     options = ProbeOptions(base_url=args.base_url, model=args.model, api_key=key, max_tokens=args.max_tokens,
                            timeout_s=args.timeout, tokenizer=args.tokenizer, chat_template=args.chat_template,
-                           trust_remote_code=args.trust_remote_code)
+                           trust_remote_code=args.trust_remote_code, extra_body=extra)
     from ..workers.preflight import PreflightError, check_endpoint
 
     # the endpoint itself first, as `synthwatch run` checks it: a missing /v1, a refused key or a model the server
@@ -94,6 +106,8 @@ def handle(args: argparse.Namespace) -> int:
             print(f"            its prompt ids match the server's: {'yes' if tok['prompt_matches_server'] else 'NO'}")
     for problem in report.problems:
         print(f"problem:    {problem}")
+    for warning in report.warnings:
+        print(f"warning:    {warning}")
     flags, notes = recommended(report.settings)
     print("settings:   " + (", ".join(f"{flag} ({toml})" for flag, toml in flags) or "the defaults"))
     for note in notes:

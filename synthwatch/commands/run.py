@@ -58,6 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--base-url", action="append", help="OpenAI-compatible base URL; repeat for several")
     g.add_argument("--api-key-env", help="name of the environment variable holding the API key")
     g.add_argument("--model")
+    for side, what in (("in", "prompt"), ("out", "completion")):  # named as the TOML keys they set
+        g.add_argument(f"--price-{side}-per-mtok", type=float, metavar="PRICE", help=f"price per million {what} "
+                       f"tokens of every endpoint (endpoints[].price_{side}_per_mtok): the cost view")
     g.add_argument("--no-stream", dest="stream", action="store_false", default=None)
     g.add_argument("--concurrency", type=concurrency_arg, metavar="N|auto",
                    help="requests in flight; 'auto' tunes it to the servers (autotune in docs/configuration.md)")
@@ -135,6 +138,10 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
                             for u in a.base_url]
     elif a.api_key_env:
         cfg["_api_key_env"] = a.api_key_env
+    prices = {k: v for k, v in (("price_in_per_mtok", a.price_in_per_mtok),
+                                ("price_out_per_mtok", a.price_out_per_mtok)) if v is not None}
+    if prices:  # every endpoint's, as --api-key-env
+        cfg["_prices"] = prices
     put("model", a.model)
     put("stream", a.stream)
     if a.concurrency == "auto":
@@ -193,9 +200,12 @@ def resolve_config(a: argparse.Namespace, stored: dict[str, Any] | None = None, 
         source = f"{a.config} + command line"
     flags = _flags_to_config(a)
     key_env = flags.pop("_api_key_env", None)
+    prices = flags.pop("_prices", {})
     merged = deep_merge(base, flags)
     if key_env and merged.get("endpoints"):
         merged["endpoints"] = [{**e, "api_key_env": key_env} for e in merged["endpoints"]]
+    if prices and merged.get("endpoints"):
+        merged["endpoints"] = [{**e, **prices} for e in merged["endpoints"]]
     missing = [k for k in ("dataset", "endpoints", "model") if k not in merged]
     if missing:
         if not required:
@@ -224,6 +234,7 @@ KEY_FLAGS = {
     "tokenizer.chat_template": "--chat-template", "tokenizer.trust_remote_code": "--trust-remote-code",
     "autotune.min": "--autotune-min", "autotune.max": "--autotune-max", "autotune.enabled": "--concurrency auto",
     "name": "--name", "shutdown_grace_s": "--shutdown-grace-s",
+    "endpoints.price_in_per_mtok": "--price-in-per-mtok", "endpoints.price_out_per_mtok": "--price-out-per-mtok",
 }
 
 

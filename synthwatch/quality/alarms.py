@@ -46,6 +46,47 @@ MISMATCH_SYMPTOMS = frozenset({"empty_reasoning", "reasoning_tokens_no_text", "t
                                "both_empty_with_tokens", "token_count_mismatch"})
 
 
+# Which alarm explains which: a symptom alarm raised before its cause (or kept sticky) is shown under the cause's
+# card and strip entry instead of as a second card describing the same records (#28 item 1).
+ALARM_CAUSES: dict[str, tuple[str, ...]] = {
+    **{name: ("field_mismatch",) for name in MISMATCH_SYMPTOMS},
+    "canary_failed": ("field_mismatch",),
+    "truncated_in_reasoning": ("truncated",),
+}
+
+
+def group_alarms(alarms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The alarms as causes, each with its open symptom alarms under ``symptoms`` (the input order kept: errors first).
+
+    An alarm whose cause is not open stands on its own; every alarm appears exactly once."""
+    by_rule = {a["rule"]: a for a in alarms}
+    cause_of: dict[int, str] = {}
+    for a in alarms:
+        for cause in ALARM_CAUSES.get(a["rule"], ()):
+            if cause in by_rule and cause != a["rule"]:
+                cause_of[a["id"]] = cause
+                break
+    out: list[dict[str, Any]] = []
+    for a in alarms:
+        if a["id"] in cause_of:
+            continue
+        group = dict(a)
+        group["symptoms"] = [s for s in alarms if cause_of.get(s["id"]) == a["rule"]]
+        if any(s["severity"] == "error" for s in group["symptoms"]):
+            group["worst"] = "error"
+        else:
+            group["worst"] = a["severity"]
+        out.append(group)
+    out.sort(key=lambda g: g["worst"] != "error")  # stable: errors first, the input order within
+    return out
+
+
+def worst_severity(alarms: list[dict[str, Any]]) -> str | None:
+    if not alarms:
+        return None
+    return "error" if any(a["severity"] == "error" for a in alarms) else "warning"
+
+
 def effective_rules(overrides: dict[str, RuleOverride]) -> dict[str, Rule]:
     out = dict(DEFAULT_RULES)
     for name, ov in overrides.items():

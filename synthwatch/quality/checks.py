@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from ..capture.token_count import completion_count, reasoning_count
 from ..check_catalog import BIT, CHECK_NAMES, CheckSettings
 from ..config import ConfigError, format_validation_error
 
@@ -118,11 +119,11 @@ def view_from_outcome(o: Any) -> RecordView:
     if ex is None:
         return RecordView(o.record_id, o.idx, o.status, messages=o.messages, endpoint=o.endpoint)
     usage = ex.usage if isinstance(ex.usage, dict) else {}
-    details = usage.get("completion_tokens_details")
     return RecordView(
         o.record_id, o.idx, o.status, ex.reasoning or "", ex.content or "", ex.finish_reason,
         _int_or_none(usage.get("completion_tokens")),
-        _int_or_none(details.get("reasoning_tokens")) if isinstance(details, dict) else None,
+        # the record's reasoning_tokens column (ids, usage or an estimate): a recompute reads the same number
+        reasoning_count(ex, completion_count(ex)[1])[0],
         ex.unread_fields or {}, ex.model, ex.system_fingerprint, o.messages, endpoint=o.endpoint,
     )
 

@@ -37,6 +37,26 @@ def tokenizer_spec(ctx: RunContext) -> Any:
                          think_open=ctx.think_open or "<think>", think_close=ctx.think_close or "</think>")
 
 
+def think_ids(tokenizer: dict[str, Any] | None, think_open: str, think_close: str,
+              request_token_ids: bool) -> tuple[list[int], list[int]] | None:
+    """(think-open ids, think-close ids) in the run's tokenizer, when the run asks for ids and names a tokenizer;
+    None otherwise, or when it does not load (logged: the counts then come from the stream's reasoning chunks,
+    the server's usage or, last, the text-length estimate)."""
+    if not request_token_ids or not tokenizer or not think_close:
+        return None
+    from ..tokens.tokenizer import TokenizerError, TokenizerSpec, load_tokenizer
+
+    try:
+        lt = load_tokenizer(TokenizerSpec(
+            str(tokenizer["name_or_path"]), chat_template=tokenizer.get("chat_template"),
+            trust_remote_code=bool(tokenizer.get("trust_remote_code")), think_open=think_open,
+            think_close=think_close))
+    except (TokenizerError, ImportError, OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("reasoning tokens are not split at %s: the tokenizer did not load (%s)", think_close, exc)
+        return None
+    return lt.think_open_ids, lt.think_close_ids
+
+
 def run_token_job(lt: Any, job: TokenJob) -> list[tuple[int, str, bool, dict[str, Any]]]:
     """(record_id, check, failed, details) results of one tokenizer job."""
     from ..tokens.render import render_record

@@ -50,10 +50,10 @@ KEPT_CHECKS = ("duplicate_output", "server_drift", "token_count_mismatch", "temp
 _KEPT_MASK = sum(BIT[n] for n in KEPT_CHECKS)
 OUTPUT_COLS = (
     "status", "reasoning", "content", "content_null", "reasoning_source", "reasoning_len", "content_len",
-    "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json",
-    "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
+    "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "reasoning_tokens_source",
+    "usage_json", "token_ids_json", "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
     "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags", "check_json", "gen_version",
-    "derive_version", "turns_json", "turns_done",
+    "derive_version", "turns_json", "turns_done", "billed_prompt_tokens", "billed_completion_tokens", "billed_estimated",
 )
 _COLS = ", ".join(OUTPUT_COLS)
 
@@ -287,11 +287,15 @@ def run_info(conn: Connection, run_id: int) -> tuple[dict[str, Any], dict[str, A
 
 def _changes(engine: Engine, run_id: int, sel: Selection, *,
              on_chunk: Callable[[list[dict[str, Any]], list[tuple[dict[str, Any], dict[str, Any]]], dict[str, str]],
-                                None]) -> dict[str, Any]:
-    """Walk the selection; for each chunk call on_chunk(rows, [(row, new columns)], {id: why not})."""
+                                None], config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Walk the selection; for each chunk call on_chunk(rows, [(row, new columns)], {id: why not}).
+
+    ``config``: read under these settings instead of the current version's (a preview of a proposed version)."""
     with engine.connect() as conn:
         run, cfg, version = run_info(conn, run_id)
         conn.rollback()
+    if config is not None:
+        cfg, version = config, version + 1
     rs = ReadingSettings.of(cfg)
     rechecker = _Rechecker(run_id, run["name"], cfg)
     totals = {"selected": 0, "changed": 0, "unchanged": 0, "cannot": 0}
@@ -326,8 +330,10 @@ def _changes(engine: Engine, run_id: int, sel: Selection, *,
     return {**totals, "cannot_why": reasons, "config_version": version, "reading": rs.__dict__}
 
 
-def preview_rederive(engine: Engine, run_id: int, sel: Selection, *, examples: int = 5) -> dict[str, Any]:
-    """What a re-derive would do: counts, why some cannot be re-derived, and before/after for a few records."""
+def preview_rederive(engine: Engine, run_id: int, sel: Selection, *, examples: int = 5,
+                     config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a re-derive would do: counts, why some cannot be re-derived, and before/after for a few records
+    (under ``config``, a proposed next version, when given)."""
     shown: list[dict[str, Any]] = []
     cannot_examples: list[dict[str, Any]] = []
 
@@ -340,7 +346,7 @@ def preview_rederive(engine: Engine, run_id: int, sel: Selection, *, examples: i
             if len(cannot_examples) < examples:
                 cannot_examples.append({"record_id": int(rid), "why": why})
 
-    out = _changes(engine, run_id, sel, on_chunk=look)
+    out = _changes(engine, run_id, sel, on_chunk=look, config=config)
     out.update(selection=sel.description, examples=shown, cannot_examples=cannot_examples,
                max_id=sel.max_id)
     return out
@@ -557,7 +563,8 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
                     "UPDATE record SET status = 'pending', rerun = 1, revision = revision + 1, rnd = :rnd,"
                     " reasoning = NULL, content = NULL, content_null = false, reasoning_source = NULL,"
                     " reasoning_len = NULL, content_len = NULL, finish_reason = NULL, prompt_tokens = NULL,"
-                    " completion_tokens = NULL, reasoning_tokens = NULL, usage_json = NULL, token_ids_json = NULL,"
+                    " completion_tokens = NULL, reasoning_tokens = NULL, reasoning_tokens_source = NULL, usage_json = NULL,"
+                    " billed_prompt_tokens = NULL, billed_completion_tokens = NULL, billed_estimated = NULL, token_ids_json = NULL,"
                     " latency_s = NULL, ttft_s = NULL, n_chunks = NULL, attempts = 0, attempts_json = NULL,"
                     " error_kind = NULL, error = NULL, endpoint = NULL, model = NULL, system_fingerprint = NULL,"
                     " response_id = NULL, extra_json = NULL, finished_at = NULL, check_flags = 0, check_json = NULL,"

@@ -76,3 +76,39 @@ def emptiness(value: str | None) -> str | None:
 
 def count_invisible(value: str | None) -> int:
     return len(_INVISIBLE.findall(value)) if value else 0
+
+
+TEXT_CHUNK_CHARS = 4_000
+"""A long text is shown in blocks of about this many characters, each laid out only when it scrolls into view
+(CSS content-visibility): a 32k-token answer renders its first screen without laying out the rest (#28)."""
+
+
+def chunks(segs: list[tuple[str, str]], size: int = TEXT_CHUNK_CHARS) -> list[list[tuple[str, str]]]:
+    """Cut display segments into runs of about `size` characters, a text segment preferably after a line end.
+
+    Joined back in order the runs give the segments' text unchanged; markers are never cut.
+    """
+    out: list[list[tuple[str, str]]] = []
+    cur: list[tuple[str, str]] = []
+    n = 0
+    for kind, s in segs:
+        while kind == "t" and n + len(s) > size:
+            room = size - n
+            cut = s.rfind("\n", 0, room) + 1  # after a line end within the room, else a hard cut at the room
+            if cut <= 0:
+                cut = room if room > 0 else 0
+            if cut:
+                cur.append((kind, s[:cut]))
+            if cur:
+                out.append(cur)
+            cur, n, s = [], 0, s[cut:]
+        if not s:
+            continue
+        cur.append((kind, s))
+        n += len(s)
+        if n >= size:
+            out.append(cur)
+            cur, n = [], 0
+    if cur:
+        out.append(cur)
+    return out

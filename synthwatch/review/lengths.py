@@ -61,13 +61,24 @@ def largest(conn: Connection, run_id: int, f: Filters | None = None, cap: int = 
                             params).scalar_one())
 
 
+def round_step(x: int) -> int:
+    """The smallest 1, 2 or 5 x 10^k at least x: bin edges (and so the axis ticks) fall on round numbers (#28)."""
+    step = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * step >= x:
+                return m * step
+        step *= 10
+
+
 def layout(top: int, max_tokens: int | None, bins: int = BINS) -> tuple[int, int, int, int]:
     """(bin width, bins between 0 and the limit, the highest count they cover, the limit).
 
     Bins 1..n cover 1 .. the largest output below the limit, so lengths far below max_tokens still get
-    their detail; the limit bar (max_tokens and up) stays last either way."""
+    their detail; the limit bar (max_tokens and up) stays last either way. The width is a round step (1, 2 or 5
+    x 10^k), so between bins/2 and bins bins are used."""
     hi = max(1, min(top, max_tokens - 1) if max_tokens else top)
-    width = max(1, -(-hi // bins))
+    width = round_step(-(-hi // bins))
     n = max(1, -(-hi // width))
     return width, n, hi, max_tokens if max_tokens else hi + 1
 

@@ -50,10 +50,11 @@ _MISSING: Any = object()
 _RAW_COLUMNS = frozenset({
     "id", "run_id", "idx", "source_id", "source_line", "rnd", "prompt_json", "status", "reasoning", "content",
     "content_null", "reasoning_source", "reasoning_len", "content_len", "finish_reason", "prompt_tokens",
-    "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json", "latency_s", "ttft_s", "n_chunks",
+    "completion_tokens", "reasoning_tokens", "reasoning_tokens_source", "usage_json", "token_ids_json",
+    "latency_s", "ttft_s", "n_chunks",
     "attempts", "attempts_json", "error_kind", "error", "endpoint", "model", "system_fingerprint", "response_id",
     "extra_json", "worker_id", "lease_until", "claimed_at", "finished_at", "check_flags", "check_json", "review",
-    "review_reason", "reviewed_at",
+    "review_reason", "reviewed_at", "billed_prompt_tokens", "billed_completion_tokens", "billed_estimated",
 })
 
 

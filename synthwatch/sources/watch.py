@@ -345,14 +345,16 @@ class Ingestor:
 _INSERT_COLS = (
     "run_id", "idx", "source_id", "source_line", "rnd", "prompt_json", "status", "reasoning", "content",
     "content_null", "reasoning_source", "reasoning_len", "content_len", "finish_reason", "prompt_tokens",
-    "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json", "latency_s", "attempts", "error_kind",
+    "completion_tokens", "reasoning_tokens", "reasoning_tokens_source", "usage_json", "token_ids_json", "latency_s",
+    "attempts", "error_kind",
     "error", "endpoint", "model", "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags",
     "gen_version", "derive_version",
 )
 _INSERT = text(
     f"INSERT INTO record ({', '.join(_INSERT_COLS)}) VALUES (:run_id, :idx, :source_id, :source_line, :rnd,"
     " :prompt, :status, :reasoning, :content, :content_null, :reasoning_source, :reasoning_len, :content_len,"
-    " :finish_reason, :prompt_tokens, :completion_tokens, :reasoning_tokens, :usage_json, :token_ids_json,"
+    " :finish_reason, :prompt_tokens, :completion_tokens, :reasoning_tokens, :reasoning_tokens_source,"
+    " :usage_json, :token_ids_json,"
     " :latency_s, 0, :error_kind, :error, :endpoint, :model, :system_fingerprint, :response_id, :extra,"
     " :finished_at, 0, (SELECT config_version FROM run WHERE id = :run_id),"
     " (SELECT config_version FROM run WHERE id = :run_id))"

@@ -1,13 +1,30 @@
 // alarms behaviour (no inline scripts: the CSP forbids them).
-// The banner is pure htmx; this only keeps the tab title telling that a run has active alarms.
+// The cards and strips are pure htmx; this keeps "N more" open across polls and the tab title telling the run's
+// state: "⏸ · name" while paused, "⚠ · name" while an alarm is open (#28 item 9), or "(N alarms) title" elsewhere.
 "use strict";
 (function () {
   const base = document.title;
+  let moreOpen = false;
   function update() {
-    const slot = document.getElementById("alarm-slot");
+    const slot = document.getElementById("alarm-slot") || document.querySelector("[data-alarm-count]");
+    const stateEl = document.getElementById("run-state-key");
     const n = slot ? Number(slot.dataset.alarmCount || 0) : 0;
-    document.title = n > 0 ? "(" + n + " alarm" + (n === 1 ? "" : "s") + ") " + base : base;
+    const state = (slot && slot.dataset.runState) || (stateEl && stateEl.value) || "";
+    const name = slot && slot.dataset.runName;
+    const runPage = document.body.dataset.page === "run";
+    if (runPage && name) {
+      const paused = state.endsWith(":pause") || state.startsWith("paused:");
+      const marks = (paused ? "⏸ " : "") + (n > 0 ? "⚠ " : "");
+      document.title = marks ? marks + "· " + base : base;
+    } else {
+      document.title = n > 0 ? "(" + n + " alarm" + (n === 1 ? "" : "s") + ") " + base : base;
+    }
+    const more = document.querySelector("#alarm-slot details.alarm-more");
+    if (more && moreOpen) more.open = true;
   }
+  document.addEventListener("toggle", function (e) {
+    if (e.target.matches && e.target.matches("details.alarm-more")) moreOpen = e.target.open;
+  }, true);
   document.addEventListener("htmx:afterSettle", update);
   document.addEventListener("DOMContentLoaded", update);
 })();

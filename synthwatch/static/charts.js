@@ -302,6 +302,26 @@
     return b.lo === b.hi ? String(b.lo) : b.lo + "–" + b.hi;
   }
 
+  // The x ticks of a histogram: bin edges every S tokens, S a round step (1, 2 or 5 x 10^k, a whole number of bins),
+  // at most one per ~60 px; the limit bar keeps its own tick. Without this uPlot steps through bin indexes, which
+  // put ticks at edges such as 181 and 1958 (#28).
+  function histSplits(u, bins, width) {
+    var last = bins[bins.length - 1], limitBar = last.hi === null || last.hi === undefined;
+    var n = bins.length - (limitBar ? 2 : 1), hi = n >= 1 ? bins[n].hi : 0, w = width || 1;
+    var room = Math.max(2, Math.floor(u.bbox.width / uPlot.pxRatio / 60));
+    var step = w;
+    search: for (var e = 1; e <= 1e15; e *= 10) {
+      for (var m = 1; m <= 5; m += (m === 1 ? 1 : 3)) {
+        var s = m * e;
+        if (s >= w && s % w === 0 && hi / s <= room) { step = s; break search; }
+      }
+    }
+    var out = [0];
+    for (var k = step; k <= hi; k += step) { out.push(k / w); }
+    if (limitBar) { out.push(bins.length - 1); }
+    return out;
+  }
+
   function HistGroup(el) {
     this.el = el;
     this.grid = el.querySelector(".hist-grid");
@@ -378,6 +398,7 @@
       if (entry && entry.key !== key) { entry.u.destroy(); entry.cell.remove(); entry = null; }
       if (!entry) { entry = self.make(kind, key, runs, shares); self.charts[kind] = entry; }
       entry.bins = bins;
+      entry.width = d.bin_width;
       entry.u.setData([xs].concat(ys));
       entry.cell.setAttribute("data-limit", d.max_tokens ? String(runs.map(function (r) { return r.counts[kind][bins.length - 1]; }).join(",")) : "");
     });
@@ -392,7 +413,8 @@
     var colors = [C.purple, C.teal];
     if (kind === "content") { colors = [C.teal, C.purple]; }
     if (kind === "output") { colors = [C.blue, C.amber]; }
-    var entry = { cell: cell, key: key, bins: d.bins };
+    if (runs.length > 1) { colors = [runColor("a"), runColor("b")]; }  // one colour per run on every panel
+    var entry = { cell: cell, key: key, bins: d.bins, width: d.bin_width };
     var bars = uPlot.paths.bars;
     var series = [{ label: "tokens", value: function (u, i) { return i === null ? "–" : binLabel(entry.bins[i]); } }]
       .concat(runs.map(function (r, j) {
@@ -406,8 +428,13 @@
       title: d.kind_labels[kind], width: this.width(), height: 200, series: series,
       scales: { x: { time: false, range: function () { return [-0.5, entry.bins.length - 0.5]; } },
                 y: { range: function (u, lo, hi) { return [0, uPlot.rangeNum(0, Math.max(hi || 0, 1), 0.1, true)[1]]; } } },
-      axes: [axis({ values: function (u, vals) {
-        return vals.map(function (v) { var b = entry.bins[Math.round(v)]; return b && v === Math.round(v) ? String(b.lo) : ""; });
+      axes: [axis({ splits: function (u) { return histSplits(u, entry.bins, entry.width); }, values: function (u, vals) {
+        // a bin is named by its upper edge (0, 200, 400, ... with the server's round bin widths), the limit bar by max_tokens
+        return vals.map(function (v) {
+          var b = entry.bins[Math.round(v)];
+          if (!b || v !== Math.round(v)) { return ""; }
+          return b.hi === null || b.hi === undefined ? num(b.lo, 0) + "+" : num(b.hi, 0);
+        });
       } }), axis({ size: 50, values: function (u, vals) { return vals.map(function (v) { return num(v); }); } })],
       cursor: { y: false, drag: { x: false, y: false } },
       legend: { live: true },
@@ -429,12 +456,110 @@
     return entry;
   };
 
+  // ---------------------------------------------------------------- compare: two runs' time series overlaid
+  // Each run's whole time series (/api/runs/{id}/timeseries?window=all), on one axis of minutes since its own first
+  // bucket, so two runs made at different times overlay; run A and run B keep their colours (--run-a, --run-b).
+  function runColor(side) {
+    return getComputedStyle(document.documentElement).getPropertyValue("--run-" + side).trim() || (side === "a" ? C.blue : C.amber);
+  }
+
+  function CompareSeries(el) {
+    this.el = el;
+    this.grid = el.querySelector(".chart-grid");
+    this.ids = el.getAttribute("data-runs").split(",");
+    this.labels = el.getAttribute("data-labels").split("|");
+    this.pollMs = parseInt(el.getAttribute("data-poll-ms") || "10000", 10);
+    this.charts = {};
+    var self = this;
+    this.ro = new ResizeObserver(function () { self.resize(); });
+    this.ro.observe(this.grid);
+    this.load();
+    if (el.getAttribute("data-live") === "1") {
+      this.timer = setInterval(function () { if (!document.hidden) { self.load(); } }, this.pollMs);
+    }
+  }
+
+  CompareSeries.prototype.load = function () {
+    var self = this;
+    return Promise.all(this.ids.map(function (id) {
+      return fetch("/api/runs/" + id + "/timeseries?window=all", { headers: { Accept: "application/json" } })
+        .then(function (r) { if (!r.ok) { throw new Error(r.status); } return r.json(); });
+    })).then(function (answers) {
+      self.el.classList.remove("is-stale");
+      self.answers = answers;
+      self.draw();
+      // both runs over (the numbers' 5-s refresh says so): this was the last poll
+      var body = document.getElementById("compare-body");
+      if (self.timer && body && body.getAttribute("data-live") === "0") { clearInterval(self.timer); self.timer = null; }
+    }).catch(function () { self.el.classList.add("is-stale"); });
+  };
+
+  CompareSeries.prototype.width = function () {
+    var cell = this.grid.querySelector(".chart-cell");
+    return Math.max(260, Math.floor((cell ? cell.clientWidth : this.grid.clientWidth / 2) - 2));
+  };
+
+  CompareSeries.prototype.resize = function () {
+    var self = this, w = this.width();
+    Object.keys(this.charts).forEach(function (id) { self.charts[id].setSize({ width: w, height: 200 }); });
+  };
+
+  CompareSeries.prototype.draw = function () {
+    var self = this, runs = this.answers;
+    // x: minutes since each run's first bucket (the bucket's middle); one x array holding both runs' points
+    var xsets = runs.map(function (ts) {
+      var t0 = ts.points.length ? ts.points[0].t : 0, half = (ts.bucket_s || 5) / 2;
+      return ts.points.map(function (p) { return Math.round((p.t + half - t0) / 6) / 10; });
+    });
+    var xs = Array.from(new Set(xsets[0].concat(xsets[1]))).sort(function (p, q) { return p - q; });
+    function col(j, f) {
+      var at = {};
+      runs[j].points.forEach(function (p, i) { at[xsets[j][i]] = f(p); });
+      return xs.map(function (x) { return at[x] === undefined ? null : at[x]; });
+    }
+    var specs = [
+      { id: "throughput", title: "ok records/s", unit: "records / s", series: [["ok/s", function (p) { return p.ok_s; }, false]] },
+      { id: "latency", title: "Mean end-to-end latency", unit: "seconds", series: [["latency s", function (p) { return p.mean_latency_s; }, false]] },
+      { id: "checks", title: "Check rates: timeouts and empty reasoning", unit: "% of records", series: [
+        ["timeouts %", function (p) { return pct(p.timeout_share); }, false],
+        ["empty reasoning %", function (p) { return pct(p.empty_reasoning_share); }, true]] }
+    ];
+    specs.forEach(function (spec) {
+      var series = [{ label: "minutes", value: function (u, v) { return v === null ? "–" : num(v, 1) + " min"; } }];
+      var data = [xs];
+      [0, 1].forEach(function (j) {
+        spec.series.forEach(function (s) {
+          series.push({ label: self.labels[j] + " " + s[0], stroke: runColor("ab"[j]), width: 2, dash: s[2] ? [5, 3] : undefined,
+                        spanGaps: true, points: { show: false }, value: function (u, v) { return num(v); } });
+          data.push(col(j, s[1]));
+        });
+      });
+      var u = self.charts[spec.id];
+      if (u && u.series.length === series.length) { u.setData(data); return; }
+      if (u) { u.destroy(); u.root.parentNode.remove(); }
+      var cell = document.createElement("div");
+      cell.className = "chart-cell";
+      cell.setAttribute("data-compare-chart", spec.id);
+      self.grid.appendChild(cell);
+      u = new uPlot({ title: spec.title, width: self.width(), height: 200, series: series,
+        scales: { x: { time: false }, y: { range: function (uu, lo, hi) { return [0, uPlot.rangeNum(0, Math.max(hi || 0, 1e-9), 0.1, true)[1]]; } } },
+        axes: [axis({ label: "minutes since the run's first record", labelSize: 20, values: function (uu, vals) { return vals.map(function (v) { return num(v, 1); }); } }),
+               axis({ label: spec.unit, size: 56, labelSize: 20, values: function (uu, vals) { return vals.map(function (v) { return num(v); }); } })],
+        legend: { live: true }, cursor: { drag: { x: false, y: false } } }, data, cell);
+      cell._uplot = u;
+      self.charts[spec.id] = u;
+    });
+  };
+
   function init(root) {
     (root || document).querySelectorAll("[data-time-charts]").forEach(function (el) {
       if (!el._charts) { el._charts = new TimeGroup(el); }
     });
     (root || document).querySelectorAll("[data-hist-charts]").forEach(function (el) {
       if (!el._charts) { el._charts = new HistGroup(el); }
+    });
+    (root || document).querySelectorAll("[data-compare-series]").forEach(function (el) {
+      if (!el._charts) { el._charts = new CompareSeries(el); }
     });
   }
   if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", function () { init(); }); }

@@ -18,13 +18,36 @@
       t.setAttribute("aria-selected", t.dataset.tab === name ? "true" : "false");
     });
     root.querySelectorAll(".tab-pane[data-pane]").forEach((p) => { p.hidden = p.dataset.pane !== name; });
-    if (name === "tokens") {
-      const pane = document.getElementById("tokens-pane");
-      // a record swapped in a moment ago may not have its hx- triggers bound yet: bind them first (idempotent)
-      if (pane && typeof htmx !== "undefined") htmx.process(pane);
-      if (pane) pane.dispatchEvent(new Event("sw-show"));
-    }
+    // A tab chosen while the next record is on its way is the arriving record's: the swap would otherwise bring it
+    // up on Text, throwing the choice (and the outgoing record's token request) away (#28: "the first t after a
+    // swap sometimes loads nothing").
+    if (arriving > 0) { carryTab = name; return; }
+    if (name === "tokens") loadTokens(root.querySelector("#tokens-pane"));
   }
+
+  // The token view, fetched once per record on its first show. Not through htmx: the fragment holds no hx- attribute,
+  // and htmx's scan of a 32k-token record's 40k new elements for them took longer than drawing them (#28 item 8).
+  function loadTokens(pane) {
+    if (!pane || pane.dataset.loaded) return;
+    pane.dataset.loaded = "1";
+    fetch(pane.dataset.src, { credentials: "same-origin", headers: { "HX-Request": "true" } })
+      .then(function (r) {
+        if (!r.ok) throw new Error("HTTP " + r.status);
+        return r.text();
+      })
+      .then(function (html) {
+        if (!pane.isConnected) return;  // the record was swapped for another meanwhile
+        pane.dispatchEvent(new CustomEvent("sw:tokens-arrived", { bubbles: true }));
+        pane.innerHTML = html;  // the server's template, every value escaped (as an htmx swap would insert it)
+        pane.dispatchEvent(new CustomEvent("sw:tokens-shown", { bubbles: true }));
+      })
+      .catch(function (e) {
+        delete pane.dataset.loaded;
+        pane.textContent = "The token view did not load (" + e.message + "): press t to try again.";
+      });
+  }
+  let arriving = 0;  // records on their way (show() calls not yet swapped in)
+  let carryTab = null;  // the tab asked for meanwhile
 
   // Whitespace made visible in the page itself: text nodes are split with textContent only (never HTML),
   // the server's markers for invisible characters are kept as they are.
@@ -53,8 +76,12 @@
 
   function applyWhitespace(on) {
     document.querySelectorAll("#review pre.text").forEach((pre) => {
-      if (!pre._plain) pre._plain = Array.from(pre.childNodes).map((n) => n.cloneNode(true));
-      pre.replaceChildren(...(on ? withWhitespace(pre._plain) : pre._plain.map((n) => n.cloneNode(true))));
+      // a long text comes in blocks (laid out as they scroll into view): each block is redrawn on its own
+      const blocks = pre.querySelectorAll(":scope > .chunk");
+      (blocks.length ? Array.from(blocks) : [pre]).forEach((el) => {
+        if (!el._plain) el._plain = Array.from(el.childNodes).map((n) => n.cloneNode(true));
+        el.replaceChildren(...(on ? withWhitespace(el._plain) : el._plain.map((n) => n.cloneNode(true))));
+      });
       pre.classList.toggle("ws-on", on);
     });
     const state = document.getElementById("ws-state");
@@ -140,7 +167,11 @@
     let p = prefetched.get(url);
     prefetched.delete(url);
     if (!p) p = getPage(url);
+    arriving += 1;
     return p.then(function (got) {
+      arriving -= 1;
+      const tab = arriving === 0 ? carryTab : null;
+      if (arriving === 0) carryTab = null;
       const doc = got && new DOMParser().parseFromString(got.html, "text/html");
       const fresh = doc && doc.getElementById("review");
       const old = reviewRoot();
@@ -153,6 +184,7 @@
       window.history.pushState({ swReview: true }, "", got.url);
       document.title = doc.title;
       init(node);
+      if (tab) showTab(node, tab);
       const again = focusedId && document.getElementById(focusedId);
       if (again && node.contains(again)) again.focus();  // focus stays on the control it was on
       node.dispatchEvent(new CustomEvent("sw:record-shown", { bubbles: true,

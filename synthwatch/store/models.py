@@ -42,6 +42,9 @@ class RecordOutput(SQLModel):
     prompt_tokens: int | None = Field(default=None, sa_type=TOKENS)
     completion_tokens: int | None = Field(default=None, sa_type=TOKENS)
     reasoning_tokens: int | None = Field(default=None, sa_type=TOKENS)
+    # where reasoning_tokens comes from: ids | usage | none | estimate (capture.token_count.reasoning_count);
+    # NULL on records written before 0016 (their count is the server's usage)
+    reasoning_tokens_source: str | None = None
     usage_json: str | None = Field(default=None, sa_type=Text)
     token_ids_json: str | None = Field(default=None, sa_type=Text)
     latency_s: float | None = None
@@ -60,6 +63,11 @@ class RecordOutput(SQLModel):
     gen_version: int | None = None  # config version the output was generated under
     derive_version: int | None = None  # config version the output was last derived (read) under
     turns_json: str | None = Field(default=None, sa_type=Text)  # turns = all: the finished turns before the last
+    # tokens billed for every attempt of the output (failed, timed-out and retried ones too; the estimated part
+    # counted by us, not from usage): capture.token_count.billed_tokens. NULL before 0016 and on imported records
+    billed_prompt_tokens: int | None = Field(default=None, sa_type=TOKENS)
+    billed_completion_tokens: int | None = Field(default=None, sa_type=TOKENS)
+    billed_estimated: int | None = Field(default=None, sa_type=TOKENS)
 
 
 class Run(SQLModel, table=True):
@@ -168,6 +176,12 @@ class Series(SQLModel, table=True):
     completion_tokens: int = Field(default=0, sa_type=TOKENS)
     reasoning_tokens: int = Field(default=0, sa_type=TOKENS)
     content_tokens: int = Field(default=0, sa_type=TOKENS)
+    reasoning_estimated: int = Field(default=0, sa_type=TOKENS, sa_column_kwargs={"server_default": "0"})  # part of reasoning_tokens estimated from text
+    # tokens billed for every attempt that finished in this bucket, ok or failed (prompt_tokens/completion_tokens:
+    # ok records only), and the part of them we counted (estimated) rather than read from usage
+    billed_prompt_tokens: int = Field(default=0, sa_type=TOKENS, sa_column_kwargs={"server_default": "0"})
+    billed_completion_tokens: int = Field(default=0, sa_type=TOKENS, sa_column_kwargs={"server_default": "0"})
+    billed_estimated: int = Field(default=0, sa_type=TOKENS, sa_column_kwargs={"server_default": "0"})
     chunks: int = 0
     empty_reasoning: int = 0
     finish_length: int = 0

@@ -491,10 +491,13 @@ def _server_id_warnings(
             chips[offset + pos].differs = True
         ours_at = ours[first] if first < len(ours) else None
         theirs_at = theirs[first] if first < len(theirs) else None
+        # where one list has ended, say so in words (a bare None read as a token id, #28)
+        server_said = f"the server's id is {theirs_at}" if theirs_at is not None else "the server's ids have ended"
+        ours_said = f"the re-tokenized id is {ours_at}" if ours_at is not None else "the re-tokenized ids have ended"
         message = (
             f"the server's {name} token ids differ from the re-tokenized ones, first at {name} position "
-            f"{first} (token {offset + first}): server {theirs_at}, re-tokenized {ours_at}; "
-            f"{len(positions)} tokens differ, lengths {len(theirs)} (server) vs {len(ours)}"
+            f"{first:,} (token {offset + first:,}): {server_said}, {ours_said}; "
+            f"{len(positions):,} tokens differ; the server sent {len(theirs):,}, re-tokenizing gives {len(ours):,}"
         )
         out.append(
             TokenWarning(

@@ -27,6 +27,7 @@ from aiohttp import http_exceptions
 from ..capture.reasoning import Extracted, ResponseShapeError, extract_response
 from ..capture.safety import MAX_JSON_DEPTH, depth_over, may_be_deep
 from ..capture.stream import StreamAccumulator
+from ..capture.token_count import reasoning_from_ids
 from ..config import LimitsConfig
 from ..redact import clip, redact
 from .endpoints import Endpoint
@@ -110,6 +111,7 @@ class Requester:
         think_close: str = "</think>",
         prefilled_open: bool = False,
         limits: LimitsConfig | None = None,
+        think_ids: tuple[list[int], list[int]] | None = None,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.total_timeout_s = total_timeout_s
@@ -119,6 +121,8 @@ class Requester:
         self.think_close = think_close
         self.prefilled_open = prefilled_open
         self.limits = limits or LimitsConfig()
+        # (think-open ids, think-close ids) of the run's tokenizer: the reasoning tokens of a reply with ids
+        self.think_ids = think_ids
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Requester:
@@ -201,6 +205,11 @@ class Requester:
                 res.extracted = acc.result()  # partial text is kept on failures
             if not res.ok:
                 _bound_partial(res.extracted, self.limits.max_partial_chars)
+        ex = res.extracted
+        if ex is not None and ex.token_ids is not None and self.think_ids is not None:
+            split = reasoning_from_ids(ex.token_ids, self.think_ids[0], self.think_ids[1], ex.reasoning, ex.content)
+            if split is not None:
+                ex.reasoning_ids = split
         if res.message:
             res.message = redact(res.message)
         return res

@@ -28,6 +28,7 @@ from sqlalchemy.engine import Engine
 
 from ..config import RunConfig
 from ..quality.alarms import TRANSPORT_RULES
+from ..quality.token_checks import think_ids
 from ..settings import get_settings
 from ..store import queue as store
 from ..store.versions import versioned_changes
@@ -243,6 +244,10 @@ class RunWorker:
 
     async def _main(self) -> str:
         await asyncio.to_thread(self._prepare)
+        cfg = self.config
+        think = await asyncio.to_thread(  # loading a tokenizer takes seconds: off the loop
+            think_ids, cfg.tokenizer.model_dump() if cfg.tokenizer else None, cfg.reasoning.think_open,
+            cfg.reasoning.think_close, cfg.request_token_ids)
         self.writer = Writer(
             self.engine, self.run_id, self.worker_id,
             flush_interval_s=self.config.flush_interval_ms / 1000, lease_s=self.config.lease_s,
@@ -266,6 +271,7 @@ class RunWorker:
                 think_close=self.config.reasoning.think_close,
                 prefilled_open=self.config.reasoning.prefilled_open,
                 limits=self.config.limits,
+                think_ids=think,
             ) as self.requester:
                 helpers = [t for t in (self._start_scraper(), self._start_tuner()) if t is not None]
                 self._loop_task = asyncio.create_task(self._loop(), name="synthwatch-loop")

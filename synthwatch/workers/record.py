@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import orjson
 
 from ..capture import turns as turns_mod
+from ..capture.token_count import billed_tokens
 from ..config import RunConfig
 from ..redact import redact
 from ..store import queue as store
@@ -99,6 +100,10 @@ class RecordTasks:
             where["stage"] = "capture"
             faults.hit("capture")
             last = res
+            # what this attempt is billed, ok or not; the record's columns add up all of its attempts
+            res.billed = b = billed_tokens(res.extracted, len(body))
+            t = where.get("billed") or (0, 0, 0)
+            where["billed"] = (t[0] + b[0], t[1] + b[1], t[2] + b[2])
             attempts.append(res.attempt_dict(len(attempts) + 1, started))
             if res.ok:
                 pool.success(ep)
@@ -122,7 +127,7 @@ class RecordTasks:
                 pool.failure(ep, res.message, server_fault=retryable)
             retry = retryable and n + 1 < max_attempts and host.local_stop != "stop_now"
             writer.submit_failure(AttemptFailure(
-                record_id, ep.label, res.kind, res.status_code, res.message, time.time(), not retry, retry))
+                record_id, ep.label, res.kind, res.status_code, res.message, time.time(), not retry, retry, b))
             if not retry:
                 break
             st.retries += 1
@@ -171,7 +176,8 @@ class RecordTasks:
                 self._count_ok(last.extracted, last.latency_s, where.get("ep"))
                 writer.submit_turn(Outcome(
                     claimed.id, claimed.idx, "turn", messages, extracted=last.extracted, endpoint=last.endpoint,
-                    latency_s=last.latency_s, ttft_s=last.ttft_s, n_chunks=last.n_chunks, finished_at=time.time()))
+                    latency_s=last.latency_s, ttft_s=last.ttft_s, n_chunks=last.n_chunks, finished_at=time.time(),
+                    attempt_billed=last.billed))
                 attempts = []
             where["stage"] = "write"
             faults.hit("write")
@@ -187,7 +193,8 @@ class RecordTasks:
                 error_kind=None if last.ok else last.kind, error=None if last.ok else last.message,
                 endpoint=last.endpoint, latency_s=last.latency_s, ttft_s=last.ttft_s, n_chunks=last.n_chunks,
                 finished_at=time.time(), config_version=version, rerun=claimed.rerun,
-                turns=done_turns if multi else None,
+                turns=done_turns if multi else None, billed=where.get("billed") or (0, 0, 0),
+                attempt_billed=last.billed if last.ok else (0, 0, 0),
             )
             if status == "ok":
                 self._count_ok(ex, last.latency_s, where.get("ep"))
@@ -227,5 +234,6 @@ class RecordTasks:
             outcome = Outcome(claimed.id, claimed.idx, "error", claimed.messages, attempts=attempts,
                               prior_attempts=prior, error_kind="internal_error", error=message,
                               endpoint=ep.label if ep else None, finished_at=time.time(), config_version=version,
-                              rerun=claimed.rerun, turns=done_turns if multi else None)
+                              rerun=claimed.rerun, turns=done_turns if multi else None,
+                              billed=where.get("billed") or (0, 0, 0))
         writer.submit(outcome)

@@ -74,6 +74,7 @@ class RecordWrites:
             "was_rerun": o.rerun,
             "turns_json": orjson.dumps(o.turns, option=orjson.OPT_NON_STR_KEYS).decode() if o.turns else None,
             "turns_done": len(o.turns or ()) + (o.status == "ok"),
+            "billed_prompt_tokens": o.billed[0], "billed_completion_tokens": o.billed[1], "billed_estimated": o.billed[2],
         }
         row.update(record_columns(o.extracted))
         return row, False
@@ -207,10 +208,12 @@ class RecordWrites:
 
 FINAL_COLS = (
     "status", "reasoning", "content", "content_null", "reasoning_source", "reasoning_len", "content_len",
-    "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json",
-    "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
-    "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags", "check_json", "rnd",
-    "gen_version", "derive_version", "rerun", "turns_json", "turns_done",
+    "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "reasoning_tokens_source",
+    "usage_json", "token_ids_json", "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind",
+    "error", "endpoint", "model", "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags",
+    "check_json", "rnd",
+    "gen_version", "derive_version", "rerun", "turns_json", "turns_done", "billed_prompt_tokens",
+    "billed_completion_tokens", "billed_estimated",
 )
 FINAL_ROW = operator.itemgetter(*FINAL_COLS, "id", "w")  # a row's parameters, in C
 # run through the driver (exec_driver_sql, positional parameters): SQLAlchemy's processing of ~30 named
@@ -231,7 +234,7 @@ _REFUSED_UPDATE = text(
     " gen_version = :gen_version, derive_version = :gen_version, rerun = 0, check_flags = 0, check_json = NULL,"
     " reasoning = NULL, content = NULL, reasoning_source = NULL, reasoning_len = NULL, content_len = NULL,"
     " finish_reason = NULL, prompt_tokens = NULL, completion_tokens = NULL, reasoning_tokens = NULL,"
-    " usage_json = NULL, token_ids_json = NULL, model = NULL, system_fingerprint = NULL, response_id = NULL,"
+    " reasoning_tokens_source = NULL, usage_json = NULL, token_ids_json = NULL, model = NULL, system_fingerprint = NULL, response_id = NULL,"
     " extra_json = NULL, latency_s = NULL, ttft_s = NULL, n_chunks = 0, worker_id = NULL, lease_until = NULL"
     " WHERE id = :id AND status = 'in_flight' AND worker_id = :w"
 )

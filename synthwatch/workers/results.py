@@ -31,6 +31,7 @@ class AttemptResult:
     n_chunks: int = 0
     retry_after_s: float | None = None
     endpoint: str = ""
+    billed: tuple[int, int, int] = (0, 0, 0)  # (prompt, completion, estimated part): capture.token_count.billed_tokens
 
     def attempt_dict(self, n: int, started_at: float) -> dict[str, Any]:
         return {
@@ -68,6 +69,10 @@ class Outcome:
     config_version: int | None = None  # the run's config version the request was made under
     rerun: bool = False  # the record was queued again by a re-run
     turns: list[dict[str, Any]] | None = None  # turns = "all": the finished turns before this one (already stored)
+    # billed tokens (prompt, completion, estimated part): of every attempt this worker made for the record (its
+    # columns), and of the attempt this outcome reports (the series; failed attempts come as AttemptFailure)
+    billed: tuple[int, int, int] = (0, 0, 0)
+    attempt_billed: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass(slots=True)
@@ -82,6 +87,7 @@ class AttemptFailure:
     t: float
     final: bool
     retried: bool
+    billed: tuple[int, int, int] = (0, 0, 0)  # what the attempt cost before it failed (a timeout mid-stream)
 
 
 @dataclass

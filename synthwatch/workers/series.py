@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ..capture.safety import MAX_COUNT
+from ..capture.token_count import completion_count, reasoning_count
 from ..store import queue as store
 from .refusals import NUL_STAND_IN, refusal_reason, refuse
 from .results import TIMEOUT_KINDS, AttemptFailure, Outcome
@@ -20,7 +21,8 @@ SERIES_WIDTH_S = 5
 _SERIES_COUNTERS = (
     "finished", "ok", "errors", "timeouts", "attempts_failed", "attempt_timeouts", "retries", "dropped",
     "http_429", "http_4xx", "http_5xx", "other_errors", "cancelled", "prompt_tokens", "completion_tokens",
-    "reasoning_tokens", "content_tokens", "chunks", "empty_reasoning", "finish_length",
+    "reasoning_tokens", "content_tokens", "chunks", "empty_reasoning", "finish_length", "reasoning_estimated",
+    "billed_prompt_tokens", "billed_completion_tokens", "billed_estimated",
 )
 
 
@@ -40,29 +42,6 @@ class Bucket:
     concurrency: int = 0
 
 
-def split_tokens(ex: Any) -> tuple[int, int, int, int]:
-    """(prompt, completion, reasoning, content) token counts for the series.
-
-    The server's reasoning_tokens when it reports them; otherwise the completion is split in
-    proportion to the text lengths (vLLM's deepseek_r1 parser reports 0)."""
-    usage = (ex.usage or {}) if ex is not None else {}
-    prompt = _int(usage.get("prompt_tokens"))
-    completion = _int(usage.get("completion_tokens"))
-    details = usage.get("completion_tokens_details") or {}
-    reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, dict) else 0
-    if ex is not None and completion == 0:
-        completion = ex.n_chunks or 0
-    if reasoning <= 0 and ex is not None:
-        rl, cl = len(ex.reasoning), len(ex.content)
-        reasoning = round(completion * rl / (rl + cl)) if rl + cl else 0
-    reasoning = min(reasoning, completion)
-    return prompt, completion, reasoning, completion - reasoning
-
-
-def _int(v: Any) -> int:
-    return v if type(v) is int and 0 <= v <= MAX_COUNT else 0
-
-
 def _usage_int(usage: dict[str, Any] | None, key: str, sub: str | None = None) -> int | None:
     if not isinstance(usage, dict):
         return None
@@ -75,8 +54,8 @@ def _usage_int(usage: dict[str, Any] | None, key: str, sub: str | None = None) -
 
 _EXTRACTED_COLS = (
     "reasoning", "content", "reasoning_source", "reasoning_len", "content_len", "finish_reason", "prompt_tokens",
-    "completion_tokens", "reasoning_tokens", "usage_json", "token_ids_json", "model", "system_fingerprint",
-    "response_id", "extra_json",
+    "completion_tokens", "reasoning_tokens", "reasoning_tokens_source", "usage_json", "token_ids_json", "model",
+    "system_fingerprint", "response_id", "extra_json",
 )
 
 
@@ -91,6 +70,8 @@ def record_columns(ex: Any, extra: dict[str, Any] | None = None) -> dict[str, An
             cols["extra_json"] = orjson.dumps(extra, option=orjson.OPT_NON_STR_KEYS).decode()
         return cols
     usage = ex.usage if isinstance(ex.usage, dict) else None
+    # the same count as the time series' (SeriesAccumulator._add_one): the column, the API totals and the per-version sums agree
+    reasoning, reasoning_source = reasoning_count(ex, completion_count(ex)[1])
     token_ids = None
     if ex.token_ids is not None or ex.prompt_token_ids is not None:
         token_ids = orjson.dumps({"prompt": ex.prompt_token_ids, "completion": ex.token_ids}).decode()
@@ -110,7 +91,7 @@ def record_columns(ex: Any, extra: dict[str, Any] | None = None) -> dict[str, An
         "content_len": len(ex.content), "finish_reason": ex.finish_reason,
         "prompt_tokens": _usage_int(usage, "prompt_tokens"),
         "completion_tokens": _usage_int(usage, "completion_tokens"),
-        "reasoning_tokens": _usage_int(usage, "completion_tokens_details", "reasoning_tokens"),
+        "reasoning_tokens": reasoning, "reasoning_tokens_source": reasoning_source,
         "usage_json": orjson.dumps(usage).decode() if usage is not None else None,
         "token_ids_json": token_ids, "model": ex.model, "system_fingerprint": ex.system_fingerprint,
         "response_id": ex.response_id,
@@ -197,6 +178,10 @@ class SeriesAccumulator:
             touched[(b.endpoint, b.t)] = b
             c = b.counts
             c["attempts_failed"] += 1
+            bp, bc, be = f.billed  # a failed attempt's tokens are billed too (a timeout half-way, a dropped stream)
+            c["billed_prompt_tokens"] += bp
+            c["billed_completion_tokens"] += bc
+            c["billed_estimated"] += be
             if f.retried:
                 c["retries"] += 1
             k = f.kind
@@ -232,13 +217,20 @@ class SeriesAccumulator:
                 c["timeouts"] += 1
             else:
                 c["errors"] += 1
+        bp, bc, be = o.attempt_billed  # the ok attempt's (a failed one's came as an AttemptFailure)
+        c["billed_prompt_tokens"] += bp
+        c["billed_completion_tokens"] += bc
+        c["billed_estimated"] += be
         ex = o.extracted
         if ex is not None and (o.status == "ok" or turn):
-            p, comp, r, cont = split_tokens(ex)
+            p, comp, _counted = completion_count(ex)
+            r, r_src = reasoning_count(ex, comp)
             c["prompt_tokens"] += p
             c["completion_tokens"] += comp
             c["reasoning_tokens"] += r
-            c["content_tokens"] += cont
+            c["content_tokens"] += comp - r
+            if r_src == "estimate":
+                c["reasoning_estimated"] += r
             c["chunks"] += ex.n_chunks
             if not turn:
                 if not ex.reasoning.strip():

@@ -1,0 +1,74 @@
+"""The token view's chips as the page draws them (#28 item 8): in blocks the browser lays out only when they scroll
+into view, and only the first differences from the server's ids outlined, each with a jump link.
+
+A 32k-token record is 32k chips: drawn at once they cost seconds of layout; an outline on 8,743 of them says no more
+than "almost all differ" and hides where the first one is.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from ..review import display as review_display
+
+CHIP_CHUNK = 400
+"""Chips per block; a block ends early after a line end once it holds a quarter of this (lines stay whole)."""
+DIFF_OUTLINE = 20
+"""Differences from the server's ids outlined (with jump links); the count says how many there are in all."""
+
+_CHIP_WS = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "␍"})
+# Per loaded tokenizer: token id -> (shown text, hover title). A token looks the same in every record.
+_CHIP_CACHE: weakref.WeakKeyDictionary[Any, dict[int, tuple[str, str]]] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class ChipView:
+    shown: str
+    classes: str
+    title: str
+    anchor: str  # the element id of an outlined difference ("" for the others)
+
+
+@dataclass(frozen=True)
+class Outline:
+    anchors: list[tuple[str, int]]  # (element id, token index) of the outlined differences
+    total: int  # tokens that differ in all
+
+
+def chip_views(lt: Any, chips: list[Any]) -> tuple[list[ChipView], Outline]:
+    """One view per chip (the template escapes every field), and the outline of the first differences."""
+    cache = _CHIP_CACHE.setdefault(lt, {})
+    out = []
+    anchors: list[tuple[str, int]] = []
+    total = 0
+    for i, c in enumerate(chips):
+        seen = cache.get(c.id)
+        if seen is None:
+            shown = "".join(m if k != "t" else m.translate(_CHIP_WS) for k, m in review_display.segments(c.text)) or "∅"
+            seen = cache[c.id] = (shown, f"id {c.id} · {c.kind} · bytes {c.raw_bytes or '–'} · piece {c.piece!r}")
+        classes = f"chip k-{c.kind}" + (" asst" if c.in_assistant else "")
+        anchor = ""
+        if c.differs:
+            total += 1
+            if len(anchors) < DIFF_OUTLINE:
+                anchor = f"tok-{i}"
+                anchors.append((anchor, i))
+                classes += " differs"
+        out.append(ChipView(seen[0], classes, seen[1] + (" · trained" if c.in_assistant else " · not trained"), anchor))
+    return out, Outline(anchors, total)
+
+
+def chunked(views: list[ChipView], size: int = CHIP_CHUNK) -> list[list[ChipView]]:
+    """Blocks of at most `size` chips, cut after a line end once a block holds size // 4."""
+    out: list[list[ChipView]] = []
+    cur: list[ChipView] = []
+    for v in views:
+        cur.append(v)
+        if len(cur) >= size or (len(cur) >= size // 4 and v.shown.endswith("↵")):
+            out.append(cur)
+            cur = []
+    if cur:
+        out.append(cur)
+    return out
