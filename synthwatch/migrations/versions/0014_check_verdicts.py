@@ -1,7 +1,7 @@
 """check verdicts: the extended checks' per-record verdicts, written after the record (#30)
 
 Revision ID: 0014_check_verdicts
-Revises: 0013_open_items
+Revises: 0016_counted_tokens (main took 0016 after 0013 first; the lead may renumber)
 Create Date: 2026-12-02 11:40:00
 
 - check_verdict: one row per verdict of an extended check (verifiers, user checks, TOML rules, language,
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0014_check_verdicts"
-down_revision: str | None = "0013_open_items"
+down_revision: str | None = "0016_counted_tokens"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
