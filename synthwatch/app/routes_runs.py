@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 
 from ..capture.reasoning import MODES as REASONING_MODES
+from ..quality import verdicts
 from ..store import queue as store
 from ..store import versions
 from . import launch, run_stats, stats, timeseries
@@ -77,11 +78,14 @@ def _stats_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str
     try:
         with stats.time_limit(conn, request_limit_ms(request)):
             st = run_stats.run_stats(conn, run, _window_s(request))
+            # records written whose extended checks have not answered yet (#30): verdicts follow the records
+            names = verdicts.configured_checks(run.get("config") or run.get("config_json"))
+            pending = verdicts.pending_estimate(conn, run["id"], int(run.get("n_ok") or 0), names) if names else None
         stale = None
     except stats.StatsTimeout as exc:
-        st, stale = None, str(exc)
+        st, stale, pending = None, str(exc), None
     return {"run": run, "st": st, "stale": stale, "poll_ms": _poll_ms(request),
-            "details_poll_ms": _slow_poll_ms(request)}
+            "details_poll_ms": _slow_poll_ms(request), "pending_checks": pending}
 
 
 def _charts_context(request: Request, conn: Any, run: dict[str, Any], window: str) -> dict[str, Any]:

@@ -78,7 +78,7 @@ def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int
     except ChecksConfigError as exc:
         raise RunLoadError(str(exc)) from None
     try:
-        loaded = load_dataset(config.dataset)
+        loaded = load_dataset(config.dataset, check_settings.row_fields())
     except DatasetError as exc:
         raise RunLoadError(str(exc)) from None
     print(f"dataset {d.path}: {len(loaded.prompts)} prompts ({loaded.shape})", file=out)

@@ -140,6 +140,8 @@ class Record(RecordOutput, table=True):
     # conversation, how many are finished and stored, and the finished ones before the last (JSON list)
     n_turns: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
     turns_done: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # the dataset row's fields the extended checks read (a verifier's reference), JSON object (migration 0014)
+    row_json: str | None = Field(default=None, sa_type=Text)
 
 
 class Series(SQLModel, table=True):
@@ -496,3 +498,27 @@ class OpenItem(SQLModel, table=True):
     closed_at: float | None = None
     closed_by: str | None = None
     reason: str | None = Field(default=None, sa_column=_text())  # an acceptance's typed reason
+
+
+VERDICT_STATES = ("pending", "pass", "fail", "error")
+
+
+class CheckVerdict(SQLModel, table=True):
+    """One verdict of an extended check on one record (migration 0014, synthwatch.quality.verdicts).
+
+    Appended, never updated: the latest row per (record_id, check_name) by id is the verdict in force."""
+
+    __tablename__ = "check_verdict"
+    __table_args__ = (Index("ix_check_verdict_state", "run_id", "check_name", "state"),
+                      Index("ix_check_verdict_record", "record_id", "check_name", "id"))
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id", index=True)
+    record_id: int = Field(foreign_key="record.id")
+    check_name: str  # catalogue name: verify_math, user:boxed, rule:has_boxed, language, near_duplicate, judge
+    state: str  # pending | pass | fail | error
+    score: float | None = None
+    label: str | None = None
+    reason: str | None = Field(default=None, sa_column=_text())  # <= 500 characters, escaped on display
+    cost_ms: float | None = None
+    created_at: float

@@ -151,8 +151,8 @@ def insert_prompts(conn: Connection, run_id: int, prompts: Iterable[Any], *, bat
 
     stmt = text(
         "INSERT INTO record (run_id, idx, source_id, source_line, rnd, prompt_json, status, content_null,"
-        f" attempts, check_flags, n_turns, turns_done) VALUES (:run_id, :idx, :source_id, :line, {PENDING_RND},"
-        " :prompt, 'pending', false, 0, 0, :n_turns, 0)"
+        f" attempts, check_flags, n_turns, turns_done, row_json) VALUES (:run_id, :idx, :source_id, :line,"
+        f" {PENDING_RND}, :prompt, 'pending', false, 0, 0, :n_turns, 0, :row)"
     )
     n = n_turns = 0
     buf: list[dict[str, Any]] = []
@@ -162,6 +162,8 @@ def insert_prompts(conn: Connection, run_id: int, prompts: Iterable[Any], *, bat
         buf.append({
             "run_id": run_id, "idx": p.index, "source_id": p.source_id, "line": p.line,
             "prompt": orjson.dumps(p.messages).decode(), "n_turns": k,
+            # the row's fields the extended checks read (#30): a verifier's reference stays with its record
+            "row": orjson.dumps(row, default=str).decode() if (row := getattr(p, "row", None)) else None,
         })
         if len(buf) >= batch:
             conn.execute(stmt, buf)
@@ -322,9 +324,15 @@ def alarm_gate(conn: Connection, run_id: int, claimed: int, t: float, *,
             blocked.append(a)
             continue
         bit = BIT.get(a["rule"], 0)
-        again = conn.execute(
-            text("SELECT 1 FROM record WHERE run_id = :r AND finished_at > :t AND (check_flags & :b) != 0 LIMIT 1"),
-            {"r": run_id, "t": a["acked_at"], "b": bit}).first() is not None
+        if bit:
+            again = conn.execute(
+                text("SELECT 1 FROM record WHERE run_id = :r AND finished_at > :t AND (check_flags & :b) != 0"
+                     " LIMIT 1"), {"r": run_id, "t": a["acked_at"], "b": bit}).first() is not None
+        else:  # an extended check (#30): a failing verdict written after the acknowledgement
+            again = conn.execute(
+                text("SELECT 1 FROM check_verdict WHERE run_id = :r AND check_name = :c AND state = 'fail'"
+                     " AND created_at > :t LIMIT 1"), {"r": run_id, "c": a["rule"], "t": a["acked_at"]}
+            ).first() is not None
         if again:
             conn.execute(text("UPDATE alarm SET acked_at = NULL, acked_by = NULL, snooze_until = NULL,"
                               " snooze_records = NULL, updated_at = :t WHERE id = :i"), {"t": t, "i": a["id"]})
