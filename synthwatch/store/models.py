@@ -115,7 +115,7 @@ class Record(RecordOutput, table=True):
         Index("ix_record_filter", "run_id", "id", "status", "finish_reason", "review", "review_reason",
               "reasoning_source", "endpoint", "check_flags", "reasoning_len", "content_len", "completion_tokens",
               "latency_s"),
-        Index("ix_record_prompt", "run_id", "prompt_idx"),  # samples per prompt (migration 0015_samples)
+        Index("ix_record_prompt", "run_id", "prompt_idx"),  # samples per prompt (migration 0016_samples)
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -141,7 +141,7 @@ class Record(RecordOutput, table=True):
     # conversation, how many are finished and stored, and the finished ones before the last (JSON list)
     n_turns: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
     turns_done: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
-    # k samples per prompt (migration 0015_samples): the prompt's dataset position (NULL on older records, whose idx
+    # k samples per prompt (migration 0016_samples): the prompt's dataset position (NULL on older records, whose idx
     # is it) and which of its samples this record is; idx = prompt_idx * samples_per_prompt + sample_index
     prompt_idx: int | None = None
     sample_index: int = Field(default=0, sa_column_kwargs={"server_default": "0"})

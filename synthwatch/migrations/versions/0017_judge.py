@@ -1,7 +1,7 @@
 """judge models: what the judge cost, counted apart from the run's own requests (#30)
 
 Revision ID: 0017_judge
-Revises: 0015_samples
+Revises: 0016_samples
 Create Date: 2026-12-02 12:00:00
 
 - judge_usage: one row per run with a judge: requests sent, failed attempts, verdicts by state, prompt and
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0017_judge"
-down_revision: str | None = "0015_samples"
+down_revision: str | None = "0016_samples"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """check verdicts: the extended checks' per-record verdicts, written after the record (#30)
 
-Revision ID: 0014_check_verdicts
-Revises: 0016_counted_tokens
+Revision ID: 0015_check_verdicts
+Revises: 0014_counted_tokens
 Create Date: 2026-12-02 11:40:00
 
 - check_verdict: one row per verdict of an extended check (verifiers, user checks, TOML rules, language,
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0014_check_verdicts"
-down_revision: str | None = "0016_counted_tokens"
+revision: str = "0015_check_verdicts"
+down_revision: str | None = "0014_counted_tokens"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

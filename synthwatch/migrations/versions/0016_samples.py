@@ -1,7 +1,7 @@
 """k samples per prompt: each sample a record of its own (#30)
 
-Revision ID: 0015_samples
-Revises: 0014_check_verdicts
+Revision ID: 0016_samples
+Revises: 0015_check_verdicts
 Create Date: 2026-12-02 11:40:00
 
 - record.prompt_idx: the prompt's position in the dataset (NULL on records made before: their idx is it);
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0015_samples"
-down_revision: str | None = "0014_check_verdicts"
+revision: str = "0016_samples"
+down_revision: str | None = "0015_check_verdicts"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
