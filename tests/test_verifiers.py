@@ -41,6 +41,14 @@ def test_math(content: str, ref: object, state: str) -> None:
     assert verdict("math", content, ref).state == state
 
 
+def test_math_reads_a_markdown_answer_and_shows_its_value() -> None:
+    # models often answer in bold: the answer is read, and shown as its value, never as "72**."
+    ok = verdict("math", "The answer is **72**.", "72")
+    assert ok.state == "pass" and ok.label == "72"
+    bad = verdict("math", "The answer is **73**.", "72")
+    assert bad.state == "fail" and bad.label == "73" and "**" not in (bad.reason or "")
+
+
 @pytest.mark.parametrize(("kind", "content", "ref", "kw", "state"), [
     ("exact", "  Paris ", "paris", {}, "pass"),
     ("exact", "Paris", "paris", {"case_sensitive": True}, "fail"),

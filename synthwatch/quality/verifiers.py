@@ -184,7 +184,8 @@ def verify_math(s: VerifierSettings, v: RecordView, ref: Any) -> Verdict:
     answer = parse(v.content, parsing_timeout=secs)
     if not answer:
         return Verdict("fail", 0.0, None, "no final answer math-verify can read in the content")
-    shown = str(answer[-1]) if len(answer) > 1 else str(answer[0])
+    # the parsed value, not the matched text: the text keeps the answer's markdown ("72**." for "**72**.")
+    shown = str(answer[0])
     if verify(gold, answer, timeout_seconds=secs):
         return Verdict("pass", 1.0, shown[:100])
     return Verdict("fail", 0.0, shown[:100], f"answer {_show(shown)} is not {_show(want)}")
