@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import cli_env, run_cli
+from conftest import cli_env, run_async, run_cli
 
 from synthwatch.config import EndpointConfig, EndpointPoolConfig
 from synthwatch.workers.endpoints import EndpointPool
@@ -123,7 +123,7 @@ def test_the_metrics_scraper_sends_no_netrc_credentials(recorder: Recorder, netr
         finally:
             task.cancel()
 
-    asyncio.run(scrape_once())
+    run_async(scrape_once())  # a thread of its own: a browser test's loop may be running in this one
     paths = [p for p, _ in recorder.seen]
     assert "/metrics" in paths and "/version" in paths, paths
     assert rows and rows[0].get("error") is None, rows  # it scraped (the request really went out)
@@ -147,7 +147,7 @@ def test_the_metrics_scraper_uses_the_proxy_the_environment_names(recorder: Reco
         finally:
             task.cancel()
 
-    rows = asyncio.run(scrape_once())
+    rows = run_async(scrape_once())
     assert rows and rows[0].get("error") is None, rows
     assert "http://metrics.example.invalid:8000/metrics" in [p for p, _ in recorder.seen], recorder.seen
     assert recorder.leaked() == []
