@@ -51,6 +51,8 @@ class StreamAccumulator:
         "_problems",
         "_prompt_token_ids",
         "_reasoning_ids",
+        "_shape",
+        "_shape_x",
         "_token_ids",
         "_top_x",
         "_usage",
@@ -91,6 +93,10 @@ class StreamAccumulator:
         self._model: Any = None
         self._fp: Any = None
         self._top_x: dict[str, Any] = {}
+        # The top-level keys of the last chunk with unknown keys (and no error), and those unknown keys: a server
+        # sends the same layout in every chunk (vLLM: prompt_text), so a repeat reads just those keys' values.
+        self._shape: frozenset[str] = frozenset()
+        self._shape_x: tuple[str, ...] = ()
         self._choice_x: dict[str, Any] = {}
         self._delta_x: dict[str, Any] = {}
         self._delta_x_str: dict[str, list[str]] = {}
@@ -138,7 +144,14 @@ class StreamAccumulator:
             if m is not None:
                 self._model = m
         else:
-            if not (chunk.keys() <= KNOWN_TOP_KEYS) and self._top_slow(chunk):
+            keys = chunk.keys()
+            if keys == self._shape:  # unknown keys seen in the last chunk, each already in _top_x
+                top_x = self._top_x
+                for k in self._shape_x:
+                    v = chunk[k]
+                    if v is not None:
+                        top_x[k] = v
+            elif not (keys <= KNOWN_TOP_KEYS) and self._top_slow(chunk):
                 return False
             v = chunk.get("id")
             if v is not None:
@@ -230,12 +243,15 @@ class StreamAccumulator:
             if "choices" not in chunk:
                 return True
         top_x = self._top_x
-        for k in chunk.keys() - KNOWN_TOP_KEYS:
+        unknown = chunk.keys() - KNOWN_TOP_KEYS
+        for k in unknown:
             if k == "error":
                 continue
             v = chunk[k]
             if v is not None or k not in top_x:
                 top_x[k] = v
+        if err is None and "error" not in chunk:  # an error chunk always takes this path
+            self._shape, self._shape_x = frozenset(chunk.keys()), tuple(unknown)
         return False
 
     def _choices_slow(self, chunk: dict[str, Any], choices: Any) -> bool:
