@@ -149,26 +149,26 @@ def insert_prompts(conn: Connection, run_id: int, prompts: Iterable[Any], *, bat
     (synthwatch.capture.turns), and the run's n_turns their sum."""
     from ..capture import turns as turns_mod
 
-    stmt = text(
-        "INSERT INTO record (run_id, idx, source_id, source_line, rnd, prompt_json, status, content_null,"
-        f" attempts, check_flags, n_turns, turns_done) VALUES (:run_id, :idx, :source_id, :line, {PENDING_RND},"
-        " :prompt, 'pending', false, 0, 0, :n_turns, 0)"
-    )
+    # the driver's own executemany with tuples: through text() SQLAlchemy built each row's parameters in Python,
+    # half of loading 20,000 prompts (0.35 CPU-s; #25). Placeholders in the driver's style (SQLite ?, psycopg %s).
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    sql = ("INSERT INTO record (run_id, idx, source_id, source_line, rnd, prompt_json, status, content_null,"
+           f" attempts, check_flags, n_turns, turns_done) VALUES ({mark}, {mark}, {mark}, {mark}, {PENDING_RND},"
+           f" {mark}, 'pending', false, 0, 0, {mark}, 0)")
     n = n_turns = 0
-    buf: list[dict[str, Any]] = []
+    buf: list[tuple[Any, ...]] = []
+    dumps = orjson.dumps
+    count_all = turns != "last"
     for p in prompts:
-        k = turns_mod.count(p.messages, turns) if turns != "last" and p.index >= 0 else 1
+        k = turns_mod.count(p.messages, turns) if count_all and p.index >= 0 else 1
         n_turns += k
-        buf.append({
-            "run_id": run_id, "idx": p.index, "source_id": p.source_id, "line": p.line,
-            "prompt": orjson.dumps(p.messages).decode(), "n_turns": k,
-        })
+        buf.append((run_id, p.index, p.source_id, p.line, dumps(p.messages).decode(), k))
         if len(buf) >= batch:
-            conn.execute(stmt, buf)
+            conn.exec_driver_sql(sql, buf)
             n += len(buf)
             buf = []
     if buf:
-        conn.execute(stmt, buf)
+        conn.exec_driver_sql(sql, buf)
         n += len(buf)
     conn.execute(
         text("UPDATE run SET total = total + :n, n_pending = n_pending + :n, n_turns = n_turns + :k,"
