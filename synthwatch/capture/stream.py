@@ -41,7 +41,6 @@ class StreamAccumulator:
         "_delta_x",
         "_delta_x_str",
         "_details",
-        "_error",
         "_finish",
         "_fp",
         "_id",
@@ -56,6 +55,7 @@ class StreamAccumulator:
         "_token_ids",
         "_top_x",
         "_usage",
+        "error",
         "mode",
         "prefilled_open",
         "think_close",
@@ -100,17 +100,14 @@ class StreamAccumulator:
         self._choice_x: dict[str, Any] = {}
         self._delta_x: dict[str, Any] = {}
         self._delta_x_str: dict[str, list[str]] = {}
-        self._error: dict[str, Any] | None = None
+        # the error object when a chunk was ``{"error": {...}}`` (HTTP 200 with an error body); a plain attribute, not a
+        # property: the client asks after every chunk
+        self.error: dict[str, Any] | None = None
         self._problems = Problems()
 
     @property
     def n_chunks(self) -> int:
         return self._n
-
-    @property
-    def error(self) -> dict[str, Any] | None:
-        """The error object when a chunk was ``{"error": {...}}`` (HTTP 200 with an error body)."""
-        return self._error
 
     @property
     def problems(self) -> list[str]:
@@ -239,7 +236,7 @@ class StreamAccumulator:
         """Unknown top-level keys; True when the chunk is an error object to skip entirely."""
         err = chunk.get("error")
         if err is not None:
-            self._error = err if type(err) is dict else {"message": str(err)}
+            self.error = err if type(err) is dict else {"message": str(err)}
             if "choices" not in chunk:
                 return True
         top_x = self._top_x
