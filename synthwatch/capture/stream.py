@@ -166,15 +166,11 @@ class StreamAccumulator:
             if v is not None:
                 self._prompt_token_ids = v
             choices = chunk.get("choices")
-        if type(choices) is not list or len(choices) != 1:
-            return self._choices_slow(chunk, choices)
-        c = choices[0]
-        if type(c) is not dict:
-            return self._choices_slow(chunk, choices)
-        return self._feed_choice(c)
-
-    def _feed_choice(self, c: dict[str, Any]) -> bool:
-        M = MISSING
+        if type(choices) is not list or len(choices) != 1 or type(c := choices[0]) is not dict:
+            c = self._pick_choice(chunk, choices)
+            if c is None:
+                return False
+        # the choice, read here rather than in a method of its own: one Python call fewer per chunk
         idx = c.get("index", M)
         if idx and idx is not M:  # another choice of an n > 1 request
             self._problems.add(f"choice index {idx!r} ignored: only index 0 is read")
@@ -251,10 +247,11 @@ class StreamAccumulator:
             self._shape, self._shape_x = frozenset(chunk.keys()), tuple(unknown)
         return False
 
-    def _choices_slow(self, chunk: dict[str, Any], choices: Any) -> bool:
+    def _pick_choice(self, chunk: dict[str, Any], choices: Any) -> dict[str, Any] | None:
+        """The choice to read when ``choices`` is not one object (None: nothing to read; problems noted)."""
         if type(choices) is list:
             if not choices:
-                return False  # the usage chunk
+                return None  # the usage chunk
             chosen = None
             for c in choices:
                 if type(c) is dict and not c.get("index"):
@@ -268,16 +265,16 @@ class StreamAccumulator:
                     )
                 else:
                     self._problems.add("choices[0] is not an object")
-                return False
+                return None
             if len(choices) > 1:
                 self._problems.add(f"{len(choices)} choices in one chunk: only index 0 is read")
-            return self._feed_choice(chosen)
+            return chosen
         if choices is None or choices is MISSING:
             if "choices" not in chunk:
                 self._problems.add("chunk without 'choices'")
-            return False
+            return None
         self._problems.add(f"choices is {tname(choices)}, not a list")
-        return False
+        return None
 
     def _choice_slow(self, c: dict[str, Any]) -> None:
         choice_x = self._choice_x
