@@ -12,7 +12,16 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .check_extended import (
+    ExtendedSettings,
+    LanguageSettings,
+    NearDuplicateSettings,
+    RuleCheckSettings,
+    UserCheckSettings,
+    VerifierSettings,
+)
 
 # Order fixes the bit of each check in record.check_flags: append only, never reorder.
 CHECK_NAMES: tuple[str, ...] = (
@@ -112,6 +121,12 @@ DEFAULT_RULES: dict[str, Rule] = {r.name: r for r in (
 )}
 
 
+def extended_rule(name: str) -> Rule:
+    """An extended check's default rule: a warning at 5% of the last 100 judged records (from 20 on), no pause.
+    A run turns auto-pause on per check in [checks.rules."<name>"], as for a built-in check."""
+    return Rule(name, f"Check {name} fails", 100, 0.05, 20, severity="warning")
+
+
 class RuleOverride(BaseModel):
     """Per-run changes to one rule; unset fields keep the default."""
 
@@ -183,6 +198,61 @@ class CheckSettings(BaseModel):
     token_sample_every: int = Field(20, ge=1)
     canary: CanarySettings = Field(default_factory=lambda: CanarySettings.model_validate({}))
     webhook: WebhookSettings = Field(default_factory=lambda: WebhookSettings.model_validate({}))
+    # extended checks (#30): their verdicts follow the record (synthwatch.quality.verdicts)
+    verifiers: list[VerifierSettings] = Field(default_factory=list, max_length=20)
+    user: list[UserCheckSettings] = Field(default_factory=list, max_length=50)
+    rule: list[RuleCheckSettings] = Field(default_factory=list, max_length=100)
+    language: LanguageSettings = Field(default_factory=lambda: LanguageSettings.model_validate({}))
+    near_duplicate: NearDuplicateSettings = Field(default_factory=lambda: NearDuplicateSettings.model_validate({}))
+    extended: ExtendedSettings = Field(default_factory=lambda: ExtendedSettings.model_validate({}))
+
+    def extended_names(self) -> list[str]:
+        """Catalogue names of the extended checks this run computes, in a stable order."""
+        names = [v.check_name for v in self.verifiers] + [u.check_name for u in self.user]
+        names += [r.check_name for r in self.rule]
+        if self.language.enabled:
+            names.append("language")
+        if self.near_duplicate.enabled:
+            names.append("near_duplicate")
+        return names
+
+    def extended_info(self) -> dict[str, str]:
+        """What each extended check of this run catches, in words (the catalogue, the checks page)."""
+        out: dict[str, str] = {}
+        for v in self.verifiers:
+            out[v.check_name] = f"{v.kind} verifier: the answer against the dataset row's `{v.reference}`"
+        for u in self.user:
+            out[u.check_name] = f"user check {u.function or f'(entry point {u.name})'}"
+        for r in self.rule:
+            parts = []
+            if r.regex is not None:
+                parts.append(f"{'matches' if r.must_match else 'does not match'} /{r.regex}/")
+            if r.min_chars is not None:
+                parts.append(f">= {r.min_chars} characters")
+            if r.max_chars is not None:
+                parts.append(f"<= {r.max_chars} characters")
+            if r.language is not None:
+                parts.append(f"in language {r.language}")
+            out[r.check_name] = f"TOML rule: the {r.field} " + ", ".join(parts)
+        if self.language.enabled:
+            want = "the prompt's" if self.language.expect == "prompt" else self.language.expect
+            out["language"] = f"the answer is not in {want} language (lingua, among {', '.join(self.language.languages)})"
+        if self.near_duplicate.enabled:
+            out["near_duplicate"] = (f"the {self.near_duplicate.field} is a near-duplicate of an earlier record's "
+                                     f"(MinHash LSH, Jaccard >= {self.near_duplicate.threshold:g})")
+        return out
+
+    def row_fields(self) -> tuple[str, ...]:
+        """Dataset row fields each record keeps for the extended checks (record.row_json)."""
+        fields = [v.reference for v in self.verifiers] + list(self.extended.row_fields)
+        return tuple(dict.fromkeys(fields))
+
+    def all_rules(self) -> dict[str, Rule]:
+        """The default rule of every check this run has: the built-ins' and a default one per extended check."""
+        out = dict(DEFAULT_RULES)
+        for name in self.extended_names():
+            out[name] = extended_rule(name)
+        return out
 
     @field_validator("disabled")
     @classmethod
@@ -192,10 +262,14 @@ class CheckSettings(BaseModel):
                 raise ValueError(f"unknown check {name!r}; known: {', '.join(CHECK_NAMES)}")
         return v
 
-    @field_validator("rules")
-    @classmethod
-    def _known_rules(cls, v: dict[str, RuleOverride]) -> dict[str, RuleOverride]:
-        for name in v:
-            if name not in DEFAULT_RULES:
-                raise ValueError(f"unknown rule {name!r}; known: {', '.join(DEFAULT_RULES)}")
-        return v
+    @model_validator(mode="after")
+    def _known_rules(self) -> CheckSettings:
+        extended = self.extended_names()
+        if len(set(extended)) != len(extended):
+            dup = sorted({n for n in extended if extended.count(n) > 1})
+            raise ValueError(f"two extended checks are named {', '.join(dup)}; give each a distinct name")
+        for name in self.rules:
+            if name not in DEFAULT_RULES and name not in extended:
+                known = ", ".join([*DEFAULT_RULES, *extended])
+                raise ValueError(f"unknown rule {name!r}; known: {known}")
+        return self

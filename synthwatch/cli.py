@@ -20,6 +20,7 @@ COMMANDS = (
     "synthwatch.commands.watch",
     "synthwatch.commands.control",
     "synthwatch.commands.checks",
+    "synthwatch.commands.judge",
     "synthwatch.commands.repair",
     "synthwatch.commands.db",
 )

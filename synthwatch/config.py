@@ -259,6 +259,44 @@ class AutotuneConfig(_Strict):
         return self
 
 
+JUDGE_TEMPLATE = (
+    "You are grading one answer of a model. Read the conversation and the answer, then reply with a JSON object "
+    "{\"score\": a number from 0 (useless) to 1 (excellent), \"label\": \"good\" or \"bad\", \"reason\": one "
+    "short sentence}.\n\n### Conversation\n{prompt}\n\n### Answer\n{answer}\n")
+
+
+class JudgeConfig(_Strict):
+    """`[judge]`: a judge model grades finished records off the generation path (synthwatch.workers.judge)."""
+
+    endpoint: EndpointConfig = Field(description="The judge's OpenAI-compatible endpoint (its own key variable).")
+    model: str = Field(min_length=1, description="Model name sent to the judge.")
+    prompt_template: str = Field(
+        JUDGE_TEMPLATE, min_length=1, max_length=100_000,
+        description="The judge's user message; {prompt}, {reasoning}, {answer} and {reference} are replaced.")
+    sample_fraction: float = Field(1.0, gt=0, le=1, description="Share of ok records judged (1: all); which ones "
+                                   "is drawn from the record id, so a resume judges the same ones.")
+    concurrency: int = Field(4, ge=1, le=1000, description="Judge requests in flight at once (apart from the run's).")
+    max_tokens: int = Field(512, ge=1, le=100_000, description="max_tokens of a judge request.")
+    temperature: float = Field(0.0, ge=0, le=5, description="temperature of a judge request.")
+    guided: Literal["auto", "json_schema", "none"] = Field(
+        "auto", description="Ask for the verdict's JSON schema (response_format json_schema): auto asks and stops "
+        "asking after the server refuses it (HTTP 400); json_schema always; none never. The reply is validated "
+        "in every case.")
+    bad_labels: list[str] = Field(default_factory=lambda: ["bad"], max_length=50,
+                                  description="Labels that make the verdict a failure (the check fails).")
+    min_score: float | None = Field(None, description="A score below this fails the verdict too.")
+    timeout_s: float = Field(120.0, gt=0, description="Longest wait for one judge reply.")
+    max_attempts: int = Field(3, ge=1, le=20, description="Attempts per record (timeouts, 429, 5xx) before the "
+                              "verdict is the judge's error.")
+    alarm_threshold: float = Field(0.2, ge=0, le=1, description="Alarm when this share of the last alarm_window "
+                                   "judged records is bad.")
+    alarm_window: int = Field(100, ge=1, le=100_000, description="Judged records the alarm rule looks back over.")
+    alarm_min_records: int = Field(10, ge=1, description="Judged records needed before the alarm can fire.")
+    auto_pause: bool = Field(False, description="The judge's alarm pauses the run (as a check's auto-pause).")
+    drain_s: float = Field(120.0, ge=0, le=86_400, description="After the run's last record, how long the judge may "
+                           "take to judge what is left before the process exits (the rest: synthwatch judge RUN).")
+
+
 class RunConfig(_Strict):
     name: str | None = None
     dataset: DatasetConfig
@@ -267,7 +305,11 @@ class RunConfig(_Strict):
     stream: bool = True
     request_token_ids: bool = Field(False, description="Ask vLLM for return_token_ids.")
     concurrency: int = Field(32, ge=1, le=100_000)
-    cap: int | None = Field(None, ge=1, description="Stop once this many records are ok.")
+    cap: int | None = Field(None, ge=1, description="Stop once this many records are ok (records, not prompts: "
+                            "with samples_per_prompt = k each sample is a record).")
+    samples_per_prompt: int = Field(
+        1, ge=1, le=1000, description="k answers per prompt, each its own record and request with a distinct seed "
+        "(sampling.seed or 0, plus the sample index); pass@k and export --select read them per prompt.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -284,6 +326,7 @@ class RunConfig(_Strict):
         "strip", description="turns = all: the model's earlier reasoning is left out of later requests (strip, "
         "what DeepSeek/Qwen3 templates do with past turns) or sent back as reasoning_content (keep).")
     checks: dict[str, Any] = Field(default_factory=dict, description="Check and alarm settings.")
+    judge: JudgeConfig | None = Field(None, description="A judge model that grades records (docs/checks.md).")
     webhook_url: str | None = None
     lease_s: float = Field(30.0, ge=2, description="A claim not renewed this long is taken over.")
     flush_interval_ms: int = Field(200, ge=10, le=10_000)
@@ -339,6 +382,13 @@ class RunConfig(_Strict):
             body["return_token_ids"] = True
         body.update(s.extra_body)
         return body
+
+    def sample_seed(self, sample_index: int) -> int | None:
+        """The seed of a prompt's sample ``sample_index``: distinct per sample and deterministic, so a resumed or
+        re-run sample asks the same; None when the run has one sample per prompt (the request keeps sampling.seed)."""
+        if self.samples_per_prompt <= 1:
+            return None
+        return (self.sampling.seed or 0) + sample_index
 
     def snapshot(self) -> dict[str, Any]:
         """What is stored with the run: the whole config; keys appear only as env-var names."""

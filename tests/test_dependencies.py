@@ -16,7 +16,8 @@ def _runtime_dists() -> list[str]:
 
 
 # used at run time through another package, not imported by name
-INDIRECT = {"python-multipart": "Starlette parses the dashboard's forms with it (request.form())"}
+INDIRECT = {"python-multipart": "Starlette parses the dashboard's forms with it (request.form())",
+            "latex2sympy2-extended": "math-verify parses LaTeX answers with it (pinned with math-verify, #30)"}
 
 
 def test_every_runtime_dependency_is_imported_by_the_package() -> None:

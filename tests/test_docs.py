@@ -38,3 +38,21 @@ def test_every_run_config_key_is_documented() -> None:
     assert "dataset.path" in keys and "endpoints[].base_url" in keys
     missing = [k for k in keys if f"`{k}`" not in text]
     assert not missing, f"document these keys in docs/configuration.md: {missing}"
+
+
+def test_every_extended_check_key_is_documented() -> None:
+    """The extended checks' TOML keys (#30) each appear in docs/checks.md's examples (`key = ...`)."""
+    from synthwatch.check_extended import (
+        ExtendedSettings,
+        LanguageSettings,
+        NearDuplicateSettings,
+        RuleCheckSettings,
+        UserCheckSettings,
+        VerifierSettings,
+    )
+
+    text = (DOCS / "checks.md").read_text()
+    missing = [f"{m.__name__}.{n}" for m in (VerifierSettings, UserCheckSettings, RuleCheckSettings, LanguageSettings,
+                                             NearDuplicateSettings, ExtendedSettings)
+               for n in m.model_fields if f"\n{n} =" not in text]
+    assert not missing, f"document these keys in docs/checks.md: {missing}"

@@ -56,6 +56,8 @@ NO_FLAG = {
     "checks": "a table of per-check tables (docs/checks.md)",
     "webhook_url": "where alarms go for unattended runs: part of a deployment's TOML, not of a command",
     "lease_s": "multi-worker tuning", "flush_interval_ms": "the writer's tuning",
+    "judge.": "a judge model is a second endpoint with its own template and alarm: a [judge] table in the TOML "
+              "file (docs/checks.md), or `synthwatch judge RUN --config FILE`",
 }
 # flags of `synthwatch run` that are not run settings
 NOT_SETTINGS = {

@@ -75,6 +75,11 @@ def stretch_run(engine: Any, sim: Any, prompts: Any, name: str, *, clean: int = 
     `after` more (enough for the 100-record window to clear the alarm: the pause that ends the stretch lands
     after the requests in flight and the worker's claimed reserve, which at full speed can be dozens more).
     Returns (run id, url, bad stretch)."""
+    # Each request takes at least 30 ms: the pause that ends the stretch lands one control read (0.25 s) plus a
+    # poll after the test sees `bad` records, and an unpaced simulator finished ~190 records in that time, which left
+    # too few clean ones after it for the window to clear (failed ~3 runs in 10). At <= 133 records/s the overshoot
+    # stays under ~50, whatever the machine's load (a slower machine is also a slower worker).
+    sim_kw.setdefault("ttft_ms", 30)
     url = sim(seed=31, reasoning_tokens="4-10", content_tokens="3-6", **sim_kw)
     config = make_config(url, prompts(clean + bad + after), concurrency=4, name=name, checks=NO_PAUSE)
     bg = CheckedBackground(engine, config).start()
@@ -90,6 +95,10 @@ def stretch_run(engine: Any, sim: Any, prompts: Any, name: str, *, clean: int = 
         bg.join(30)
         raise
     assert bg.join(120) == "completed"
+    with engine.connect() as conn:
+        clean_after = conn.execute(text("SELECT count(*) FROM record WHERE run_id = :r AND finished_at > :t"),
+                                   {"r": run_id, "t": t1}).scalar_one()
+    assert clean_after >= 100, f"only {clean_after} records after the stretch: it overshot (the test's premise)"
     return run_id, url, (t0, t1)
 
 

@@ -74,9 +74,17 @@ class OpenAlarms:
                 "open_items": self.items}
 
 
-def open_alarms(conn: Connection, run_id: int) -> OpenAlarms | None:
+def left_out_by(select: str | None, check: str | None) -> tuple[str, ...]:
+    """The checks whose failing records an export's per-prompt selection leaves out (export/select.py): --select
+    passing or first-passing exports only records that pass its check, so that check's alarm does not hold it."""
+    return (check,) if check and select in ("passing", "first-passing") else ()
+
+
+def open_alarms(conn: Connection, run_id: int, *, left_out: tuple[str, ...] = ()) -> OpenAlarms | None:
     """The run's open (active) data-quality alarms, most failing records first, and its open items; None when
-    there are none of either (a guard holding only transport items names them but does not block)."""
+    there are none of either (a guard holding only transport items names them but does not block). ``left_out``:
+    checks whose failing records the export leaves out by itself (left_out_by): their alarms and items do not
+    count."""
     run = conn.execute(text("SELECT name, status FROM run WHERE id = :r"), {"r": run_id}).first()
     if run is None:
         return None
@@ -90,9 +98,9 @@ def open_alarms(conn: Connection, run_id: int) -> OpenAlarms | None:
                "n_fail": int(r["n_fail"] or 0), "acked": r["acked_at"] is not None,
                "auto_paused": bool(r["auto_paused"]),
                "repair_url": f"/runs/{run_id}/repair?alarm={r['id']}#repair"}
-              for r in rows if r["rule"] not in TRANSPORT_RULES
+              for r in rows if r["rule"] not in TRANSPORT_RULES and r["rule"] not in left_out
               and not (r["rule"] in accepted and accepted[r["rule"]] >= float(r["raised_at"]))]
-    items = items_mod.items(conn, run_id)
+    items = [i for i in items_mod.items(conn, run_id) if i.get("check_name") not in left_out]
     if not alarms and not items:
         return None
     alarms.sort(key=lambda a: -a["n_fail"])

@@ -54,7 +54,7 @@ def dataset_form_fields() -> list[dict[str, Any]]:
 
 PRICE_KEYS = ("price_in_per_mtok", "price_out_per_mtok")  # every endpoint's, named as the TOML keys
 FORM_FIELDS = ("name", *(opt.form for _, _, opt in options(DatasetConfig)), "endpoints", "api_key_env", "model", "temperature", "top_p", "max_tokens",
-               "concurrency", "cap", "timeout_s", "idle_timeout_s", "connect_timeout_s", "max_attempts",
+               "concurrency", "cap", "samples_per_prompt", "timeout_s", "idle_timeout_s", "connect_timeout_s", "max_attempts",
                "reasoning_mode", "stream", "turns", "history_reasoning", "tokenizer",
                *PRICE_KEYS)
 
@@ -136,8 +136,8 @@ def form_to_data(form: dict[str, str], errors: FormErrors) -> dict[str, Any]:
         errors.add("model", "model", "required (the model name the endpoint serves)")
     data["model"] = model
     data["stream"] = (form.get("stream") or "on") in ("on", "true", "1", "yes")
-    for key in ("concurrency", "cap"):
-        v = _num(form, key, int, key, errors)
+    for key in ("concurrency", "cap", "samples_per_prompt"):
+        v = _num(form, key, int, key.replace("_", " "), errors)
         if v is not None:
             data[key] = v
     sampling: dict[str, Any] = {}
@@ -207,6 +207,8 @@ def config_to_form(config: dict[str, Any]) -> dict[str, str]:
         "model": s(config.get("model")), "temperature": s(sampling.get("temperature")),
         "top_p": s(sampling.get("top_p")), "max_tokens": s(sampling.get("max_tokens")),
         "concurrency": s(config.get("concurrency")), "cap": s(config.get("cap")),
+        "samples_per_prompt": s(config.get("samples_per_prompt") if (config.get("samples_per_prompt") or 1) > 1
+                                else ""),
         "timeout_s": s(timeouts.get("total_s")), "idle_timeout_s": s(timeouts.get("idle_s")),
         "connect_timeout_s": s(timeouts.get("connect_s")),
         "max_attempts": s((config.get("retries") or {}).get("max_attempts")),

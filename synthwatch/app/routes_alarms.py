@@ -18,7 +18,9 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.engine import Connection, Engine
 
-from ..check_catalog import CHECK_INFO, CHECK_NAMES, DEFAULT_RULES
+from ..check_catalog import BIT, CHECK_INFO, CHECK_NAMES, DEFAULT_RULES, extended_rule
+from ..check_extended import VERIFIER_KINDS
+from ..quality import judge_view
 from ..quality.alarm_text import render as render_alarm
 from ..quality.alarms import (
     AlarmNotFound,
@@ -29,6 +31,7 @@ from ..quality.alarms import (
     group_alarms,
     list_alarms,
     list_overrides,
+    rules_for,
     snoozed_alarms,
     worst_severity,
 )
@@ -69,9 +72,10 @@ def _config(run: dict[str, Any]) -> dict[str, Any]:
 
 def _rules(cfg: dict[str, Any]) -> dict[str, Any]:
     try:
-        return effective_rules(parse_settings(cfg.get("checks") or {}).rules)
+        settings = parse_settings(cfg.get("checks") or {})
     except ChecksConfigError:
         return effective_rules({})
+    return {**effective_rules(settings.rules), **rules_for(settings.extended_names(), settings.rules)}
 
 
 def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
@@ -96,6 +100,7 @@ def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
 
 def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
     from ..quality.recompute import check_rates
+    from ..quality.verdicts import pending_estimate
 
     run = _run(conn, run_id)
     raw = _config(run).get("checks") or {}
@@ -105,12 +110,15 @@ def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
     except ChecksConfigError as exc:
         settings = parse_settings({})
         settings_error = str(exc)
-    rules = effective_rules(settings.rules)
+    extended = settings.extended_names()  # their rules are set here like a built-in check's (#30)
+    rules = {**effective_rules(settings.rules), **rules_for(extended, settings.rules)}
     return {
         "run": {"id": run["id"], "name": run["name"], "status": run["status"]},
         "live": _live(run),
+        "extended": set(extended),
         "checks": check_rates(conn, run_id),
-        "rules": [rules[n] for n in CHECK_NAMES],
+        "pending_checks": pending_estimate(conn, run_id, int(run.get("n_ok") or 0), settings.extended_names()),
+        "rules": [rules[n] for n in (*CHECK_NAMES, *extended)],
         "settings": settings,
         "settings_error": settings_error,
         "disabled": set(settings.disabled),
@@ -118,6 +126,7 @@ def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
         "last_recompute": _last_recompute.get(run_id),
         "no_pause": active_overrides(conn, run_id),
         "poll_s": BANNER_POLL_S,
+        "judge": judge_view.summary(conn, run),
     }
 
 
@@ -158,7 +167,17 @@ def ack_form(request: Request, run_id: int, alarm_id: int, engine: WriteEngine, 
 @router.get("/help/checks", include_in_schema=False)
 def checks_help_page(request: Request) -> Response:
     """Every check: its label, identifier, what fails it and its default rule (the table of docs/checks.md)."""
-    return render(request, "help_checks.html", {"rules": [DEFAULT_RULES[n] for n in CHECK_NAMES if n in DEFAULT_RULES]})
+    from ..quality.user_checks import installed_entry_points
+
+    extended = [(f"verify_{k}", f"{k} verifier: the answer against a reference field of the dataset row")
+                for k in VERIFIER_KINDS]
+    extended += [("user:<name>", "your Python function (entry point or module:function) returns a failing verdict"),
+                 ("rule:<name>", "a TOML rule (regex, length bounds, language) does not hold"),
+                 ("language", "the answer is not in the prompt's (or the configured) language (lingua)"),
+                 ("near_duplicate", "the answer is a near-duplicate of an earlier one (MinHash LSH)")]
+    return render(request, "help_checks.html", {
+        "rules": [DEFAULT_RULES[n] for n in CHECK_NAMES if n in DEFAULT_RULES], "extended": extended,
+        "extended_rule": extended_rule("x"), "entry_points": sorted(installed_entry_points().items())})
 
 
 @router.get("/runs/{run_id}/checks", include_in_schema=False)
@@ -180,7 +199,12 @@ def _form_to_settings(form: Any, current: dict[str, Any]) -> dict[str, Any]:
     raw = dict(current)
     rules: dict[str, Any] = dict(raw.get("rules") or {})
     disabled: list[str] = []
-    for name in CHECK_NAMES:
+    try:
+        extended = parse_settings(current).extended_names()
+    except ChecksConfigError:
+        extended = []
+    defaults = {**DEFAULT_RULES, **{n: extended_rule(n) for n in extended}}
+    for name in (*CHECK_NAMES, *extended):
         ov = dict(rules.get(name) or {})
         for fld, conv in (("threshold", float), ("window", int), ("min_records", int)):
             v = str(form.get(f"{fld}__{name}", "")).strip()
@@ -190,7 +214,7 @@ def _form_to_settings(form: Any, current: dict[str, Any]) -> dict[str, Any]:
                 value = conv(v.rstrip("%")) / (100 if fld == "threshold" and v.endswith("%") else 1)
             except ValueError:
                 raise ValueError(f"{name} {fld}: {v!r} is not a number") from None
-            if value != getattr(DEFAULT_RULES[name], fld):
+            if value != getattr(defaults[name], fld):
                 ov[fld] = value
             else:
                 ov.pop(fld, None)
@@ -198,11 +222,11 @@ def _form_to_settings(form: Any, current: dict[str, Any]) -> dict[str, Any]:
             if fld == "auto_pause" and form.get(f"auto_pause_shown__{name}") is None:
                 continue  # shown as "on": turning it off is its own action, with a reason (set_auto_pause)
             on = form.get(f"{fld}__{name}") is not None
-            if on != getattr(DEFAULT_RULES[name], fld):
+            if on != getattr(defaults[name], fld):
                 ov[fld] = on
             else:
                 ov.pop(fld, None)
-        if form.get(f"computed__{name}") is None:
+        if name in BIT and form.get(f"computed__{name}") is None:  # an extended check is on by its own table
             disabled.append(name)
         if ov:
             rules[name] = ov
@@ -252,7 +276,11 @@ def start_recompute(engine: Engine, run_id: int) -> bool:
 
     def work() -> None:
         try:
-            _last_recompute[run_id] = recompute(engine, run_id)
+            done = recompute(engine, run_id)
+            from ..quality.extended import recheck  # noqa: PLC0415 - starts check processes only when a run has them
+
+            done["extended"] = recheck(engine, run_id, all_records=True)
+            _last_recompute[run_id] = done
         except Exception as exc:  # reported on the page, never lost in a thread
             log.exception("recompute of run %d failed", run_id)
             _last_recompute[run_id] = {"error": f"{exc.__class__.__name__}: {exc}"}
@@ -298,6 +326,13 @@ def api_ack(run_id: int, alarm_id: int, engine: WriteEngine, for_records: int | 
         raise HTTPException(400, str(exc)) from None
 
 
+@router.get("/api/runs/{run_id}/judge", tags=["alarms"])
+def api_judge(run_id: int, conn: ReadConn) -> Any:
+    """The run's judge model: verdicts by state, its own requests, tokens and cost (apart from the run's), and how
+    often people's flags and the judge agree (null when the run has no judge)."""
+    return {"run_id": run_id, "judge": judge_view.summary(conn, _run(conn, run_id))}
+
+
 @router.get("/api/runs/{run_id}/checks", tags=["alarms"])
 def api_checks(run_id: int, conn: ReadConn) -> dict[str, Any]:
     """Per-check rates (whole run and rolling window), the effective rules and the check settings."""
@@ -310,7 +345,8 @@ def api_checks(run_id: int, conn: ReadConn) -> dict[str, Any]:
         "settings_error": ctx["settings_error"],
         "recomputing": ctx["recomputing"],
         "last_recompute": ctx["last_recompute"],
-        "descriptions": CHECK_INFO,
+        "descriptions": {**CHECK_INFO, **ctx["settings"].extended_info()},
+        "pending_checks": ctx["pending_checks"],
     }
 
 

@@ -28,9 +28,11 @@ from ..export.plan import (
     ExportOptions,
     check_bit_map,
 )
+from ..export.select import SELECT_MODES
+from ..quality import passk
 from ..store import queue as store
 from .deps import render
-from .export_guard import CONFIRM_FIELD, OpenAlarms, manifest_items, open_alarms
+from .export_guard import CONFIRM_FIELD, OpenAlarms, left_out_by, manifest_items, open_alarms
 
 router = APIRouter()
 log = logging.getLogger("synthwatch.export")
@@ -127,7 +129,10 @@ def _form_context(request: Request, run_id: int, values: dict[str, Any] | None =
         "other_checks": sorted(check_bit_map(ok_records_only=True)),
         "run_tokenizer": tok.get("name_or_path"),
         "server_ids": bool(isinstance(config, dict) and config.get("request_token_ids")),
-        "values": values or {"format": "messages", "default_exclusions": True},
+        "samples_per_prompt": passk.samples_per_prompt({"config": config}),
+        "verifier": passk.verifier_check(config if isinstance(config, dict) else {}),
+        "select_modes": SELECT_MODES,
+        "values": values or {"format": "messages", "default_exclusions": True, "select": "all"},
         "error": error,
     }
 
@@ -155,6 +160,8 @@ def _options_from(values: dict[str, Any], out: Path) -> ExportOptions:
         retokenize=bool(values.get("retokenize")),
         template_drops_past_reasoning=bool(values.get("template_drops_past_reasoning")),
         turns="all" if values.get("all_turns") else "last",
+        select=str(values.get("select") or "all"),
+        select_check=(str(values.get("select_check")).strip() or None) if values.get("select_check") else None,
     )
 
 
@@ -162,7 +169,10 @@ def start_export(request: Request, run_id: int, values: dict[str, Any], actor: s
     """Validate (ExportError on bad input, nothing written), then start the job."""
     with request.app.state.read_engine.connect() as conn:
         run = _run_or_404(conn, run_id)
-        guard = open_alarms(conn, run_id)
+        select = str(values.get("select") or "all")
+        check = str(values.get("select_check") or "").strip() or passk.verifier_check(
+            orjson.loads(run.get("config_json") or "{}"))
+        guard = open_alarms(conn, run_id, left_out=left_out_by(select, check))
     if guard is not None and guard.blocking and values.get(CONFIRM_FIELD) is not True:
         raise OpenAlarmsError(guard)
     jobs = _jobs(request)
@@ -205,6 +215,7 @@ async def export_submit(request: Request, run_id: int) -> Response:
         "exclude_checks": [str(v) for v in form.getlist("exclude_checks")],
         **{k: form.get(k) == "on" for k in (*_FORM_BOOLS, "retokenize")},
         "default_exclusions": form.get("default_exclusions") == "on",
+        "select": str(form.get("select") or "all"), "select_check": str(form.get("select_check") or ""),
     }
     from starlette.concurrency import run_in_threadpool
 
@@ -266,6 +277,8 @@ async def api_start_export(request: Request, run_id: int) -> Response:
     """Start an export. Body: {"format": "messages|sharegpt|tokens|raw|specforge|speculators", "think_inline",
     "only_good", "include_flagged", "default_exclusions", "exclude_checks": [...], "parquet", "retokenize",
     "template_drops_past_reasoning", "all_turns" (conversations regenerated turn by turn: one row per turn),
+    "select": "all|passing|first-passing|best" and "select_check" (k samples per prompt: which per prompt, by
+    that check's verdicts; default the run's first verifier),
     "allow_open_alarms" (needed when the run has an open data-quality alarm: 409 naming them otherwise)}."""
     try:
         body = orjson.loads(await request.body() or b"{}")
@@ -273,7 +286,7 @@ async def api_start_export(request: Request, run_id: int) -> Response:
         return JSONResponse({"detail": f"request body is not JSON: {exc}"}, status_code=400)
     if not isinstance(body, dict):
         return JSONResponse({"detail": "request body must be a JSON object"}, status_code=400)
-    known = {"format", "exclude_checks", "default_exclusions", "retokenize", *_FORM_BOOLS}
+    known = {"format", "exclude_checks", "default_exclusions", "retokenize", "select", "select_check", *_FORM_BOOLS}
     unknown = sorted(set(body) - known)
     if unknown:
         return JSONResponse({"detail": f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"},

@@ -18,6 +18,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from ..capture import tool_calls
+from ..quality import judge_view, verdicts
 from ..review import display as review_display
 from ..review import filters as review_filters
 from ..review import flags as review_flags
@@ -247,9 +248,23 @@ def _turn_blocks(rec: dict[str, Any], ws: bool) -> list[dict[str, Any]]:
     return out
 
 
+def _extended_verdicts(conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The extended checks' verdicts in force on this record (#30), with 'pending' for a configured check that has
+    not answered yet (an ok record only: the checks judge answers)."""
+    got = {v.check_name: v for v in verdicts.record_verdicts(conn, rec["id"])}
+    names = verdicts.configured_checks(run.get("config_json")) if rec.get("status") == "ok" else []
+    out = []
+    for name in [*names, *sorted(n for n in got if n not in names)]:
+        v = got.get(name)
+        out.append({"name": name, "state": v.state if v else "pending",
+                    "label": v.verdict.label if v else None, "reason": v.verdict.reason if v else None,
+                    "score": v.verdict.score if v else None, "cost_ms": v.cost_ms if v else None})
+    return out
+
+
 def flag_context(conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
     return {"run": run, "rec": rec, "flags": review.flag_history(conn, rec["id"]), "reasons": review_filters.REASONS,
-            "reason_labels": review_filters.REASON_LABELS}
+            "reason_labels": review_filters.REASON_LABELS, "judge": judge_view.record_verdict(conn, rec["id"])}
 
 
 def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
@@ -284,6 +299,7 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         "content": _text_block(rec["content"], ws),
         "tool_calls": _answer_tool_calls(rec, ws),
         "failed": review_filters.failed_checks(rec["check_flags"]),
+        "verdicts": _extended_verdicts(conn, run, rec),
         "attempt_list": attempts if isinstance(attempts, list) else [],
         "raw": review.raw_fields(rec),
         "in_set": in_set,

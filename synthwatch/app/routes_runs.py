@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 
 from ..capture.reasoning import MODES as REASONING_MODES
+from ..quality import verdicts
 from ..store import queue as store
 from ..store import versions
 from . import launch, run_stats, stats, timeseries
@@ -77,11 +78,14 @@ def _stats_context(request: Request, conn: Any, run: dict[str, Any]) -> dict[str
     try:
         with stats.time_limit(conn, request_limit_ms(request)):
             st = run_stats.run_stats(conn, run, _window_s(request))
+            # records written whose extended checks have not answered yet (#30): verdicts follow the records
+            names = verdicts.configured_checks(run.get("config") or run.get("config_json"))
+            pending = verdicts.pending_estimate(conn, run["id"], int(run.get("n_ok") or 0), names) if names else None
         stale = None
     except stats.StatsTimeout as exc:
-        st, stale = None, str(exc)
+        st, stale, pending = None, str(exc), None
     return {"run": run, "st": st, "stale": stale, "poll_ms": _poll_ms(request),
-            "details_poll_ms": _slow_poll_ms(request)}
+            "details_poll_ms": _slow_poll_ms(request), "pending_checks": pending}
 
 
 def _charts_context(request: Request, conn: Any, run: dict[str, Any], window: str) -> dict[str, Any]:
@@ -133,7 +137,7 @@ def runs_table(request: Request, conn: ReadConn) -> Response:
 
 def _new_run_defaults() -> dict[str, str]:
     return {"name": "", **{f["form"]: f["default"] for f in launch.dataset_form_fields()}, "endpoints": "", "api_key_env": "", "model": "", "temperature": "",
-            "top_p": "", "max_tokens": "", "concurrency": "16", "cap": "", "timeout_s": "600", "idle_timeout_s": "60",
+            "top_p": "", "max_tokens": "", "concurrency": "16", "cap": "", "samples_per_prompt": "", "timeout_s": "600", "idle_timeout_s": "60",
             "connect_timeout_s": "10", "max_attempts": "4", "reasoning_mode": "auto", "stream": "on",
             "tokenizer": ""}
 

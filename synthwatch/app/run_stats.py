@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from ..quality import open_items
+from ..quality import open_items, passk
 from ..store.models import LIVE_STATUSES
 from ..workers.sketch import TPS_MIN, Sketch
 from .quality_tiles import quality_tiles
@@ -69,6 +69,7 @@ class RunStats:
     progress: dict[str, Any] = field(default_factory=dict)
     gauge: dict[str, Any] = field(default_factory=dict)
     open_items: list[dict[str, Any]] = field(default_factory=list)
+    samples: dict[str, Any] | None = None  # samples_per_prompt > 1: per-prompt progress and pass@k (quality.passk)
 
     @property
     def live(self) -> bool:
@@ -81,7 +82,7 @@ class RunStats:
             "tiles": [t.__dict__ for t in self.tiles], "latency": self.latency, "failures": self.failures,
             "status_codes": self.status_codes, "quality": self.quality, "checks": self.checks,
             "endpoints": self.endpoints, "workers": self.workers, "latest_errors": self.errors,
-            "in_flight": self.gauge, "open_items": self.open_items,
+            "in_flight": self.gauge, "open_items": self.open_items, "samples": self.samples,
         }
 
 
@@ -129,6 +130,7 @@ def run_stats(conn: Connection, run: dict[str, Any], window_s: int = RECENT_S) -
     st.errors = latest_errors(conn, rid, 8)
     st.tiles = _tiles(st) + [Tile(**t) for t in quality_tiles(conn, run, st.checks)]
     st.open_items = open_items.items(conn, rid)
+    st.samples = passk.samples_view(conn, run)
     return st
 
 

@@ -22,7 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_db_arg(p)
     p.add_argument("run", help="run name or id")
     p.add_argument("--config", help="TOML file whose [checks] table becomes the run's check settings")
-    p.add_argument("--recompute", action="store_true", help="re-check every stored record and rebuild rates/alarms")
+    p.add_argument("--recompute", action="store_true", help="re-check every stored record and rebuild rates/alarms "
+                   "(the extended checks too: verifiers, user checks, rules, language, near-duplicates)")
+    p.add_argument("--pending", action="store_true",
+                   help="run the extended checks on the records still waiting for a verdict (a worker stopped before "
+                        "its checks drained, or a check added to a finished run)")
     p.add_argument("--ack", type=int, metavar="ALARM_ID",
                    help="acknowledge (snooze) an alarm: until its check fails again, or with --for-records / "
                         "--for-minutes for that long; prints what it snoozed and until when")
@@ -97,24 +101,47 @@ def handle(a: argparse.Namespace) -> int:
         except ChecksConfigError as exc:
             raise CliError(str(exc)) from None
         print(f"recomputed {summary['records']} records in {summary['seconds']} s", file=sys.stderr)
+    extended = None
+    if a.recompute or a.pending:
+        from ..quality.extended import recheck
+
+        extended = recheck(engine, run_id, all_records=bool(a.recompute))
+        if extended["records"] or a.pending:
+            print(f"extended checks: {extended['records']} records checked", file=sys.stderr)
     items = _open_items(engine, run, a, out)
+    from ..quality.user_checks import installed_entry_points
+    from ..quality.verdicts import pending_count
+
+    entry_points = installed_entry_points()
     with engine.connect() as conn:
         rates = check_rates(conn, run_id)
         alarms = banner_alarms(conn, run_id)
         snoozed = snoozed_alarms(conn, run_id)
+        pending = pending_count(conn, run_id)
     if a.json:
         json.dump({"run_id": run_id, "checks": rates, "alarms": alarms, "snoozed": snoozed, "acknowledged": acked,
-                   "open_items": items, "recompute": summary}, out, indent=1)
+                   "open_items": items, "recompute": summary, "extended": extended, "pending_checks": pending,
+                   "entry_points": entry_points}, out, indent=1)
         out.write("\n")
         return 0
     print(f"{'check':<26} {'last window':>18} {'whole run':>20}  example", file=out)
     for r in rates:
-        if not r["n_total"]:
+        if not r["n_total"] and not r.get("extended"):
             continue
         win = f"{r['win_fail']}/{r['win_total']} ({r['win_rate']:.1%})" if r["win_total"] else "-"
-        whole = f"{r['n_fail']}/{r['n_total']} ({r['rate']:.1%})"
+        whole = f"{r['n_fail']}/{r['n_total']} ({r['rate']:.1%})" if r["n_total"] else "-"
         ex = f"#{r['example_record_id']}" if r["n_fail"] and r["example_record_id"] else ""
+        if r.get("n_error"):
+            ex = f"{ex} {r['n_error']} errors".strip()
         print(f"{r['check_name']:<26} {win:>18} {whole:>20}  {ex}", file=out)
+    if pending:
+        print(f"\n{pending} records wait for their extended checks (pending); `synthwatch checks {run['name']!r}"
+              " --pending` checks them now", file=out)
+    if entry_points:
+        print("\nuser checks installed (entry points, group synthwatch.checks; use one with [[checks.user]] name = "
+              "...):", file=out)
+        for name, target in sorted(entry_points.items()):
+            print(f"  {name} = {target}", file=out)
     if alarms:
         print(f"\n{len(alarms)} active alarm(s):", file=out)
         for al in alarms:

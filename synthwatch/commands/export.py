@@ -50,6 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="only records whose current output was read under config version N (synthwatch versions RUN)")
     g.add_argument("--generated-under", type=positive_int, metavar="N",
                    help="only records generated under config version N")
+    g.add_argument("--select", choices=("all", "passing", "first-passing", "best"), default="all",
+                   help="k samples per prompt: export all of them (default), the passing ones, the first passing one "
+                   "per prompt, or the best by its verdict's score; by the verdicts of --select-check. Records "
+                   "without a verdict yet are left out and counted (no_verdict), never silently (docs/export.md)")
+    g.add_argument("--select-check", metavar="CHECK",
+                   help="the check whose verdicts --select reads (default: the run's first answer verifier; e.g. "
+                   "judge)")
     g = p.add_argument_group("tokens")
     g.add_argument("--tokenizer", help="tokenizer folder or cached name (default: the run's)")
     g.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4' (default: the run's)")
@@ -111,7 +118,7 @@ def _clock(seconds: float) -> str:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..app.export_guard import manifest_items, open_alarms
+    from ..app.export_guard import left_out_by, manifest_items, open_alarms
     from ..export.plan import ExportError, ExportOptions
     from ..export.stream import manifest_path, prepare_export, run_export, sqlite_path
     from ..store.db import DatabaseError, is_sqlite, open_engine, resolve_url
@@ -137,7 +144,7 @@ def handle(args: argparse.Namespace) -> int:
         config_version=args.config_version, generated_under=args.generated_under,
         tokenizer=args.tokenizer, chat_template=args.chat_template, trust_remote_code=args.trust_remote_code,
         retokenize=args.retokenize, template_drops_past_reasoning=args.template_drops_past_reasoning,
-        page_size=args.page_size, turns=args.turns,
+        page_size=args.page_size, turns=args.turns, select=args.select, select_check=args.select_check,
     )
     try:
         engine = open_engine(args.db, readonly=True)
@@ -149,7 +156,7 @@ def handle(args: argparse.Namespace) -> int:
         except ExportError as exc:
             raise CliError(str(exc)) from None
         with engine.connect() as conn:
-            guard = open_alarms(conn, int(plan.run["id"]))
+            guard = open_alarms(conn, int(plan.run["id"]), left_out=left_out_by(args.select, plan.select_check))
         if guard is not None and guard.blocking and not args.allow_open_alarms:
             raise CliError(guard.message(cli=True))
         if guard is not None:
@@ -172,6 +179,14 @@ def handle(args: argparse.Namespace) -> int:
     excl = ", ".join(f"{k} {v:,}" for k, v in counts["excluded"].items()) or "none"
     print(f"wrote {counts['exported']:,} of {counts['ok_scanned']:,} ok records to {plan.out}")
     print(f"excluded: {excl}")
+    sel = (manifest.get("selection") or {}).get("per_prompt") or {}
+    if sel.get("mode", "all") != "all":
+        passk = sel.get("pass_at_k") or {}
+        p1, pk = passk.get("pass_at_1"), passk.get("pass_at_k")
+        print(f"selection {sel['mode']} by {sel['check']}: {sel['records_selected']:,} records from "
+              f"{sel['prompts_selected']:,} of {sel['prompts']:,} prompts; {sel['records_lacking_verdict']:,} without a "
+              f"verdict (left out, no_verdict); pass@1 {'-' if p1 is None else f'{p1:.3f}'}, "
+              f"pass@{passk.get('k')} {'-' if pk is None else f'{pk:.3f}'}")
     not_ok = counts["not_ok"]
     if not_ok:
         print("not ok (never exported): " + ", ".join(f"{k} {v:,}" for k, v in not_ok.items()))

@@ -66,7 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="requests in flight; 'auto' tunes it to the servers (autotune in docs/configuration.md)")
     add_flag(g, "--autotune-min", "--concurrency-min", type=positive_int, help="--concurrency auto: fewest in flight")
     add_flag(g, "--autotune-max", "--concurrency-max", type=positive_int, help="--concurrency auto: most in flight")
-    g.add_argument("--cap", type=positive_int, help="stop once this many records are ok")
+    g.add_argument("--cap", type=positive_int, help="stop once this many records are ok (records, not prompts: with "
+                   "--samples-per-prompt K each sample counts)")
+    g.add_argument("--samples-per-prompt", type=positive_int, metavar="K",
+                   help="K answers per prompt, each its own record and request with a distinct seed (--seed or 0, "
+                   "plus the sample index); pass@k on the dashboard, export --select per prompt (docs/samples.md)")
     g.add_argument("--max-tokens", type=positive_int)
     g.add_argument("--temperature", type=float)
     g.add_argument("--top-p", type=float)
@@ -151,6 +155,7 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
     put("autotune.min", a.autotune_min)
     put("autotune.max", a.autotune_max)
     put("cap", a.cap)
+    put("samples_per_prompt", a.samples_per_prompt)
     put("sampling.max_tokens", a.max_tokens)
     put("sampling.temperature", a.temperature)
     put("sampling.top_p", a.top_p)
@@ -224,7 +229,7 @@ def resolve_config(a: argparse.Namespace, stored: dict[str, Any] | None = None, 
 KEY_FLAGS = {
     "endpoints.base_url": "--base-url", "endpoints.api_key_env": "--api-key-env", "model": "--model",
     "stream": "--no-stream", "request_token_ids": "--request-token-ids", "concurrency": "--concurrency",
-    "cap": "--cap", "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature",
+    "cap": "--cap", "samples_per_prompt": "--samples-per-prompt", "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature",
     "sampling.top_p": "--top-p", "sampling.seed": "--seed", "sampling.stop": "--stop",
     "sampling.extra_body": "--extra-body", "turns": "--turns", "history_reasoning": "--history-reasoning",
     "timeouts.connect_s": "--timeouts-connect-s", "timeouts.total_s": "--timeouts-total-s",
@@ -451,6 +456,10 @@ def _resume_settings(engine: Any, a: argparse.Namespace, run: dict[str, Any], co
 
     stored = json.loads(run["config_json"])
     changes = resume_check(stored, config)
+    fixed = [c for c in changes if c.path == "samples_per_prompt"]
+    if fixed:  # its records were made when the run was loaded: a new version could not change them
+        raise CliError(f"run {run['name']!r} was loaded with samples_per_prompt = {fixed[0].old or 1}; it cannot "
+                       f"change on resume ({fixed[0].describe()}): start a new run (--name) for another k")
     if changes and not a.new_config_version:
         raise CliError(refusal(run["name"], changes))
     if changes:
@@ -560,11 +569,19 @@ def handle(a: argparse.Namespace) -> int:
             raise CliError(f"--metrics-port {a.metrics_port}: cannot listen ({exc})") from None
         print(f"worker metrics: http://127.0.0.1:{port}/metrics", file=out)
 
+    judge = _start_judge(engine, run_id, config, out)
+
     async def go() -> str:
         worker.install_signal_handlers()
         return await worker.main()
 
-    final = asyncio.run(go())
+    try:
+        final = asyncio.run(go())
+    finally:
+        if judge is not None:  # what the judge has left is judged for at most judge.drain_s (docs/checks.md)
+            judge.finish(config.judge.drain_s)
+            print(f"judge: {judge.runner.judged} verdicts written by this process"
+                  + (f"; it stopped: {judge.error}" if judge.error else ""), file=out)
     # The run is over (its state is stored): a Ctrl-C from here on, the second of a double press landing as the
     # worker finished, has nothing left to stop and must not turn the outcome into an interrupt.
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
@@ -590,6 +607,22 @@ def handle(a: argparse.Namespace) -> int:
     finally:
         if main_thread and not a.program:  # the program keeps ignoring it until entry() takes over
             signal.signal(signal.SIGINT, previous)
+
+
+def _start_judge(engine: Any, run_id: int, config: Any, out: Any) -> Any:
+    """The run's judge model in a thread of its own (synthwatch.workers.judge), or None without [judge]."""
+    if config.judge is None:
+        return None
+    from ..workers.endpoints import MissingApiKey
+    from ..workers.judge import start_in_thread
+
+    try:
+        judge = start_in_thread(engine, run_id, config.judge, config.name or "")
+    except MissingApiKey as exc:
+        raise CliError(f"judge: {exc} (api_key_env under [judge.endpoint])") from None
+    print(f"judge: {config.judge.model} at {config.judge.endpoint.label}, {config.judge.sample_fraction:.0%} of the "
+          f"ok records, {config.judge.concurrency} in flight", file=out)
+    return judge
 
 
 def _find(engine: Any, name: str) -> int | None:

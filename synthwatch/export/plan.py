@@ -85,6 +85,10 @@ class ExportOptions:
     confirmed_by: str | None = None
     """Who said "export anyway" while a data-quality alarm or open item was open (cli | ui | api), or None."""
     confirmed_at: float | None = None
+    select: str = "all"
+    """k samples per prompt: all | passing | first-passing | best, by the verdicts of select_check (export/select.py)."""
+    select_check: str | None = None
+    """The check whose verdicts the selection reads (default: the run's first verifier)."""
 
 
 @dataclass
@@ -109,6 +113,8 @@ class ExportPlan:
     """ok records to scan (the progress denominator)."""
     db_url: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    select_check: str | None = None
+    """The check the selection reads, resolved (None: every sample is exported)."""
 
 
 class Skip(Exception):
@@ -176,7 +182,10 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
 
 def record_id(rec: Mapping[str, Any], run_name: str) -> str:
     sid = rec.get("source_id")
-    base = str(sid) if sid not in (None, "") else f"{run_name}-{rec['idx']}"
+    base = str(sid) if sid not in (None, "") else f"{run_name}-{rec['idx'] if rec.get('prompt_idx') is None else rec['prompt_idx']}"
+    # k samples per prompt share the prompt's id: the second and later are <id>#s<sample index> (unique rows)
+    sample = int(rec.get("sample_index") or 0)
+    base += f"#s{sample}" if sample else ""
     return base + rec.get("_row_suffix", "")  # one row per turn of a conversation (synthwatch.export.turns)
 
 

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     pass
 
 _MESSAGE_COLS = ("id, idx, source_id, prompt_json, reasoning, content, finish_reason, review, check_flags,"
-                 " gen_version, derive_version, revision, turns_json")
+                 " gen_version, derive_version, revision, turns_json, prompt_idx, sample_index")
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -157,6 +157,7 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
             lt = None
     elif options.tokenizer or options.chat_template:
         raise ExportError("--tokenizer/--chat-template apply to the tokens, speculators and specforge formats only")
+    select_check = _select_check(engine, run, config, options)
     if options.template_drops_past_reasoning and fmt != "tokens":
         raise ExportError("--template-drops-past-reasoning applies to the tokens format only (speculators "
                           "always appends the answer as generated)")
@@ -166,7 +167,34 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
         check_bits={n: bits[n] for n in checks if n not in DEFAULT_CHECKS}, expects_reasoning=expects,
         think_open=think_open, think_close=think_close, server_ids=server_ids, tokenizer=lt,
         tokenizer_info=tok_info, status_counts=status_counts, total=status_counts.get("ok", 0), db_url=db_url,
+        select_check=select_check,
     )
+
+
+def _select_check(engine: Engine, run: dict[str, Any], config: dict[str, Any], options: ExportOptions) -> str | None:
+    """The check an export's per-prompt selection reads (None for --select all); ExportError when there is none."""
+    from ..quality.passk import verifier_check
+    from .select import SELECT_MODES
+
+    if options.select not in SELECT_MODES:
+        raise ExportError(f"select must be one of {', '.join(SELECT_MODES)}, got {str(options.select)[:40]!r}")
+    if options.select == "all":
+        if options.select_check:
+            raise ExportError("--select-check goes with --select passing, first-passing or best")
+        return None
+    check = (options.select_check or "").strip() or verifier_check(config)
+    if not check:
+        raise ExportError(f"--select {options.select} picks by a check's verdicts, and run {run['name']!r} has no "
+                          "answer verifier: name the check with --select-check (e.g. judge)")
+    with engine.connect() as conn:
+        known = conn.execute(text("SELECT 1 FROM check_verdict WHERE run_id = :r AND check_name = :c LIMIT 1"),
+                             {"r": run["id"], "c": check}).first() is not None
+        conn.rollback()
+    configured = check == verifier_check(config) or check == "judge"
+    if not known and not configured:
+        raise ExportError(f"check {check!r} has no verdicts in run {run['name']!r} (--select-check names a verifier, "
+                          "a user check, a rule or judge)")
+    return check
 
 
 # ---------------------------------------------------------------------------------------- selection
@@ -348,15 +376,24 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
     conversations = 0
     added: Counter[str] = Counter()  # tokens a trainer's template adds that the model did not write (unwritten.py)
     added_rows = 0
+    selection = None
     try:
         if progress:
             progress(0, plan.total)
+        if plan.select_check is not None:  # k samples per prompt: which of them, read once before writing
+            from .select import SELECT_COLS, select
+
+            selection = select(engine, plan.run, plan.options.select, plan.select_check,
+                               iter_ok_pages(engine, int(plan.run["id"]), SELECT_COLS, plan.options.page_size),
+                               lambda r: exclusion_reason(r, plan))
         for page in iter_ok_pages(engine, int(plan.run["id"]), _columns(fmt), plan.options.page_size):
             rows = []
             for stored in page:
                 conversations += bool(stored.get("turns_json"))
                 for rec in turn_rows(stored, which, history_reasoning):
                     reason = exclusion_reason(rec, plan)
+                    if reason is None and selection is not None:
+                        reason = selection.reason(int(rec["id"]))
                     if reason is None:
                         try:
                             row = make_row(rec, plan)
@@ -384,6 +421,20 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
 
         manifest = build_manifest(plan, scanned, exported, excluded, sources, digest, partial.stat().st_size, started)
         manifest["repairs"] = _repairs_summary(engine, plan, repaired)
+        # k samples per prompt: which of them (export/select.py), with pass@k by the check it read
+        manifest["selection"]["per_prompt"] = selection.summary if selection is not None else {"mode": "all"}
+        if selection is not None and selection.lacking:
+            manifest.setdefault("warnings", []).append(
+                f"{len(selection.lacking):,} ok records had no pass/fail verdict of {plan.select_check} yet (pending,"
+                " or the check's own error) and were left out under no_verdict; export again once they have one")
+        pending = _pending_checks(engine, plan)
+        if pending is not None:
+            manifest["pending_checks"] = pending
+            if pending["records"]:
+                manifest.setdefault("warnings", []).append(
+                    f"{pending['records']} ok records have no verdict yet from the extended checks "
+                    f"({', '.join(pending['checks'])}); their ids are in the manifest's pending_checks "
+                    "(`synthwatch checks RUN --pending` checks them)")
         if fmt in TEXT_FORMATS:
             manifest["template_adds_unwritten_tokens"] = unwritten.manifest_part(fmt, added, added_rows)
             if added_rows:
@@ -398,6 +449,24 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
             partial.unlink()
         raise
     return manifest
+
+
+PENDING_IDS_LISTED = 1000
+
+
+def _pending_checks(engine: Engine, plan: ExportPlan) -> dict[str, Any] | None:
+    """Which ok records still wait for an extended check's verdict (#30): verdicts follow the records, so an export
+    made while they are pending says so (None: the run has no extended checks)."""
+    from ..quality import verdicts
+
+    names = verdicts.configured_checks(plan.config)
+    if not names:
+        return None
+    with engine.connect() as conn:
+        ids = verdicts.pending_ids(conn, int(plan.run["id"]), names)
+        conn.rollback()
+    return {"checks": names, "records": len(ids), "record_ids": ids[:PENDING_IDS_LISTED],
+            "record_ids_complete": len(ids) <= PENDING_IDS_LISTED}
 
 
 def _count_repair(acc: dict[str, Any], rec: Mapping[str, Any]) -> None:

@@ -182,4 +182,10 @@ def describe(rule: Rule, fail: int, total: int, run_fail: int, run_total: int, c
         return (f"{share}{whole} finished as errors.{said}",
                 "Open the latest errors: check the endpoint URL (an OpenAI-compatible base ends in /v1), the "
                 "model name (the server's /v1/models lists it), the API key and the server's logs.")
+    if ctx.get("why") is not None:  # an extended check (#30): its latest failing verdict's own reason
+        why = str(ctx.get("why") or "")
+        why = why if len(why) <= SERVER_SAID_CHARS else why[: SERVER_SAID_CHARS - 1] + "…"
+        return (f"{share}{whole} failed the {name} check" + (f"; latest: {why}" if why else "") + ".",
+                "Open the example record: its verdicts show each check's reason. Fix the prompts or the generation "
+                "settings, or change the check (then `synthwatch checks RUN --recompute` checks the run again).")
     return f"{share}{whole} failed the {name} check.", ""

@@ -27,10 +27,11 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride
+from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride, extended_rule
 from ..store import queue as store
 from ..store.dashboards import dashboard_url
 from .alarm_text import describe, server_said
+from .verdicts import configured_checks
 
 log = logging.getLogger("synthwatch.alarms")
 
@@ -89,9 +90,23 @@ def worst_severity(alarms: list[dict[str, Any]]) -> str | None:
 def effective_rules(overrides: dict[str, RuleOverride]) -> dict[str, Rule]:
     out = dict(DEFAULT_RULES)
     for name, ov in overrides.items():
+        if name not in out:  # an extended check's rule (synthwatch.quality.extended keeps those)
+            continue
         changes = {k: v for k, v in ov.model_dump().items() if v is not None}
         if changes:
             out[name] = replace(out[name], **changes)
+    return out
+
+
+def rules_for(names: list[str], overrides: dict[str, RuleOverride]) -> dict[str, Rule]:
+    """The rules of extended checks (#30): each one's default rule (check_catalog.extended_rule) with the run's
+    overrides, exactly as a built-in rule is changed."""
+    out: dict[str, Rule] = {}
+    for name in names:
+        rule = extended_rule(name)
+        ov = overrides.get(name)
+        changes = {k: v for k, v in ov.model_dump().items() if v is not None} if ov is not None else {}
+        out[name] = replace(rule, **changes) if changes else rule
     return out
 
 
@@ -458,7 +473,12 @@ def set_auto_pause(engine: Engine, run_id: int, check: str, on: bool, *, reason:
                    actor: str = "ui") -> dict[str, Any]:
     """Turn auto-pause off (with a typed reason) or back on for one check of a run; both go to the audit log."""
     if check not in DEFAULT_RULES:
-        raise OverrideError(f"unknown check {check[:60]!r} (one of {', '.join(DEFAULT_RULES)})")
+        with engine.connect() as conn:
+            cfg = conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": run_id}).scalar()
+            conn.rollback()
+        known = [*DEFAULT_RULES, *configured_checks(cfg)]  # the run's extended checks have rules too (#30)
+        if check not in known:
+            raise OverrideError(f"unknown check {check[:60]!r} (one of {', '.join(known)})")
     reason = (reason or "").strip()
     if not on and len(reason) < MIN_REASON_CHARS:
         raise OverrideError(f"turning auto-pause off for {check} needs a reason of at least {MIN_REASON_CHARS}"

@@ -444,6 +444,13 @@ def writer_hooks(engine: Engine, run_id: int, config: Any) -> list[Any]:
         cfg = config if isinstance(config, dict) else config.snapshot()
     name = cfg.get("name") or str(run_id)
     ctx = RunContext.from_config(run_id, name, cfg)
-    return [ChecksHook(engine, ctx)]
+    hooks: list[Any] = [ChecksHook(engine, ctx)]
+    if ctx.settings.extended_names():  # verifiers, user checks, rules...: off the writer thread (#30)
+        from .extended import extended_hook  # noqa: PLC0415 - the check processes start only when a run has them
+
+        ext = extended_hook(engine, run_id, name, ctx.settings, notifier=hooks[0].notifier)
+        if ext is not None:
+            hooks.append(ext)
+    return hooks
 
 

@@ -58,12 +58,31 @@ class Counted:
     queued: int = 0  # queued for a re-run: their earlier output failed the check, the new one is not written yet
 
 
+def _count_failing_verdicts(conn: Connection, run_id: int, check: str, since: float | None) -> Counted:
+    """An extended check (#30): records whose verdict in force is 'fail' (history appended: the latest row wins)."""
+    params: dict[str, Any] = {"r": run_id, "c": check}
+    where = ""
+    if since is not None:
+        where, params["s"] = " AND r.finished_at > :s", since
+    row = conn.execute(text(
+        "SELECT COUNT(*), SUM(CASE WHEN r.review = 'bad' THEN 1 ELSE 0 END),"
+        " MIN(CASE WHEN r.review = 'bad' THEN NULL ELSE r.finished_at END),"
+        " MAX(CASE WHEN r.review = 'bad' THEN NULL ELSE r.finished_at END)"
+        " FROM check_verdict v JOIN record r ON r.id = v.record_id WHERE v.run_id = :r AND v.check_name = :c"
+        " AND v.state = 'fail' AND r.status = 'ok' AND NOT EXISTS (SELECT 1 FROM check_verdict w"
+        f" WHERE w.record_id = v.record_id AND w.check_name = v.check_name AND w.id > v.id){where}"), params).first()
+    if row is None:
+        return Counted(0, 0, None, None)
+    total, bad = int(row[0] or 0), int(row[1] or 0)
+    return Counted(total - bad, bad, row[2], row[3])
+
+
 def count_failing(conn: Connection, run_id: int, check: str, since: float | None = None, *,
                   reruns: bool = True) -> Counted:
     """Finished records of the run failing `check` now (records flagged bad counted apart), with their time span,
     and records queued for a re-run whose earlier output failed it."""
     if check not in BIT:
-        return Counted(0, 0, None, None)
+        return _count_failing_verdicts(conn, run_id, check, since)
     params: dict[str, Any] = {"r": run_id, "b": BIT[check]}
     where = ""
     if since is not None:

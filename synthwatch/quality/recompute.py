@@ -15,8 +15,8 @@ from sqlalchemy.engine import Connection, Engine
 from ..capture.turns import load as load_turns
 from ..check_catalog import BIT, CHECK_INFO, CHECK_NAMES, CheckSettings
 from ..store import queue as store
-from . import open_items
-from .alarms import AlarmKeeper, effective_rules
+from . import open_items, verdicts
+from .alarms import AlarmKeeper, effective_rules, rules_for
 from .checks import ChecksConfigError, RecordChecker, RunContext, check_turns, parse_settings, view_from_row
 from .token_checks import TokenJob, run_token_job, tokenizer_spec
 
@@ -39,9 +39,10 @@ def save_settings(engine: Engine, run_id: int, raw: dict[str, Any], actor: str =
         if row is None:
             raise store.NotFound(f"no run {run_id}")
         cfg = orjson.loads(row[0]) or {}
-        before = effective_rules(parse_settings(cfg.get("checks") or {}).rules)
-        after = effective_rules(settings.rules)
-        dropped = [n for n in CHECK_NAMES if before[n].auto_pause and not after[n].auto_pause]
+        old = parse_settings(cfg.get("checks") or {})
+        before = {**effective_rules(old.rules), **rules_for(old.extended_names(), old.rules)}
+        after = {**effective_rules(settings.rules), **rules_for(settings.extended_names(), settings.rules)}
+        dropped = [n for n in before if n in after and before[n].auto_pause and not after[n].auto_pause]
         if dropped:
             # an off switch for the run's protection is its own action, with a reason on the record
             raise ChecksConfigError(
@@ -152,7 +153,9 @@ def recompute(engine: Engine, run_id: int, *, batch: int = 1000, use_tokenizer: 
     run_stats = {n: (v[0], v[1], v[2]) for n, v in totals.items()}
     keeper = AlarmKeeper(run_id, ctx.name, None, ctx.settings.webhook.dashboard_url)
     with engine.connect() as conn, store.write_begin(conn):
-        conn.execute(text("DELETE FROM check_stat WHERE run_id = :r"), {"r": run_id})
+        # the built-in checks' rows only: the extended checks' are recounted from their verdicts (extended.recheck)
+        names = ", ".join(f"'{n}'" for n in CHECK_NAMES)
+        conn.execute(text(f"DELETE FROM check_stat WHERE run_id = :r AND check_name IN ({names})"), {"r": run_id})
         stat_rows = [{"r": run_id, "c": n, "f": v[0], "n": v[1], "wf": windows[n][0], "wn": windows[n][1],
                       "ex": v[2], "t": t} for n, v in totals.items() if v[1]]
         if stat_rows:
@@ -183,5 +186,31 @@ def check_rates(conn: Connection, run_id: int) -> list[dict[str, Any]]:
         r["rate"] = r["n_fail"] / r["n_total"] if r["n_total"] else None
         r["win_rate"] = r["win_fail"] / r["win_total"] if r["win_total"] else None
         r["description"] = CHECK_INFO[name]
+        out.append(r)
+    # the run's extended checks (#30), after the built-ins, with their verdicts' states (errors, pending)
+    cfg = conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": run_id}).scalar()
+    if "judge" in rows:  # a judge model's verdicts (synthwatch.workers.judge keeps its check_stat row)
+        j = rows["judge"]
+        j.update(rate=j["n_fail"] / j["n_total"] if j["n_total"] else None,
+                 win_rate=j["win_fail"] / j["win_total"] if j["win_total"] else None, extended=True,
+                 description="a judge model says bad (its label is a bad label, or its score is below min_score)",
+                 n_error=verdicts.state_counts(conn, run_id).get("judge", {}).get("error", 0))
+        out.append(j)
+    try:
+        settings = parse_settings((orjson.loads(cfg or "{}") or {}).get("checks") or {})
+    except (orjson.JSONDecodeError, ChecksConfigError, AttributeError):
+        return out
+    info = settings.extended_info()
+    if not info:
+        return out
+    states = verdicts.state_counts(conn, run_id)
+    for name, words in info.items():
+        r = rows.get(name) or {"check_name": name, "n_fail": 0, "n_total": 0, "win_fail": 0, "win_total": 0,
+                               "example_record_id": None, "updated_at": None}
+        r["rate"] = r["n_fail"] / r["n_total"] if r["n_total"] else None
+        r["win_rate"] = r["win_fail"] / r["win_total"] if r["win_total"] else None
+        r["description"] = words
+        r["extended"] = True
+        r["n_error"] = states.get(name, {}).get("error", 0)
         out.append(r)
     return out

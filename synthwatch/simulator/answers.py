@@ -306,12 +306,44 @@ def _render_prompt(messages: list[Any]) -> str:
     return "".join(out)
 
 
+_ANSWER_RE = re.compile(r"\*\*(-?\d+)\*\*")
+
+
+_JUDGED_Q_RE = re.compile(r"What is (\d+) \+ (\d+)\?")
+_JUDGED_A_RE = re.compile(r"\*\*(-?\d+)\*\*|\\boxed\{(-?\d+)\}")  # bold, or boxed (SimConfig.boxed_answers)
+
+
+def judge_reply(prompt: str) -> str:
+    """The simulated judge's verdict on the answer quoted in ``prompt`` (SimConfig.judge), as JSON text."""
+    q = _JUDGED_Q_RE.search(prompt)
+    answers = [a or b for a, b in _JUDGED_A_RE.findall(prompt[q.end():] if q else prompt)]
+    if q is None or not answers:
+        verdict = {"score": 0.5, "label": "bad", "reason": "no question or no bold answer to judge"}
+    else:
+        want, got = int(q.group(1)) + int(q.group(2)), int(answers[-1])
+        verdict = ({"score": 0.9, "label": "good", "reason": f"{got} is {q.group(1)} + {q.group(2)}"}
+                   if got == want else
+                   {"score": 0.1, "label": "bad", "reason": f"{got} is not {q.group(1)} + {q.group(2)} = {want}"})
+    return orjson.dumps(verdict).decode()
+
+
+def _wrong(digest: bytes, rate: float) -> bool:
+    """Whether this request's answer is wrong: its own draw (the text's draws stay what they were)."""
+    return random.Random(int.from_bytes(digest, "big") ^ 0x5EED).random() < rate
+
+
+def _off_by_one(head: list[str]) -> list[str]:
+    return [_ANSWER_RE.sub(lambda m: f"**{int(m.group(1)) + 1}**", h) for h in head]
+
+
 def generate_answer(messages: list[Any], cfg: SimConfig, request_seed: Any, thinking: bool) -> Gen:
     question = ""
     for message in reversed(messages):
         if message.get("role") == "user":
             question = _message_text(message.get("content"))
             break
+    if cfg.judge:
+        return Gen([], pieces(judge_reply(question)), False, 0, 0, _render_prompt(messages), question)
     digest = hashlib.blake2b(orjson.dumps([cfg.seed, request_seed, messages]), digest_size=8).digest()
     rng = random.Random(int.from_bytes(digest, "big"))
     if question.startswith("ECHO:"):
@@ -320,6 +352,10 @@ def generate_answer(messages: list[Any], cfg: SimConfig, request_seed: Any, thin
         content = _echo_pieces(echoed, rng)
     else:
         r_sentences, head, body = _compose(question, rng)
+        if cfg.rate_wrong_answer and _wrong(digest, cfg.rate_wrong_answer):
+            head, body = _off_by_one(head), []
+        if cfg.boxed_answers:
+            head = [_ANSWER_RE.sub(lambda m: f"$\\boxed{{{m.group(1)}}}$", h) for h in head]
         r_target = min(parse_length(cfg.reasoning_tokens)(rng), cfg.max_model_len)
         c_target = min(parse_length(cfg.content_tokens)(rng), cfg.max_model_len)
         reasoning = _fill(r_sentences, _pad_reasoning, r_target, rng) if thinking else []

@@ -80,6 +80,16 @@ class SimConfig:
             still counts the reasoning tokens (the reasoning key is present with ``""``; inline
             modes send ``<think></think>``).
         seed: Seeds the text (together with the prompt and the request's ``seed``) and the fault draws.
+        rate_wrong_answer: Share of requests (drawn from the same seed, prompt and request ``seed``, so it is
+            deterministic per request) whose arithmetic answer is one too high (``The answer is **43**.``, no
+            working shown): k samples of one prompt with distinct seeds then pass an answer verifier unevenly.
+        boxed_answers: The answer sentence gives the result as LaTeX, ``The answer is $\\boxed{42}$.``, the form
+            math verifiers (math-verify) read, instead of markdown bold.
+        judge: Answer as a judge model (synthwatch.workers.judge): every reply's content is a JSON verdict
+            ``{"score", "label", "reason"}``, deterministic from the prompt: "good" (score 0.9) when the judged
+            answer's ``**N**`` (or ``\\boxed{N}``) is the sum the judged question ``What is A + B?`` asks for, "bad" (0.1) when it is
+            another number, "bad" (0.5) when there is none. No reasoning; ``response_format`` is accepted, unless
+        refuse_response_format: A request with ``response_format`` is answered 400 (a server without guided decoding).
         capacity: At most this many paced requests generate at once (0 = unlimited); the others wait in a
             queue, so throughput saturates at the knee and latency grows past it (``sim_server_view``).
         rate_preempt: With a capacity, the share of paced streams preempted once half-way while requests queue
@@ -125,6 +135,10 @@ class SimConfig:
     rate_error_body: float = 0.0
     rate_empty_reasoning: float = 0.0
     seed: int = 0
+    rate_wrong_answer: float = 0.0
+    judge: bool = False
+    refuse_response_format: bool = False
+    boxed_answers: bool = False
     token_ids: str = "words"
     capacity: int = 0
     rate_preempt: float = 0.0
@@ -158,7 +172,7 @@ class SimConfig:
             raise ValueError("max_model_len must be >= 1")
         if not 0 <= self.keep_requests <= 1_000_000:
             raise ValueError("keep_requests must be between 0 and 1000000")
-        for name in (*self.fault_rates(), "unclosed_reasoning"):
+        for name in (*self.fault_rates(), "unclosed_reasoning", "rate_wrong_answer"):
             rate = getattr(self, name)
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1")

@@ -44,13 +44,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "server_version": "the version /version (or SGLang's /get_server_info) reports",
         "keep_requests": "keep the messages of the last N chat requests, served by GET /sim/requests",
         "unclosed_reasoning": "share of prompts whose model stops inside its reasoning (no </think>, no answer)",
+        "rate_wrong_answer": "share of requests (0..1) whose arithmetic answer is one too high (drawn per request)",
+        "boxed_answers": "give the arithmetic result as $\\boxed{N}$ (what math verifiers read) instead of **N**",
+        "judge": "answer as a judge: a JSON verdict {score, label, reason} on the answer in the prompt",
+        "refuse_response_format": "answer 400 to a request with response_format (no guided decoding)",
     }
     group = parser.add_argument_group("simulator")
     for f in dataclasses.fields(SimConfig):
         default = getattr(defaults, f.name)
         kind = type(default)
         flag = "--" + f.name.replace("_", "-")
-        if f.name.startswith("rate_"):
+        if f.name.startswith("rate_") and f.name not in helps:
             text = f"share of requests (0..1) with the {f.name[5:]} fault"
         else:
             text = helps.get(f.name, f.name)
@@ -63,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             if f.name == "server_kind"
             else None
         )
+        if kind is bool:  # a switch: `--judge`, not `--judge VALUE` (bool("False") is True)
+            group.add_argument(flag, dest="sim_" + f.name, action="store_true", default=default,
+                               help=f"{text} (default: off)")
+            continue
         group.add_argument(
             flag,
             dest="sim_" + f.name,

@@ -268,6 +268,8 @@ class Simulator(ReplySender):
         cached = self._replies.get(raw)
         try:
             chat = cached.chat if cached is not None else ChatRequest.parse(raw, self.config.model)
+            if self.config.refuse_response_format and b'"response_format"' in raw:
+                raise bad_request("response_format is not supported by this server", "response_format")
             if self.config.keep_requests:
                 self._kept.append(chat.messages)
             faults = NO_FAULTS

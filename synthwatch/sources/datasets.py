@@ -70,6 +70,26 @@ class Prompt:
     line: int | None  # 1-based line number (JSONL) or row number (Parquet / HF)
     source_id: str | None
     messages: list[dict[str, str]]
+    row: dict[str, Any] | None = None  # the row's fields kept for the checks (a verifier's reference, #30)
+
+
+def kept_fields(obj: Any, fields: tuple[str, ...]) -> dict[str, Any] | None:
+    """The fields (dotted paths allowed) of a row that the extended checks read, those present only."""
+    if not fields or not isinstance(obj, dict):
+        return None
+    out: dict[str, Any] = {}
+    for f in fields:
+        if f in obj:
+            out[f] = obj[f]
+            continue
+        value: Any = obj
+        for part in f.split("."):
+            if not isinstance(value, dict) or part not in value:
+                break
+            value = value[part]
+        else:
+            out[f] = value
+    return out
 
 
 @dataclass(slots=True)
@@ -119,14 +139,14 @@ def describe_shape(counts: Counter[str]) -> str:
     return "mixed: " + ", ".join(f"{shape} {n}" for shape, n in counts.most_common())
 
 
-def load_dataset(spec: DatasetConfig) -> LoadResult:
+def load_dataset(spec: DatasetConfig, keep: tuple[str, ...] = ()) -> LoadResult:
     """Load every row, apply the bad-line policy, then shuffle and limit.
 
     The whole source is always read (also with ``limit``), so bad rows anywhere are reported.
     The cyclic garbage collector is paused while rows are read: the rows make no cycles, and
     its repeated scans of a growing list of a million prompts would double the load time.
     """
-    rows = iter_dataset(spec)
+    rows = iter_dataset(spec, keep)
     prompts: list[Prompt] = []
     bad_lines: list[BadLine] = []
     gc_was_enabled = gc.isenabled()
@@ -151,21 +171,23 @@ def load_dataset(spec: DatasetConfig) -> LoadResult:
     return LoadResult(prompts, bad_lines, describe_shape(rows.shape_counts), rows.total_rows)
 
 
-def iter_dataset(spec: DatasetConfig) -> DatasetIterator:
+def iter_dataset(spec: DatasetConfig, keep: tuple[str, ...] = ()) -> DatasetIterator:
     """Stream ``Prompt`` and ``BadLine`` items in source order (no shuffle, no limit, no policy).
 
     Spec and path problems raise :class:`DatasetError` here, before iteration; an empty source
-    raises it when iteration ends. ``shape_counts`` and ``total_rows`` grow as rows are read.
+    raises it when iteration ends. ``shape_counts`` and ``total_rows`` grow as rows are read. ``keep``: row
+    fields each Prompt carries in ``row`` (the extended checks' reference fields).
     """
-    return DatasetIterator(spec)
+    return DatasetIterator(spec, keep)
 
 
 class DatasetIterator(Iterator[Prompt | BadLine]):
     """The iterator returned by :func:`iter_dataset`."""
 
-    def __init__(self, spec: DatasetConfig) -> None:
+    def __init__(self, spec: DatasetConfig, keep: tuple[str, ...] = ()) -> None:
         _validate_spec(spec)
         self.spec = spec
+        self.keep = keep
         self.source = str(spec.path)
         self.format = _resolve_format(spec)
         self.shape_counts: Counter[str] = Counter()
@@ -219,7 +241,7 @@ class DatasetIterator(Iterator[Prompt | BadLine]):
                     yield BadLine(source, index + 1, str(bad))
                 else:
                     counts[shape] += 1
-                    yield Prompt(index, index + 1, source_id, messages)
+                    yield Prompt(index, index + 1, source_id, messages, kept_fields(row, self.keep))
                 index += 1
 
     def _jsonl(self, path: Path) -> Iterator[Prompt | BadLine]:
@@ -265,7 +287,7 @@ class DatasetIterator(Iterator[Prompt | BadLine]):
                         yield BadLine(source, lineno, str(bad))
                     else:
                         counts[shape] += 1
-                        yield Prompt(index, lineno, source_id, messages)
+                        yield Prompt(index, lineno, source_id, messages, kept_fields(obj, self.keep))
                     index += 1
             except (OSError, EOFError, zlib.error) as exc:
                 where = f" (after line {lineno})" if lineno else ""

@@ -78,17 +78,20 @@ def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int
     except ChecksConfigError as exc:
         raise RunLoadError(str(exc)) from None
     try:
-        loaded = load_dataset(config.dataset)
+        loaded = load_dataset(config.dataset, check_settings.row_fields())
     except DatasetError as exc:
         raise RunLoadError(str(exc)) from None
-    print(f"dataset {d.path}: {len(loaded.prompts)} prompts ({loaded.shape})", file=out)
+    k = config.samples_per_prompt
+    per = f", {k} samples each: {len(loaded.prompts) * k} records" if k > 1 else ""
+    print(f"dataset {d.path}: {len(loaded.prompts)} prompts ({loaded.shape}){per}", file=out)
     if loaded.bad_lines:
         print(f"  skipped {len(loaded.bad_lines)} malformed rows (--skip-bad-lines):", file=out)
         for bad in loaded.bad_lines[:10]:
             print(f"    {bad}", file=out)
     with engine.connect() as conn, write_begin(conn):
         run_id = create_run(conn, config.name, config)
-        insert_prompts(conn, run_id, with_canaries(loaded.prompts, check_settings), turns=config.turns)
+        insert_prompts(conn, run_id, with_canaries(loaded.prompts, check_settings), turns=config.turns,
+                       samples=config.samples_per_prompt)
         if loaded.bad_lines:
             conn.execute(
                 text("INSERT INTO ingest_error (run_id, path, line, reason, t) VALUES (:r, :p, :l, :reason, :t)"),

@@ -115,11 +115,12 @@ class Record(RecordOutput, table=True):
         Index("ix_record_filter", "run_id", "id", "status", "finish_reason", "review", "review_reason",
               "reasoning_source", "endpoint", "check_flags", "reasoning_len", "content_len", "completion_tokens",
               "latency_s"),
+        Index("ix_record_prompt", "run_id", "prompt_idx"),  # samples per prompt (migration 0016_samples)
     )
 
     id: int | None = Field(default=None, primary_key=True)
     run_id: int = Field(foreign_key="run.id")
-    idx: int  # position in the source dataset (stable across resumes)
+    idx: int  # position in the source dataset (stable across resumes); with k samples per prompt: prompt * k + sample
     source_id: str | None = None
     source_line: int | None = None
     rnd: float = 0.0  # uniform random key, indexed, for fast random sampling
@@ -140,6 +141,12 @@ class Record(RecordOutput, table=True):
     # conversation, how many are finished and stored, and the finished ones before the last (JSON list)
     n_turns: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
     turns_done: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # k samples per prompt (migration 0016_samples): the prompt's dataset position (NULL on older records, whose idx
+    # is it) and which of its samples this record is; idx = prompt_idx * samples_per_prompt + sample_index
+    prompt_idx: int | None = None
+    sample_index: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # the dataset row's fields the extended checks read (a verifier's reference), JSON object (migration 0014)
+    row_json: str | None = Field(default=None, sa_type=Text)
 
 
 class Series(SQLModel, table=True):
@@ -496,3 +503,46 @@ class OpenItem(SQLModel, table=True):
     closed_at: float | None = None
     closed_by: str | None = None
     reason: str | None = Field(default=None, sa_column=_text())  # an acceptance's typed reason
+
+
+VERDICT_STATES = ("pending", "pass", "fail", "error")
+
+
+class CheckVerdict(SQLModel, table=True):
+    """One verdict of an extended check on one record (migration 0014, synthwatch.quality.verdicts).
+
+    Appended, never updated: the latest row per (record_id, check_name) by id is the verdict in force."""
+
+    __tablename__ = "check_verdict"
+    __table_args__ = (Index("ix_check_verdict_state", "run_id", "check_name", "state"),
+                      Index("ix_check_verdict_record", "record_id", "check_name", "id"))
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id", index=True)
+    record_id: int = Field(foreign_key="record.id")
+    check_name: str  # catalogue name: verify_math, user:boxed, rule:has_boxed, language, near_duplicate, judge
+    state: str  # pending | pass | fail | error
+    score: float | None = None
+    label: str | None = None
+    reason: str | None = Field(default=None, sa_column=_text())  # <= 500 characters, escaped on display
+    cost_ms: float | None = None
+    created_at: float
+
+
+class JudgeUsage(SQLModel, table=True):
+    """What a run's judge model cost (synthwatch.workers.judge), apart from the run's own requests (migration 0017_judge)."""
+
+    __tablename__ = "judge_usage"
+    __table_args__ = (UniqueConstraint("run_id", name="uq_judge_usage_run"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    requests: int = 0  # judge requests sent (every attempt)
+    failed_attempts: int = 0
+    n_pass: int = 0  # verdicts written, by state
+    n_fail: int = 0
+    n_error: int = 0
+    prompt_tokens: int = Field(default=0, sa_type=TOKENS)
+    completion_tokens: int = Field(default=0, sa_type=TOKENS)
+    guided: str | None = None  # json_schema | prompt: how the last verdict was asked for
+    updated_at: float = 0.0

@@ -77,6 +77,7 @@ class Claimed:
     rerun: bool = False  # queued again by a re-run (synthwatch.repair.actions)
     n_turns: int = 1  # turns the model writes (synthwatch.capture.turns)
     turns_json: str | None = None  # the finished turns so far: a resumed conversation goes on from the next
+    sample_index: int = 0  # which of its prompt's samples (samples_per_prompt): picks the request's seed
 
 
 # ---------------------------------------------------------------- runs
@@ -137,7 +138,7 @@ PENDING_RND = -1.0
 
 
 def insert_prompts(conn: Connection, run_id: int, prompts: Iterable[Any], *, batch: int = 5000,
-                   turns: str = "last") -> int:
+                   turns: str = "last", samples: int = 1) -> int:
     """Load prompts (objects with index, line, source_id, messages) as pending records.
 
     Their sampling key ``rnd`` is PENDING_RND; the writer draws the random one when the record finishes. Every
@@ -146,23 +147,34 @@ def insert_prompts(conn: Connection, run_id: int, prompts: Iterable[Any], *, bat
     random index pages, which doubled the worker's write cost (measured).
 
     ``turns`` is the run's setting: with "all" each record counts the assistant turns the model will write
-    (synthwatch.capture.turns), and the run's n_turns their sum."""
+    (synthwatch.capture.turns), and the run's n_turns their sum.
+
+    ``samples`` (samples_per_prompt = k): each dataset prompt becomes k records, sample s of prompt p at
+    idx = p * k + s with prompt_idx = p, inserted next to each other (the claim takes a prompt's samples
+    together). A canary (negative index) stays one record."""
     from ..capture import turns as turns_mod
 
     # the driver's own executemany with tuples: through text() SQLAlchemy built each row's parameters in Python,
     # half of loading 20,000 prompts (0.35 CPU-s; #25). Placeholders in the driver's style (SQLite ?, psycopg %s).
     mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-    sql = ("INSERT INTO record (run_id, idx, source_id, source_line, rnd, prompt_json, status, content_null,"
-           f" attempts, check_flags, n_turns, turns_done) VALUES ({mark}, {mark}, {mark}, {mark}, {PENDING_RND},"
-           f" {mark}, 'pending', false, 0, 0, {mark}, 0)")
+    sql = ("INSERT INTO record (run_id, idx, prompt_idx, sample_index, source_id, source_line, rnd, prompt_json,"
+           " status, content_null, attempts, check_flags, n_turns, turns_done, row_json) VALUES"
+           f" ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {PENDING_RND}, {mark}, 'pending', false, 0, 0, {mark},"
+           f" 0, {mark})")
+    k_samples = max(1, int(samples))
     n = n_turns = 0
     buf: list[tuple[Any, ...]] = []
     dumps = orjson.dumps
     count_all = turns != "last"
     for p in prompts:
         k = turns_mod.count(p.messages, turns) if count_all and p.index >= 0 else 1
-        n_turns += k
-        buf.append((run_id, p.index, p.source_id, p.line, dumps(p.messages).decode(), k))
+        prompt = dumps(p.messages).decode()
+        # the row's fields the extended checks read (#30): a verifier's reference stays with its record
+        row_json = dumps(row, default=str).decode() if (row := getattr(p, "row", None)) else None
+        for s in range(k_samples if p.index >= 0 else 1):
+            n_turns += k
+            buf.append((run_id, p.index * k_samples + s if p.index >= 0 else p.index, p.index, s, p.source_id,
+                        p.line, prompt, k, row_json))
         if len(buf) >= batch:
             conn.exec_driver_sql(sql, buf)
             n += len(buf)
@@ -322,9 +334,15 @@ def alarm_gate(conn: Connection, run_id: int, claimed: int, t: float, *,
             blocked.append(a)
             continue
         bit = BIT.get(a["rule"], 0)
-        again = conn.execute(
-            text("SELECT 1 FROM record WHERE run_id = :r AND finished_at > :t AND (check_flags & :b) != 0 LIMIT 1"),
-            {"r": run_id, "t": a["acked_at"], "b": bit}).first() is not None
+        if bit:
+            again = conn.execute(
+                text("SELECT 1 FROM record WHERE run_id = :r AND finished_at > :t AND (check_flags & :b) != 0"
+                     " LIMIT 1"), {"r": run_id, "t": a["acked_at"], "b": bit}).first() is not None
+        else:  # an extended check (#30): a failing verdict written after the acknowledgement
+            again = conn.execute(
+                text("SELECT 1 FROM check_verdict WHERE run_id = :r AND check_name = :c AND state = 'fail'"
+                     " AND created_at > :t LIMIT 1"), {"r": run_id, "c": a["rule"], "t": a["acked_at"]}
+            ).first() is not None
         if again:
             conn.execute(text("UPDATE alarm SET acked_at = NULL, acked_by = NULL, snooze_until = NULL,"
                               " snooze_records = NULL, updated_at = :t WHERE id = :i"), {"t": t, "i": a["id"]})
@@ -545,7 +563,8 @@ def claim_sql(skip: str = "") -> str:
     """The claim statement (named parameters w, lease, t, r, n); the benchmark's SQLite floor runs it too."""
     return ("UPDATE record SET status = 'in_flight', worker_id = :w, lease_until = :lease, claimed_at = :t"
             " WHERE id IN (SELECT id FROM record WHERE run_id = :r AND status = 'pending' ORDER BY id"
-            f" LIMIT :n{skip}) RETURNING id, idx, prompt_json, attempts, attempts_json, rerun, n_turns, turns_json")
+            f" LIMIT :n{skip}) RETURNING id, idx, prompt_json, attempts, attempts_json, rerun, n_turns, turns_json,"
+            " sample_index")
 
 
 def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float) -> tuple[list[Claimed], str]:
@@ -592,7 +611,8 @@ def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float)
             text("UPDATE run SET n_in_flight = n_in_flight + :k, n_pending = n_pending - :k WHERE id = :r"),
             {"k": len(rows), "r": run_id},
         )
-    claimed = [Claimed(r[0], r[1], orjson.loads(r[2]), r[3] or 0, r[4], bool(r[5]), r[6] or 1, r[7]) for r in rows]
+    claimed = [Claimed(r[0], r[1], orjson.loads(r[2]), r[3] or 0, r[4], bool(r[5]), r[6] or 1, r[7], r[8] or 0)
+               for r in rows]
     claimed.sort(key=lambda c: c.id)
     return claimed, limited if len(claimed) == n else "empty"
 

@@ -16,7 +16,8 @@ What counts as what:
 - controls (``cap``, ``concurrency``) are not versions: they change through controls, which the
   audit log records;
 - the dataset is loaded once: a different dataset is a different run; so is ``turns`` (last / all),
-  which decides how many turns each loaded conversation has.
+  which decides how many turns each loaded conversation has, and ``samples_per_prompt``, how many records each
+  prompt has.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ GENERATION_KEYS = ("model", "endpoints", "stream", "request_token_ids", "samplin
 CONTROL_KEYS = ("cap", "concurrency")
 # per-process settings of a worker: several workers of one run may differ, and none changes the data
 PROCESS_KEYS = ("name", "lease_s", "flush_interval_ms", "shutdown_grace_s")
-FIXED_KEYS = ("dataset", "turns")  # turns: each conversation's turn count is set when it is loaded
+# turns: each conversation's turn count is set when it is loaded; samples_per_prompt: so are each prompt's records
+FIXED_KEYS = ("dataset", "turns", "samples_per_prompt")
 NEW_VERSION_FLAG = "--new-config-version"
-_ADDED_LATER = {"turns": "last", "history_reasoning": "strip"}
+_ADDED_LATER = {"turns": "last", "history_reasoning": "strip", "samples_per_prompt": 1}
 
 
 class VersionError(ValueError):

@@ -134,8 +134,11 @@ class RunWorker:
 
     # ------------------------------------------------------------ request bodies
 
-    def body_for(self, messages: list[dict[str, Any]] | dict[str, Any]) -> bytes:
+    def body_for(self, messages: list[dict[str, Any]] | dict[str, Any], sample_index: int = 0) -> bytes:
         body = dict(self._body_base)
+        seed = self.config.sample_seed(sample_index)
+        if seed is not None:  # samples_per_prompt > 1: each sample of a prompt asks with its own seed
+            body["seed"] = seed
         if isinstance(messages, dict):  # a prompt with tools: {"messages": [...], "tools": [...]}
             body["messages"] = messages["messages"]
             body["tools"] = messages["tools"]
@@ -298,9 +301,21 @@ class RunWorker:
         finally:
             try:
                 await self._shutdown(final, message)
+                await self._close_hooks()
             finally:
                 await sup.close()  # a deadline armed stays: the program must still end in time
         return self._final or final
+
+    async def _close_hooks(self) -> None:
+        """Hooks with work of their own (the extended checks, #30) drain within their grace, after the records are
+        written and the claims returned; what they leave stays pending and re-checkable."""
+        for hook in self.hooks:
+            close = getattr(hook, "close", None)
+            if close is not None:
+                try:
+                    await asyncio.to_thread(close)
+                except Exception as exc:
+                    log.warning("a writer hook did not close cleanly: %s", describe("closing", exc))
 
     async def _interrupt(self) -> None:
         """Cancel the requests still running: each record's task records its attempt as interrupted and hands

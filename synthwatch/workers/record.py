@@ -44,8 +44,8 @@ class RecordHost(Protocol):
     stop_reason: str  # why a request cancelled now was interrupted: recorded on its attempt
     interrupted: list[Outcome]  # outcomes of interrupted records, for a release without the writer
 
-    def body_for(self, messages: list[dict[str, Any]] | dict[str, Any]) -> bytes:
-        """The request body for one prompt (or one turn's history)."""
+    def body_for(self, messages: list[dict[str, Any]] | dict[str, Any], sample_index: int = 0) -> bytes:
+        """The request body for one prompt (or one turn's history), sample ``sample_index`` of it."""
         ...
 
 
@@ -158,7 +158,8 @@ class RecordTasks:
                 k = len(done_turns)
                 messages = turns_mod.history(claimed.messages, done_turns, k, host.config.history_reasoning) \
                     if multi else claimed.messages
-                last = await self._attempts(host.body_for(messages), attempts, claimed.id, where)
+                last = await self._attempts(host.body_for(messages, claimed.sample_index), attempts, claimed.id,
+                                            where)
                 if not (last.ok and multi and k + 1 < claimed.n_turns):
                     break
                 # a finished turn that is not the last: stored (the record stays claimed) before the next request

@@ -54,6 +54,9 @@ class WriterHook(Protocol):
 
     def take_paused(self) -> bool: ...
 
+    # optional: after_commit() once a flush's transaction committed (the extended checks queue its records then,
+    # so they never read a record before it is stored); close(grace_s) when the worker shuts down
+
 
 class Writer:
     def __init__(
@@ -492,6 +495,14 @@ class Writer:
                 )
         self.written += len(outcomes)
         self._touched = {}
+        if outcomes:
+            for hook in self.hooks:
+                after = getattr(hook, "after_commit", None)
+                if after is not None:
+                    try:
+                        after()
+                    except Exception:  # the records are stored; their extended checks stay pending (re-checkable)
+                        log.exception("a writer hook failed after a commit")
         for fut, res, ok in claim_results:
             if ok:
                 fut.set_result(res)

@@ -1,6 +1,6 @@
 """reasoning tokens counted from ids, where each count comes from, and the tokens billed for every attempt (#29)
 
-Revision ID: 0016_counted_tokens
+Revision ID: 0014_counted_tokens
 Revises: 0013_open_items
 Create Date: 2026-12-02 11:40:00
 
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0016_counted_tokens"
+revision: str = "0014_counted_tokens"
 down_revision: str | None = "0013_open_items"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
