@@ -30,14 +30,32 @@ class CliError(Exception):
     """A user-facing error: printed without a traceback, exit code 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_module(argv: list[str] | None) -> str | None:
+    """The module of the command ``argv`` names, when that module registers nothing else: only it is then imported.
+    Registering all commands imports what they need to describe their flags (the simulator's settings, pydantic
+    models): 0.2 CPU-s that a `synthwatch run` would spend before its first request (#25). None: build them all."""
+    words = sys.argv[1:] if argv is None else argv
+    name = next((w for w in words if not w.startswith("-")), None)
+    if name is None:
+        return None
+    module = f"synthwatch.commands.{name}"
+    return module if module in COMMANDS and module not in _SEVERAL_NAMES else None
+
+
+# command modules whose register() adds more than the command named after the module (repair: fix, rerun, ...)
+_SEVERAL_NAMES = frozenset({"synthwatch.commands.repair", "synthwatch.commands.watch"})
+
+
+def build_parser(argv: list[str] | None = None, *, everything: bool = True) -> argparse.ArgumentParser:
+    """The CLI's parser; with ``everything=False``, only the command ``argv`` names (if one module holds it alone)."""
     parser = argparse.ArgumentParser(
         prog="synthwatch",
         description="Generate synthetic LLM training data from OpenAI-compatible endpoints and watch it live.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    only = None if everything else _command_module(argv)
+    for name in COMMANDS if only is None else (only,):
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -52,7 +70,7 @@ def main(argv: list[str] | None = None, *, program: bool = False) -> int:
     """Run one command. ``program``: this is the `synthwatch` process itself (entry()), not main() called from
     Python (tests, scripts): a command may then change process-wide state for good (a signal left ignored, a
     hard exit when stopping overruns its deadline). Handlers read it as ``args.program``."""
-    parser = build_parser()
+    parser = build_parser(argv, everything=False)
     args = parser.parse_args(argv)
     args.program = program
     logging.basicConfig(

@@ -166,3 +166,20 @@ def test_run_preflight_and_probe_send_no_netrc_credentials(recorder: Recorder, n
     paths = [p for p, _ in recorder.seen]
     assert paths.count("/v1/chat/completions") >= 3 and paths.count("/v1/models") >= 2, paths
     assert recorder.leaked() == [], [(p, h) for p, h in recorder.seen if p in recorder.leaked()]
+
+
+def test_the_preflight_asks_through_the_proxy_the_environment_names(recorder: Recorder, netrc_home: Path,
+                                                                   monkeypatch: Any) -> None:
+    """The preflight goes where the run's own requests go (the pool's proxy, read once from HTTP_PROXY), and
+    sends no ~/.netrc credentials on the way (#25: it asks through aiohttp now, as the worker does)."""
+    from types import SimpleNamespace
+
+    from synthwatch.workers.preflight import check_run_endpoints
+
+    monkeypatch.setenv("HTTP_PROXY", recorder.url.removesuffix("/v1"))
+    monkeypatch.setenv("NO_PROXY", "")
+    config = SimpleNamespace(endpoints=[EndpointConfig(base_url="http://models.example.invalid:8000/v1")],
+                             pool=EndpointPoolConfig(), model="m")
+    check_run_endpoints(config, timeout_s=30)
+    assert "http://models.example.invalid:8000/v1/models" in [p for p, _ in recorder.seen], recorder.seen
+    assert recorder.leaked() == []

@@ -19,6 +19,9 @@ from typing import Any, Protocol
 
 MAX_COUNT = 2**31 - 1  # the largest token count taken as real; a BIGINT column holds far more
 MAX_JSON_DEPTH = 128  # nesting of a parsed reply; storing it adds < 10 levels, orjson serialises 254
+# a text of at most this many bytes cannot nest deeper than MAX_JSON_DEPTH (each level takes an opening and a
+# closing bracket): callers test the length before calling may_be_deep, the usual stream event is shorter
+DEEP_MIN_BYTES = 2 * MAX_JSON_DEPTH
 _COUNT_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
@@ -48,7 +51,7 @@ def may_be_deep(raw: bytes) -> bool:
     every stream, so a text too short to hold that many bracket pairs is answered by its length alone (it is asked
     only of JSON that parsed, whose brackets are balanced; a scan of each ~200-byte chunk event cost 5 % of a short
     record's CPU); longer ones are counted (two scans in C)."""
-    return len(raw) > 2 * MAX_JSON_DEPTH and raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
+    return len(raw) > DEEP_MIN_BYTES and raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
 
 
 def depth_over(obj: Any, limit: int = MAX_JSON_DEPTH) -> bool:

@@ -41,7 +41,6 @@ class StreamAccumulator:
         "_delta_x",
         "_delta_x_str",
         "_details",
-        "_error",
         "_finish",
         "_fp",
         "_id",
@@ -51,9 +50,12 @@ class StreamAccumulator:
         "_problems",
         "_prompt_token_ids",
         "_reasoning_ids",
+        "_shape",
+        "_shape_x",
         "_token_ids",
         "_top_x",
         "_usage",
+        "error",
         "mode",
         "prefilled_open",
         "think_close",
@@ -91,20 +93,21 @@ class StreamAccumulator:
         self._model: Any = None
         self._fp: Any = None
         self._top_x: dict[str, Any] = {}
+        # The top-level keys of the last chunk with unknown keys (and no error), and those unknown keys: a server
+        # sends the same layout in every chunk (vLLM: prompt_text), so a repeat reads just those keys' values.
+        self._shape: frozenset[str] = frozenset()
+        self._shape_x: tuple[str, ...] = ()
         self._choice_x: dict[str, Any] = {}
         self._delta_x: dict[str, Any] = {}
         self._delta_x_str: dict[str, list[str]] = {}
-        self._error: dict[str, Any] | None = None
+        # the error object when a chunk was ``{"error": {...}}`` (HTTP 200 with an error body); a plain attribute, not a
+        # property: the client asks after every chunk
+        self.error: dict[str, Any] | None = None
         self._problems = Problems()
 
     @property
     def n_chunks(self) -> int:
         return self._n
-
-    @property
-    def error(self) -> dict[str, Any] | None:
-        """The error object when a chunk was ``{"error": {...}}`` (HTTP 200 with an error body)."""
-        return self._error
 
     @property
     def problems(self) -> list[str]:
@@ -138,7 +141,14 @@ class StreamAccumulator:
             if m is not None:
                 self._model = m
         else:
-            if not (chunk.keys() <= KNOWN_TOP_KEYS) and self._top_slow(chunk):
+            keys = chunk.keys()
+            if keys == self._shape:  # unknown keys seen in the last chunk, each already in _top_x
+                top_x = self._top_x
+                for k in self._shape_x:
+                    v = chunk[k]
+                    if v is not None:
+                        top_x[k] = v
+            elif not (keys <= KNOWN_TOP_KEYS) and self._top_slow(chunk):
                 return False
             v = chunk.get("id")
             if v is not None:
@@ -156,15 +166,11 @@ class StreamAccumulator:
             if v is not None:
                 self._prompt_token_ids = v
             choices = chunk.get("choices")
-        if type(choices) is not list or len(choices) != 1:
-            return self._choices_slow(chunk, choices)
-        c = choices[0]
-        if type(c) is not dict:
-            return self._choices_slow(chunk, choices)
-        return self._feed_choice(c)
-
-    def _feed_choice(self, c: dict[str, Any]) -> bool:
-        M = MISSING
+        if type(choices) is not list or len(choices) != 1 or type(c := choices[0]) is not dict:
+            c = self._pick_choice(chunk, choices)
+            if c is None:
+                return False
+        # the choice, read here rather than in a method of its own: one Python call fewer per chunk
         idx = c.get("index", M)
         if idx and idx is not M:  # another choice of an n > 1 request
             self._problems.add(f"choice index {idx!r} ignored: only index 0 is read")
@@ -226,22 +232,26 @@ class StreamAccumulator:
         """Unknown top-level keys; True when the chunk is an error object to skip entirely."""
         err = chunk.get("error")
         if err is not None:
-            self._error = err if type(err) is dict else {"message": str(err)}
+            self.error = err if type(err) is dict else {"message": str(err)}
             if "choices" not in chunk:
                 return True
         top_x = self._top_x
-        for k in chunk.keys() - KNOWN_TOP_KEYS:
+        unknown = chunk.keys() - KNOWN_TOP_KEYS
+        for k in unknown:
             if k == "error":
                 continue
             v = chunk[k]
             if v is not None or k not in top_x:
                 top_x[k] = v
+        if err is None and "error" not in chunk:  # an error chunk always takes this path
+            self._shape, self._shape_x = frozenset(chunk.keys()), tuple(unknown)
         return False
 
-    def _choices_slow(self, chunk: dict[str, Any], choices: Any) -> bool:
+    def _pick_choice(self, chunk: dict[str, Any], choices: Any) -> dict[str, Any] | None:
+        """The choice to read when ``choices`` is not one object (None: nothing to read; problems noted)."""
         if type(choices) is list:
             if not choices:
-                return False  # the usage chunk
+                return None  # the usage chunk
             chosen = None
             for c in choices:
                 if type(c) is dict and not c.get("index"):
@@ -255,16 +265,16 @@ class StreamAccumulator:
                     )
                 else:
                     self._problems.add("choices[0] is not an object")
-                return False
+                return None
             if len(choices) > 1:
                 self._problems.add(f"{len(choices)} choices in one chunk: only index 0 is read")
-            return self._feed_choice(chosen)
+            return chosen
         if choices is None or choices is MISSING:
             if "choices" not in chunk:
                 self._problems.add("chunk without 'choices'")
-            return False
+            return None
         self._problems.add(f"choices is {tname(choices)}, not a list")
-        return False
+        return None
 
     def _choice_slow(self, c: dict[str, Any]) -> None:
         choice_x = self._choice_x

@@ -1,7 +1,8 @@
 """Opening the database: URL resolution, SQLite pragmas, and migrations on open.
 
 Any command that opens the database calls :func:`open_engine`, which applies pending Alembic
-migrations first, so the schema is always the migrations' schema.
+migrations first, so the schema is always the migrations' schema (a brand-new SQLite file gets their recorded
+result at once: store/fresh.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlmodel import create_engine
 
 from ..settings import get_settings
+from .fresh import create_fresh, sqlite_path
 
 MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
 _migrated: set[str] = set()
@@ -122,11 +124,14 @@ def migrate(url: str) -> None:
     with _migrate_lock:
         if url in _migrated:
             return
-        from alembic import command
-
         try:
             with _migration_lock(url):
-                command.upgrade(alembic_config(url), "head")
+                # a new SQLite file gets the chain's recorded result in one transaction (fresh.py; #25)
+                path = sqlite_path(url)
+                if path is None or not create_fresh(path):
+                    from alembic import command
+
+                    command.upgrade(alembic_config(url), "head")
         except Exception as exc:
             raise DatabaseError(f"cannot open or migrate database {safe_url(url)}: {exc}") from exc
         _migrated.add(url)

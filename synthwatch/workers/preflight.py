@@ -8,14 +8,18 @@ problem says its fix as both the flag and the TOML key."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from ..redact import clip, redact
 
 MAX_QUOTED_CHARS = 200  # of a server's reply, in an error line
 MAX_LISTED_MODELS = 10
+MAX_MODELS_BYTES = 8 * 2**20  # of a /models reply read (a list of models is a few kB; a reply is untrusted)
 
 
 class PreflightError(Exception):
@@ -34,48 +38,69 @@ def _quote(text: str) -> str:
 
 
 def check_endpoint(base_url: str, model: str, *, headers: dict[str, str] | None = None,
-                   verify: ssl.SSLContext | bool = True, timeout_s: float = 10.0) -> EndpointFacts:
-    """Raise PreflightError unless ``base_url`` answers ``/models`` and lists ``model``."""
-    import httpx
+                   verify: ssl.SSLContext | bool = True, timeout_s: float = 10.0, proxy: str | None = None,
+                   proxy_headers: dict[str, str] | None = None) -> EndpointFacts:
+    """Raise PreflightError unless ``base_url`` answers ``/models`` and lists ``model``.
+
+    Asked through aiohttp, as the run's own requests are (the worker imports it anyway; httpx cost the run
+    ~0.1 CPU-s to import, #25): the same header values, TLS settings and proxy, no redirect followed, no
+    ~/.netrc read (``trust_env`` off)."""
+    return asyncio.run(_check_endpoint(base_url, model, headers or {}, verify, timeout_s, proxy, proxy_headers))
+
+
+async def _get(session: Any, url: str, proxy: str | None, proxy_headers: dict[str, str] | None) -> tuple[int, str]:
+    async with session.get(url, allow_redirects=False, proxy=proxy, proxy_headers=proxy_headers) as r:
+        # a reply is untrusted: no more than MAX_MODELS_BYTES of it is read (a list of models is a few kB)
+        raw = await r.content.read(MAX_MODELS_BYTES + 1)
+        if len(raw) > MAX_MODELS_BYTES:
+            raw = raw[:MAX_MODELS_BYTES]
+            r.close()  # the rest is not read: the connection is not reused
+        return r.status, raw.decode("utf-8", "replace")
+
+
+async def _check_endpoint(base_url: str, model: str, headers: dict[str, str], verify: ssl.SSLContext | bool,
+                          timeout_s: float, proxy: str | None, proxy_headers: dict[str, str] | None) -> EndpointFacts:
+    import aiohttp
 
     base = base_url.rstrip("/")
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:
-        # header values as UTF-8 bytes, exactly as the worker's own requests send them (a key may hold non-ASCII
-        # characters that redact.secret_problem allows): the server sees the same key from both
-        raw = {k.encode("ascii"): v.encode("utf-8") for k, v in (headers or {}).items()}
-        with httpx.Client(timeout=timeout_s, headers=raw, verify=verify) as client:
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers, connector=aiohttp.TCPConnector(ssl=verify),
+                                         trust_env=False) as client:
             try:
-                r = client.get(f"{base}/models")
-            except httpx.HTTPError as exc:
+                status, body = await _get(client, f"{base}/models", proxy, proxy_headers)
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+                what = f"{type(exc).__name__}: {redact(str(exc)) or 'no answer'}" if not isinstance(exc, TimeoutError) \
+                    else f"no answer within {timeout_s:g} s"
                 raise PreflightError(
-                    f"cannot reach {base} ({type(exc).__name__}: {redact(str(exc)) or 'no answer'}): is the server running "
-                    f"and is --base-url (base_url) right?") from None
-            if r.status_code == 404 and not base.endswith("/v1"):
+                    f"cannot reach {base} ({what}): is the server running and is --base-url (base_url) right?"
+                ) from None
+            if status == 404 and not base.endswith("/v1"):
                 try:
-                    alt = client.get(f"{base}/v1/models")
-                except httpx.HTTPError:
+                    alt, _ = await _get(client, f"{base}/v1/models", proxy, proxy_headers)
+                except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
                     alt = None
-                if alt is not None and alt.status_code == 200:
+                if alt == 200:
                     raise PreflightError(
-                        f"GET {base}/models answered 404 {_quote(r.text)}, but {base}/v1/models answers: the base "
+                        f"GET {base}/models answered 404 {_quote(body)}, but {base}/v1/models answers: the base "
                         f"URL misses /v1; use --base-url {base}/v1 (base_url = \"{base}/v1\")")
-            if r.status_code in (401, 403):
+            if status in (401, 403):
                 raise PreflightError(
-                    f"GET {base}/models answered {r.status_code} {_quote(r.text)}: the server wants an API key "
+                    f"GET {base}/models answered {status} {_quote(body)}: the server wants an API key "
                     f"it accepts; put it in an environment variable and name it with --api-key-env NAME "
                     f"(api_key_env = \"NAME\" under [[endpoints]])")
-            if r.status_code != 200:
+            if status != 200:
                 hint = (" (an OpenAI-compatible base URL usually ends with /v1)" if not base.endswith("/v1")
                         else "")
                 raise PreflightError(
-                    f"GET {base}/models answered {r.status_code} {_quote(r.text)}: not an OpenAI-compatible "
+                    f"GET {base}/models answered {status} {_quote(body)}: not an OpenAI-compatible "
                     f"endpoint at this address{hint}; check --base-url (base_url)")
             try:
-                data: Any = r.json()
+                data: Any = orjson.loads(body)
                 models = [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]
             except (ValueError, AttributeError, TypeError):
                 raise PreflightError(
-                    f"GET {base}/models answered 200 but not the OpenAI list of models ({_quote(r.text)}); "
+                    f"GET {base}/models answered 200 but not the OpenAI list of models ({_quote(body)}); "
                     f"check --base-url (base_url)") from None
     except ssl.SSLError as exc:
         raise PreflightError(f"cannot reach {base}: TLS: {redact(str(exc))}") from None
@@ -96,4 +121,5 @@ def check_run_endpoints(config: Any, timeout_s: float = 10.0) -> None:
     pool = EndpointPool(config.endpoints, config.pool)
     for ep in pool.endpoints:
         auth = {k: v for k, v in ep.headers.items() if k.lower() not in ("content-type", "accept")}
-        check_endpoint(ep.base_url, config.model, headers=auth, verify=ep.ssl, timeout_s=timeout_s)
+        check_endpoint(ep.base_url, config.model, headers=auth, verify=ep.ssl, timeout_s=timeout_s, proxy=ep.proxy,
+                       proxy_headers=ep.proxy_headers)
