@@ -64,3 +64,23 @@ def test_a_redirect_is_reported_not_followed(huge_server: str) -> None:
     with pytest.raises(PreflightError) as err:
         check_endpoint(f"{huge_server}/other/v1", "m", timeout_s=30)
     assert "answered 302" in str(err.value), err.value
+
+
+def test_the_preflight_works_from_a_thread_whose_loop_is_running(sim: Any) -> None:
+    """check_endpoint is a plain function: called where an event loop already runs in the thread (a caller inside a
+    loop; in the full suite, Playwright's sync API in the same process) it still checks, on a thread of its own."""
+    import asyncio
+
+    url = sim()
+
+    async def inside_a_loop() -> Any:
+        return check_endpoint(url, "sim-reasoner", timeout_s=30)
+
+    facts = asyncio.run(inside_a_loop())
+    assert "sim-reasoner" in facts.models
+    with pytest.raises(PreflightError, match="no-such-model"):
+        asyncio.run(_wrong_model(url))
+
+
+async def _wrong_model(url: str) -> Any:
+    return check_endpoint(url, "no-such-model", timeout_s=30)

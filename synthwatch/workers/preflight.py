@@ -9,6 +9,7 @@ problem says its fix as both the flag and the TOML key."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +46,18 @@ def check_endpoint(base_url: str, model: str, *, headers: dict[str, str] | None 
     Asked through aiohttp, as the run's own requests are (the worker imports it anyway; httpx cost the run
     ~0.1 CPU-s to import, #25): the same header values, TLS settings and proxy, no redirect followed, no
     ~/.netrc read (``trust_env`` off)."""
-    return asyncio.run(_check_endpoint(base_url, model, headers or {}, verify, timeout_s, proxy, proxy_headers))
+    return _run_to_end(_check_endpoint(base_url, model, headers or {}, verify, timeout_s, proxy, proxy_headers))
+
+
+def _run_to_end(coro: Any) -> Any:
+    """asyncio.run, also from a thread whose event loop is already running (a caller inside a loop, or a host
+    such as Playwright's sync API): there the check runs on a thread of its own with a loop of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="preflight") as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 async def _get(session: Any, url: str, proxy: str | None, proxy_headers: dict[str, str] | None) -> tuple[int, str]:
