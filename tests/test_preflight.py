@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from conftest import run_async
 
 from synthwatch.workers.preflight import MAX_MODELS_BYTES, PreflightError, check_endpoint
 
@@ -69,17 +70,15 @@ def test_a_redirect_is_reported_not_followed(huge_server: str) -> None:
 def test_the_preflight_works_from_a_thread_whose_loop_is_running(sim: Any) -> None:
     """check_endpoint is a plain function: called where an event loop already runs in the thread (a caller inside a
     loop; in the full suite, Playwright's sync API in the same process) it still checks, on a thread of its own."""
-    import asyncio
-
     url = sim()
 
     async def inside_a_loop() -> Any:
         return check_endpoint(url, "sim-reasoner", timeout_s=30)
 
-    facts = asyncio.run(inside_a_loop())
+    facts = run_async(inside_a_loop())  # a thread of its own: this one may hold Playwright's loop
     assert "sim-reasoner" in facts.models
     with pytest.raises(PreflightError, match="no-such-model"):
-        asyncio.run(_wrong_model(url))
+        run_async(_wrong_model(url))
 
 
 async def _wrong_model(url: str) -> Any:
