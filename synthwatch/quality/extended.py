@@ -292,7 +292,7 @@ class ExtendedRunner:
                 try:
                     buf.extend(self._verdicts(rid, view, results))
                 except Exception:
-                    log.exception("run %d: near-duplicate check failed on record %d", self.run_id, rid)
+                    log.exception("run %d: the verdicts of record %d could not be built", self.run_id, rid)
             if buf and (len(buf) >= 500 or time.monotonic() - last >= WRITE_EVERY_S or stopping or rid == 0):
                 try:
                     self._write(buf)
@@ -313,8 +313,13 @@ class ExtendedRunner:
                for name, state, score, label, reason, ms in results]
         if self.neardup is not None:
             t0 = time.perf_counter()
-            out.append(vd.NewVerdict(self.run_id, rid, "near_duplicate", self.neardup.check(view),
-                                     (time.perf_counter() - t0) * 1000))
+            try:
+                verdict = self.neardup.check(view)
+            except Exception as exc:
+                # that check's recorded error on this record: the record's other verdicts are still written
+                log.exception("run %d: near-duplicate check failed on record %d", self.run_id, rid)
+                verdict = vd.Verdict("error", None, None, f"the near-duplicate check failed ({exc.__class__.__name__})")
+            out.append(vd.NewVerdict(self.run_id, rid, "near_duplicate", verdict, (time.perf_counter() - t0) * 1000))
         return out
 
     def _write(self, buf: list[vd.NewVerdict]) -> None:
