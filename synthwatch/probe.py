@@ -16,6 +16,7 @@ It ends with a one-line verdict and the settings to use (run config and export).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ import orjson
 
 from .capture.reasoning import ResponseShapeError, extract_response
 from .capture.stream import StreamAccumulator
+from .outbound import OutboundError, Reply, env_proxy, fetch, register, run_sync, session
 from .redact import add_secret, clip, redact, secret_problem
 
 KNOWN_THINK_IDS = {128821: "DeepSeek-V4", 128798: "DeepSeek-R1", 151667: "Qwen3", 163606: "Kimi-K2"}
@@ -36,6 +38,8 @@ the content came back empty, and the probe could not say where content arrives. 
 reasoning and the short answer, and is still a few seconds of decoding on a GPU server."""
 PROBE_OWN_KEYS = ("model", "messages", "stream", "stream_options")
 """Request keys --extra-body may not set: the probe sends its own question, non-streamed and streamed."""
+MAX_REPLY_BYTES = 8 * 2**20
+"""The most of one reply the probe reads (decoded): its answers are a few kB; a reply is untrusted."""
 QUESTION = "What is 17 + 25? Think it through, then answer in one short sentence."
 TOOL_QUESTION = "What is the weather in Paris right now? Use the get_weather tool."
 WEATHER_TOOL = {
@@ -54,7 +58,8 @@ class ProbeOptions:
     model: str
     api_key: str | None = None
     max_tokens: int = PROBE_MAX_TOKENS
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0  # each request's deadline, connect to the end of its reply
+    deadline_s: float | None = None  # the whole probe's (the dashboard's button: PROBE_BUTTON_DEADLINE_S)
     # merged into every probe request, as a run's sampling.extra_body (e.g. chat_template_kwargs); sent only to
     # the probed endpoint, and only its keys are reported (a value may hold a secret)
     extra_body: dict[str, Any] | None = None
@@ -90,15 +95,26 @@ def probe(options: ProbeOptions) -> ProbeReport:
 
     A key is registered for redaction before the first request, so that a server echoing it back (in an
     error, a model list, a fingerprint) never gets it printed, shown on a page or returned by the API."""
+    return run_sync(probe_async(options))
+
+
+async def probe_async(options: ProbeOptions) -> ProbeReport:
+    """:func:`probe` on the caller's event loop (the dashboard's probe button): its requests go through the
+    outbound client (synthwatch/outbound.py), each within ``options.timeout_s`` in all and MAX_REPLY_BYTES decoded;
+    the whole probe within ``options.deadline_s`` when set. Cancelling it cancels its requests."""
     if options.api_key:
         add_secret(options.api_key)
         why = secret_problem(options.api_key)
         if why is not None:
             raise ProbeError(f"the API key holds {why}, which cannot be used as a key (the value is not shown)")
     try:
-        report = _probe(options)
+        async with asyncio.timeout(options.deadline_s):
+            report = await _probe(options)
     except ProbeError as exc:
         raise ProbeError(redact(str(exc))) from None
+    except TimeoutError:
+        raise ProbeError(f"the probe did not end within its deadline of {options.deadline_s:g} s (the server "
+                         "answers too slowly or never ends its reply)") from None
     except Exception as exc:  # a reply nobody foresaw: a clear, redacted line instead of a traceback
         raise ProbeError(clip(f"the probe failed: {type(exc).__name__}: {exc}", 500)) from None
     return _redacted(report)
@@ -119,31 +135,33 @@ def _redacted(report: ProbeReport) -> ProbeReport:
     return report
 
 
-def _probe(options: ProbeOptions) -> ProbeReport:
-    import httpx
-
+async def _probe(options: ProbeOptions) -> ProbeReport:
     base = options.base_url.rstrip("/")
-    # bytes: UTF-8 as the worker's HTTP client (aiohttp) writes a Latin-1 key; httpx would refuse a str beyond ASCII
-    headers = {b"authorization": f"Bearer {options.api_key}".encode()} if options.api_key else {}
+    headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
+    proxy, proxy_headers = env_proxy(base + "/chat/completions")  # as the run's requests (outbound.env_proxy)
+    if proxy_headers and not base.startswith("https:"):
+        headers.update(proxy_headers)
+        proxy_headers = None
     report = ProbeReport()
-    with httpx.Client(timeout=options.timeout_s, headers=headers) as client:
-        report.server = _server(client, base, options.model)
+    async with session("probe", headers=headers) as sess:
+        client = _Client(sess, options.timeout_s, proxy, proxy_headers)
+        report.server = await _server(client, base, options.model)
         body = {"model": options.model, "messages": [{"role": "user", "content": QUESTION}],
                 "max_tokens": options.max_tokens, "return_token_ids": True, **(options.extra_body or {})}
         started = time.monotonic()
-        reply = _post(client, base, body)
-        if reply.status_code == 400 and "return_token_ids" in reply.text:
+        reply = await _post(client, base, body)
+        if reply.status == 400 and "return_token_ids" in reply.text():
             report.problems.append("the server refused return_token_ids; probing without it")
             body.pop("return_token_ids")
-            reply = _post(client, base, body)
-        if reply.status_code != 200:
-            raise ProbeError(f"POST {base}/chat/completions answered {reply.status_code}: "
-                             f"{clip(reply.text, 300)}")
+            reply = await _post(client, base, body)
+        if reply.status != 200:
+            raise ProbeError(f"POST {base}/chat/completions answered {reply.status}: "
+                             f"{clip(reply.text(), 300)}")
         try:
-            data = reply.json()
+            data = orjson.loads(reply.body)
         except ValueError:
             raise ProbeError(f"POST {base}/chat/completions answered 200 with a body that is not JSON: "
-                             f"{clip(reply.text, 300)}") from None
+                             f"{clip(reply.text(), 300)}") from None
         try:
             ex = extract_response(data)
         except ResponseShapeError as exc:
@@ -151,7 +169,7 @@ def _probe(options: ProbeOptions) -> ProbeReport:
         report.server["latency_s"] = round(time.monotonic() - started, 3)
         if not report.server.get("kind") and ex.system_fingerprint:
             report.server.update(_kind_from_fingerprint(ex.system_fingerprint))
-        streamed = _stream(client, base, {**body, "stream": True, "stream_options": {"include_usage": True}})
+        streamed = await _stream(client, base, {**body, "stream": True, "stream_options": {"include_usage": True}})
         report.reasoning = {
             "non_streamed": ex.reasoning_source, "streamed": streamed.reasoning_source if streamed else None,
             "reasoning_chars": len(ex.reasoning), "content_chars": len(ex.content),
@@ -164,16 +182,14 @@ def _probe(options: ProbeOptions) -> ProbeReport:
         report.token_ids = {"returned": bool(ex.prompt_token_ids and ex.token_ids),
                             "prompt_tail": (ex.prompt_token_ids or [])[-3:], "completion_tail": (ex.token_ids or [])[-3:],
                             "finish_reason": ex.finish_reason}
-        report.tool_calls = _tools(client, base, options)
+        report.tool_calls = await _tools(client, base, options)
     tail = (ex.prompt_token_ids or [])[-2:]
     known = next((KNOWN_THINK_IDS[i] for i in tail if i in KNOWN_THINK_IDS), None)
     if known is not None:
         report.token_ids["prompt_prefilled_think"] = True
         report.token_ids["prefill_evidence"] = f"the prompt ends with {known}'s <think> id"
-    lt = _tokenizer(options, report)
-    if lt is not None:
-        _token_facts(lt, report, ex)
-        report.tokenizer = _template_facts(lt, ex)
+    if options.tokenizer:  # loading and rendering is CPU work: off the event loop
+        await asyncio.to_thread(_tokenizer_part, options, report, ex)
     _verdict(report, options)
     return report
 
@@ -181,32 +197,48 @@ def _probe(options: ProbeOptions) -> ProbeReport:
 # ------------------------------------------------------------------------------------------ requests
 
 
-def _post(client: Any, base: str, body: dict[str, Any]) -> Any:
-    import httpx
+class _Client:
+    """The probe's requests: one outbound session, each request within ``timeout_s`` in all, replies capped."""
 
+    def __init__(self, sess: Any, timeout_s: float, proxy: str | None, proxy_headers: dict[str, str] | None) -> None:
+        self.sess, self.timeout_s, self.proxy, self.proxy_headers = sess, timeout_s, proxy, proxy_headers
+
+    async def request(self, method: str, url: str, body: bytes | None = None) -> Reply:
+        return await fetch(self.sess, method, url, cap=MAX_REPLY_BYTES, deadline_s=self.timeout_s, body=body,
+                           headers={"Content-Type": "application/json"} if body is not None else None,
+                           proxy=self.proxy, proxy_headers=self.proxy_headers)
+
+
+async def _post(client: _Client, base: str, body: dict[str, Any]) -> Reply:
     try:
-        return client.post(f"{base}/chat/completions", content=orjson.dumps(body),
-                           headers={"content-type": "application/json"})
-    except httpx.HTTPError as exc:
-        raise ProbeError(f"cannot reach {base}: {type(exc).__name__}: {exc}") from None
+        return await client.request("POST", f"{base}/chat/completions", orjson.dumps(body))
+    except OutboundError as exc:
+        raise ProbeError(f"cannot reach {base}: {exc.message}") from None
 
 
-def _server(client: Any, base: str, model: str) -> dict[str, Any]:
-    import httpx
+def _json_field(reply: Reply, key: str) -> Any:
+    try:
+        data = orjson.loads(reply.body)
+    except orjson.JSONDecodeError:
+        return None
+    return data.get(key) if isinstance(data, dict) else None
 
+
+async def _server(client: _Client, base: str, model: str) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": None, "version": None, "evidence": None}
     try:
-        r = client.get(f"{base}/models")
-        ids = [m.get("id") for m in r.json().get("data", [])] if r.status_code == 200 else []
-    except (httpx.HTTPError, ValueError, AttributeError):
+        r = await client.request("GET", f"{base}/models")
+        data = _json_field(r, "data") if r.status == 200 else None
+        ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+    except OutboundError:
         ids = []
     out["models"] = ids
     out["model_listed"] = model in ids
     root = base[: -len("/v1")] if base.endswith("/v1") else base
     try:
-        r = client.get(f"{root}/version")
-        version = r.json().get("version") if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
+        r = await client.request("GET", f"{root}/version")
+        version = _json_field(r, "version") if r.status == 200 else None
+    except OutboundError:
         version = None
     if isinstance(version, str):
         out.update(kind="vLLM", version=version, evidence=f"GET {root}/version")
@@ -219,35 +251,34 @@ def _kind_from_fingerprint(fp: str) -> dict[str, Any]:
     return {"kind": None, "evidence": f"system_fingerprint {fp!r}"}
 
 
-def _stream(client: Any, base: str, body: dict[str, Any]) -> Any:
-    import httpx
-
+async def _stream(client: _Client, base: str, body: dict[str, Any]) -> Any:
     acc = StreamAccumulator()
     try:
-        with client.stream("POST", f"{base}/chat/completions", content=orjson.dumps(body),
-                           headers={"content-type": "application/json"}) as r:
-            if r.status_code != 200:
-                return None
-            for line in r.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    acc.feed(orjson.loads(line[6:]))
-    except (httpx.HTTPError, orjson.JSONDecodeError):
+        r = await client.request("POST", f"{base}/chat/completions", orjson.dumps(body))
+        if r.status != 200:
+            return None
+        for line in r.body.splitlines():
+            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                chunk = orjson.loads(line[6:])
+                if isinstance(chunk, dict):
+                    acc.feed(chunk)
+    except (OutboundError, orjson.JSONDecodeError):
         return None
     return acc.result()
 
 
-def _tools(client: Any, base: str, options: ProbeOptions) -> dict[str, Any]:
+async def _tools(client: _Client, base: str, options: ProbeOptions) -> dict[str, Any]:
     from .capture import tool_calls
 
     body = {"model": options.model, "messages": [{"role": "user", "content": TOOL_QUESTION}],
             "max_tokens": options.max_tokens, "tools": [WEATHER_TOOL], "tool_choice": "auto",
             **(options.extra_body or {})}
-    r = _post(client, base, body)
-    if r.status_code != 200:
+    r = await _post(client, base, body)
+    if r.status != 200:
         return {"parsed": False,
-                "detail": f"the server refused a request with tools ({r.status_code}): {clip(r.text, 200)}"}
+                "detail": f"the server refused a request with tools ({r.status}): {clip(r.text(), 200)}"}
     try:
-        data = r.json()
+        data = orjson.loads(r.body)
         ex = extract_response(data)
     except (ValueError, ResponseShapeError):
         return {"parsed": False, "detail": "the reply to a request with tools is not a chat completion"}
@@ -257,7 +288,7 @@ def _tools(client: Any, base: str, options: ProbeOptions) -> dict[str, Any]:
         return {"parsed": False, "detail": "no tool_calls came back" + (
             " (a tool call is inline in the content: start the server with a tool-call parser)" if inline else
             " (the server has no tool-call parser, or the model answered without calling)")}
-    streamed = _stream(client, base, {**body, "stream": True})
+    streamed = await _stream(client, base, {**body, "stream": True})
     merged = tool_calls.from_extracted(streamed) if streamed else []
     wrong = tool_calls.problems(calls, [WEATHER_TOOL]) + tool_calls.problems(merged, [WEATHER_TOOL])
     same = [c["function"] for c in merged] == [c["function"] for c in calls]
@@ -269,6 +300,13 @@ def _tools(client: Any, base: str, options: ProbeOptions) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------- tokenizer
+
+
+def _tokenizer_part(options: ProbeOptions, report: ProbeReport, ex: Any) -> None:
+    lt = _tokenizer(options, report)
+    if lt is not None:
+        _token_facts(lt, report, ex)
+        report.tokenizer = _template_facts(lt, ex)
 
 
 def _tokenizer(options: ProbeOptions, report: ProbeReport) -> Any:
@@ -401,3 +439,16 @@ def _verdict(report: ProbeReport, options: ProbeOptions) -> None:
         report.verdict = f"READY: {facts}"
     report.ready = not blockers
     report.settings = settings
+
+
+@register("probe", "synthwatch probe (probe.py): /models, /version, a request non-streamed, streamed and with a tool",
+          12.0)
+def _drive_probe(base_url: str, key_env: str) -> str:
+    from .redact import secret_from_env
+
+    try:
+        report = probe(ProbeOptions(base_url, "m", api_key=secret_from_env(key_env), max_tokens=8, timeout_s=2.0,
+                                    deadline_s=10.0))
+    except ProbeError as exc:
+        return str(exc)
+    return orjson.dumps(report.as_dict(), default=str).decode()

@@ -18,7 +18,7 @@ from ..capture.reasoning import MODES as REASONING_MODES
 from ..quality import verdicts
 from ..store import queue as store
 from ..store import versions
-from . import launch, run_stats, stats, timeseries
+from . import launch, probe_button, run_stats, stats, timeseries
 from .deps import HX, ReadConn, WriteEngine, lean, render
 from .form_errors import FormErrors
 from .routes_cost import run_page_cost
@@ -167,8 +167,9 @@ async def _posted_form(request: Request) -> dict[str, str]:
 @router.post("/runs/new/probe", include_in_schema=False)
 async def new_run_probe(request: Request) -> Response:
     """The form's "Probe the endpoint" button: synthwatch probe on its first endpoint, shown above the form,
-    with the reasoning field set to where the reasoning arrived. Starts nothing."""
-    from ..probe import ProbeError, ProbeOptions, probe
+    with the reasoning field set to where the reasoning arrived. Starts nothing. Runs on the app's loop, off the
+    request threads, within probe_button.DEADLINE_S, cancelled when the client goes (app/probe_button.py)."""
+    from ..probe import ProbeError
 
     form = await _posted_form(request)
     urls = [u.strip() for u in form["endpoints"].splitlines() if u.strip()]
@@ -185,8 +186,14 @@ async def new_run_probe(request: Request) -> Response:
             ctx["error"] = f"probe: {exc}"
             return render(request, "new_run.html", ctx, status_code=400)
     try:
-        report = await run_in_threadpool(probe, ProbeOptions(urls[0], form["model"].strip(), api_key=key,
-                                                             timeout_s=30.0))
+        report = await probe_button.run_probe(probe_button.slots_of(request.app.state),
+                                              probe_button.options_for(urls[0], form["model"].strip(), key),
+                                              request.is_disconnected)
+    except probe_button.Busy as exc:
+        ctx["error"] = f"probe: {exc}"
+        return render(request, "new_run.html", ctx, status_code=429)
+    except probe_button.Gone:
+        return Response(status_code=499)  # nobody reads it
     except ProbeError as exc:
         ctx["error"] = f"probe: {exc}"
         return render(request, "new_run.html", ctx, status_code=400)

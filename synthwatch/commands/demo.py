@@ -19,11 +19,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .. import outbound
 from ..cli import CliError
+from ..outbound import OutboundError, fetch, run_sync, session
 from ._common import positive_float, positive_int
 
 DEMO_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "demo_prompts.jsonl"
@@ -92,12 +93,26 @@ def run_configs(base_a: str, base_b: str, *, stamp: str, concurrency: int, token
 
 
 def patch_sim(base_url: str, changes: dict[str, Any]) -> None:
+    """PATCH our own simulator's settings (through the outbound client, like every request synthwatch sends)."""
     import json
 
-    req = urllib.request.Request(base_url.rstrip("/") + "/sim/config", data=json.dumps(changes).encode(),
-                                 method="PATCH", headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - our own simulator on loopback
-        resp.read()
+    async def go() -> None:
+        async with session("demo") as sess:
+            r = await fetch(sess, "PATCH", base_url.rstrip("/") + "/sim/config", cap=64 * 1024, deadline_s=5.0,
+                            body=json.dumps(changes).encode(), headers={"Content-Type": "application/json"})
+        if r.status >= 300:
+            raise OutboundError("http", f"the simulator answered HTTP {r.status}: {r.quoted(200)}")
+
+    run_sync(go())
+
+
+@outbound.register("demo", "the demo's calls to its own simulator (commands/demo.py patch_sim)", 6.0)
+def _drive_demo(base_url: str, key_env: str) -> str:
+    try:
+        patch_sim(base_url, {"reasoning_field": "reasoning"})
+    except OutboundError as exc:
+        return exc.message
+    return "patched"
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """Alarm notifications for runs nobody is watching: a terminal line and an optional webhook.
 
-The webhook is POSTed (JSON) from a background thread fed by a bounded queue with a short
-timeout, so a slow or dead receiver never blocks the writer thread; when the queue is full the
+The webhook is POSTed (JSON) from a background thread fed by a bounded queue, through the outbound client
+(synthwatch/outbound.py: a total deadline of ``timeout_s`` per post, a bounded read of the reply, no
+~/.netrc), so a slow or dead receiver never blocks the writer thread; when the queue is full the
 notification is dropped and counted (the alarm itself is in the database either way).
 """
 
@@ -12,11 +13,12 @@ import json
 import logging
 import queue
 import threading
-import urllib.error
-import urllib.request
 from typing import Any
 
+from ..outbound import OutboundError, fetch, register, run_sync, session
+
 log = logging.getLogger("synthwatch.alarms")
+MAX_REPLY_BYTES = 64 * 1024  # of a webhook receiver's reply read (and ignored)
 
 
 class Notifier:
@@ -66,18 +68,12 @@ class Notifier:
 
     def _post(self, payload: dict[str, Any]) -> None:
         assert self.url is not None
-        body = json.dumps(payload).encode()
-        req = urllib.request.Request(
-            self.url, data=body, method="POST",
-            headers={"Content-Type": "application/json", "User-Agent": "synthwatch-alarms"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 (http(s) checked)
-                resp.read(1024)
+        error = post_webhook(self.url, payload, self.timeout_s)
+        if error is None:
             self.sent += 1
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        else:
             self.failed += 1
-            log.warning("webhook %s failed: %s", self.url, exc)
+            log.warning("webhook %s failed: %s", self.url, error)
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (up to timeout_s), then stop the thread."""
@@ -88,3 +84,29 @@ class Notifier:
         except queue.Full:
             return
         self._thread.join(timeout_s)
+
+
+def post_webhook(url: str, payload: dict[str, Any], timeout_s: float) -> str | None:
+    """POST ``payload`` as JSON to ``url``, ended within ``timeout_s`` in all; None when the receiver took it (2xx),
+    else why not (redacted). Never raises."""
+    if not url.startswith(("http://", "https://")):
+        return "the webhook URL is not http(s)"
+
+    async def go() -> str | None:
+        async with session("webhook") as sess:
+            r = await fetch(sess, "POST", url, cap=MAX_REPLY_BYTES, deadline_s=timeout_s,
+                            body=json.dumps(payload).encode(),
+                            headers={"Content-Type": "application/json", "User-Agent": "synthwatch-alarms"})
+        return None if 200 <= r.status < 300 else f"HTTP {r.status}: {r.quoted(200)}"
+
+    try:
+        return run_sync(go())
+    except OutboundError as exc:
+        return exc.message
+    except Exception as exc:  # never out of the webhook thread
+        return OutboundError("internal_error", f"{type(exc).__name__}: {exc}").message
+
+
+@register("webhook", "alarm webhooks (quality/notify.py), POSTed from a thread of their own", 6.0)
+def _drive_webhook(base_url: str, key_env: str) -> str:
+    return post_webhook(base_url + "/hook", {"event": "alarm", "alarm": {"rule": "x"}}, 5.0) or "sent"

@@ -29,6 +29,7 @@ from ..capture.safety import DEEP_MIN_BYTES, MAX_JSON_DEPTH, depth_over, may_be_
 from ..capture.stream import StreamAccumulator
 from ..capture.token_count import reasoning_from_ids
 from ..config import LimitsConfig
+from ..outbound import register, run_sync, worker_session
 from ..redact import clip, redact
 from .endpoints import Endpoint
 from .results import AttemptResult
@@ -39,7 +40,6 @@ _NO_IDLE = contextlib.nullcontext()  # a reply that is not streamed has no idle 
 _ERROR_BODY_READ = 64 * 1024
 _AFTER_DONE_S = 1.0  # how long the end of a body is awaited after [DONE] before the connection is dropped
 _AFTER_DONE_BYTES = 64 * 1024  # bytes after [DONE] read (and ignored) at most
-USER_AGENT = "synthwatch (aiohttp)"
 
 
 class _Limit(Exception):
@@ -112,7 +112,9 @@ class Requester:
         prefilled_open: bool = False,
         limits: LimitsConfig | None = None,
         think_ids: tuple[list[int], list[int]] | None = None,
+        caller: str = "worker",
     ) -> None:
+        self.caller = caller  # the outbound caller this requester sends for (worker, judge)
         self.connect_timeout_s = connect_timeout_s
         self.total_timeout_s = total_timeout_s
         self.idle_timeout_s = idle_timeout_s
@@ -127,18 +129,10 @@ class Requester:
 
     async def __aenter__(self) -> Requester:
         lim = self.limits
-        self._session = aiohttp.ClientSession(
-            # no limit: the worker's concurrency is the limit. Idle connections are dropped after 4 s, before
-            # common servers drop them (uvicorn: 5 s): a request sent as the server closes would fail.
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
-            timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s),  # the rest is ours
-            # proxies: each endpoint's, from the environment at start-up (endpoints.env_proxy), not trust_env
-            cookie_jar=aiohttp.DummyCookieJar(),
-            headers={"User-Agent": USER_AGENT},
-            max_line_size=lim.max_header_bytes,
-            max_field_size=lim.max_header_bytes,
-            max_headers=lim.max_headers,
-        )
+        # the one door out (synthwatch/outbound.py): no environment credentials, no cookies, the header limits;
+        # proxies: each endpoint's, from the environment at start-up (outbound.env_proxy), not trust_env
+        self._session = worker_session(self.caller, connect_timeout_s=self.connect_timeout_s,
+                                       max_header_bytes=lim.max_header_bytes, max_headers=lim.max_headers)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -467,3 +461,18 @@ def _error_text(raw: bytes) -> str:
     except orjson.JSONDecodeError:
         pass
     return _clip(raw, _MAX_ERROR_BODY) if raw else "(empty body)"
+
+
+@register("worker", "the run's generation requests (workers/client.py Requester.attempt), streamed", 8.0)
+def _drive_worker(base_url: str, key_env: str) -> str:
+    """One streamed attempt against ``base_url`` (the outbound module's test drive): the recorded message."""
+    from ..config import EndpointConfig, EndpointPoolConfig
+    from .endpoints import EndpointPool
+
+    async def go() -> str:
+        ep = EndpointPool([EndpointConfig(base_url=base_url, api_key_env=key_env)], EndpointPoolConfig()).endpoints[0]
+        async with Requester(connect_timeout_s=2.0, total_timeout_s=5.0, idle_timeout_s=2.0) as req:
+            res = await req.attempt(ep, orjson.dumps({"model": "m", "stream": True, "messages": []}), True)
+        return f"{res.kind}: {res.message}"
+
+    return run_sync(go())

@@ -12,17 +12,15 @@ endpoint is backing off.
 
 from __future__ import annotations
 
-import base64
 import ssl
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
-from urllib.request import getproxies, proxy_bypass
 
 from ..config import EndpointConfig, EndpointPoolConfig, TLSConfig
-from ..redact import SecretError, add_secret, secret_from_env
+from ..outbound import env_proxy
+from ..redact import SecretError, secret_from_env
 
 RATE_LIMIT_BASE_S = 1.0  # backoff after a 429/503 without Retry-After, doubling while they go on ...
 RATE_LIMIT_MAX_S = 60.0  # ... up to this
@@ -108,31 +106,6 @@ def ssl_context(label: str, tls: TLSConfig) -> ssl.SSLContext:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
-
-
-def env_proxy(url: str) -> tuple[str | None, dict[str, str] | None]:
-    """The proxy the environment names for ``url`` (``HTTPS_PROXY``/``HTTP_PROXY``, ``NO_PROXY``), and the
-    headers that authenticate to it (credentials in the proxy URL are secrets like keys).
-
-    Read once per endpoint at start-up: aiohttp's ``trust_env`` reads the environment and ~/.netrc in a
-    thread for every request, which tripled the client's CPU per request (and would add netrc credentials)."""
-    u = urlsplit(url)
-    if not u.hostname or proxy_bypass(u.hostname):
-        return None, None
-    proxy = getproxies().get(u.scheme)
-    if not proxy:
-        return None, None
-    p = urlsplit(proxy if "://" in proxy else "http://" + proxy)
-    headers = None
-    if p.username is not None:
-        user, password = unquote(p.username), unquote(p.password or "")
-        token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
-        for secret in (password, token):
-            add_secret(secret)
-        headers = {"Proxy-Authorization": f"Basic {token}"}
-        host = p.hostname or ""
-        p = p._replace(netloc=(f"[{host}]" if ":" in host else host) + (f":{p.port}" if p.port else ""))
-    return urlunsplit(p), headers
 
 
 class EndpointPool:

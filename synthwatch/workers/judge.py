@@ -35,6 +35,7 @@ from sqlalchemy.engine import Engine
 
 from ..check_catalog import extended_rule
 from ..config import EndpointPoolConfig, JudgeConfig
+from ..outbound import register, run_sync
 from ..quality import verdicts as vd
 from ..quality.alarms import AlarmKeeper
 from ..quality.judge_view import CHECK
@@ -189,6 +190,11 @@ class JudgeRunner:
                                     "json_schema": {"name": "verdict", "schema": SCHEMA, "strict": True}}
         return orjson.dumps(b)
 
+    def requester(self) -> Requester:
+        """The judge's client: the worker's (synthwatch/outbound.py's policy), each reply within cfg.timeout_s."""
+        return Requester(connect_timeout_s=min(10.0, self.cfg.timeout_s), total_timeout_s=self.cfg.timeout_s,
+                         idle_timeout_s=self.cfg.timeout_s, caller="judge")
+
     async def judge_one(self, requester: Any, rec: dict[str, Any]) -> vd.Verdict:
         """One record's verdict: never raises (a failure is the judge's error verdict)."""
         last = "no attempt"
@@ -293,8 +299,7 @@ class JudgeRunner:
                 self.pending.append(vd.NewVerdict(self.run_id, int(rec["id"]), CHECK, verdict,
                                                   round((time.perf_counter() - t0) * 1000, 1)))
 
-        async with Requester(connect_timeout_s=min(10.0, self.cfg.timeout_s), total_timeout_s=self.cfg.timeout_s,
-                             idle_timeout_s=self.cfg.timeout_s) as requester:
+        async with self.requester() as requester:
             low_seen: int | None = 0  # the low water mark when the cursor last came to the end
             full_pass, found = False, False  # draining: a pass from the first record, and whether it found any
             while True:
@@ -358,3 +363,21 @@ class JudgeThread:
         self.deadline[0] = time.monotonic() + drain_s
         self.stop.set()
         self.thread.join(drain_s + 30)
+
+
+@register("judge", "the judge's requests (workers/judge.py JudgeRunner.judge_one), not streamed", 10.0)
+def _drive_judge(base_url: str, key_env: str) -> str:
+    from ..config import EndpointConfig
+
+    cfg = JudgeConfig(endpoint=EndpointConfig(base_url=base_url, api_key_env=key_env), model="m", timeout_s=3.0,
+                      max_attempts=1)
+    runner = JudgeRunner(None, 0, cfg)  # type: ignore[arg-type]  # no database: one verdict, not written
+    rec = {"id": 1, "prompt_json": '[{"role": "user", "content": "q"}]', "reasoning": "", "content": "a",
+           "row_json": None}
+
+    async def go() -> str:
+        async with runner.requester() as req:
+            v = await runner.judge_one(req, rec)
+        return f"{v.state}: {getattr(v, 'label', '')} {v.reason}"
+
+    return run_sync(go())

@@ -8,15 +8,14 @@ problem says its fix as both the flag and the TOML key."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import ssl
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from ..redact import clip, redact
+from ..outbound import OutboundError, Reply, fetch, register, run_sync, session
+from ..redact import clip
 
 MAX_QUOTED_CHARS = 200  # of a server's reply, in an error line
 MAX_LISTED_MODELS = 10
@@ -43,79 +42,59 @@ def check_endpoint(base_url: str, model: str, *, headers: dict[str, str] | None 
                    proxy_headers: dict[str, str] | None = None) -> EndpointFacts:
     """Raise PreflightError unless ``base_url`` answers ``/models`` and lists ``model``.
 
-    Asked through aiohttp, as the run's own requests are (the worker imports it anyway; httpx cost the run
-    ~0.1 CPU-s to import, #25): the same header values, TLS settings and proxy, no redirect followed, no
-    ~/.netrc read (``trust_env`` off)."""
-    return _run_to_end(_check_endpoint(base_url, model, headers or {}, verify, timeout_s, proxy, proxy_headers))
-
-
-def _run_to_end(coro: Any) -> Any:
-    """asyncio.run, also from a thread whose event loop is already running (a caller inside a loop, or a host
-    such as Playwright's sync API): there the check runs on a thread of its own with a loop of its own."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="preflight") as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-async def _get(session: Any, url: str, proxy: str | None, proxy_headers: dict[str, str] | None) -> tuple[int, str]:
-    async with session.get(url, allow_redirects=False, proxy=proxy, proxy_headers=proxy_headers) as r:
-        # a reply is untrusted: no more than MAX_MODELS_BYTES of it is read (a list of models is a few kB)
-        raw = await r.content.read(MAX_MODELS_BYTES + 1)
-        if len(raw) > MAX_MODELS_BYTES:
-            raw = raw[:MAX_MODELS_BYTES]
-            r.close()  # the rest is not read: the connection is not reused
-        return r.status, raw.decode("utf-8", "replace")
+    Asked through the outbound client (synthwatch/outbound.py), as the run's own requests are: the same header
+    values, TLS settings and proxy, no redirect followed, no ~/.netrc read, ``timeout_s`` for each request in all
+    (connect, headers and body), at most MAX_MODELS_BYTES of a reply read (decoded)."""
+    return run_sync(_check_endpoint(base_url, model, headers or {}, verify, timeout_s, proxy, proxy_headers))
 
 
 async def _check_endpoint(base_url: str, model: str, headers: dict[str, str], verify: ssl.SSLContext | bool,
                           timeout_s: float, proxy: str | None, proxy_headers: dict[str, str] | None) -> EndpointFacts:
-    import aiohttp
-
     base = base_url.rstrip("/")
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with session("preflight", headers=headers, ssl=verify) as client:
+
+        async def get(url: str) -> Reply:
+            return await fetch(client, "GET", url, cap=MAX_MODELS_BYTES, deadline_s=timeout_s, proxy=proxy,
+                               proxy_headers=proxy_headers)
+
+        try:
+            r = await get(f"{base}/models")
+        except OutboundError as exc:
+            if exc.kind == "too_large":
+                raise PreflightError(f"GET {base}/models answered 200 but not the OpenAI list of models (more than "
+                                     f"{MAX_MODELS_BYTES:,} bytes); check --base-url (base_url)") from None
+            what = f"no answer within {timeout_s:g} s" if exc.kind == "timeout" else exc.message or "no answer"
+            raise PreflightError(
+                f"cannot reach {base} ({what}): is the server running and is --base-url (base_url) right?"
+            ) from None
+        status, body = r.status, r.text()
+        if status == 404 and not base.endswith("/v1"):
+            try:
+                alt: int | None = (await get(f"{base}/v1/models")).status
+            except OutboundError:
+                alt = None
+            if alt == 200:
+                raise PreflightError(
+                    f"GET {base}/models answered 404 {_quote(body)}, but {base}/v1/models answers: the base "
+                    f"URL misses /v1; use --base-url {base}/v1 (base_url = \"{base}/v1\")")
+    if status in (401, 403):
+        raise PreflightError(
+            f"GET {base}/models answered {status} {_quote(body)}: the server wants an API key "
+            f"it accepts; put it in an environment variable and name it with --api-key-env NAME "
+            f"(api_key_env = \"NAME\" under [[endpoints]])")
+    if status != 200:
+        hint = (" (an OpenAI-compatible base URL usually ends with /v1)" if not base.endswith("/v1")
+                else "")
+        raise PreflightError(
+            f"GET {base}/models answered {status} {_quote(body)}: not an OpenAI-compatible "
+            f"endpoint at this address{hint}; check --base-url (base_url)")
     try:
-        async with aiohttp.ClientSession(timeout=timeout, headers=headers, connector=aiohttp.TCPConnector(ssl=verify),
-                                         trust_env=False) as client:
-            try:
-                status, body = await _get(client, f"{base}/models", proxy, proxy_headers)
-            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-                what = f"{type(exc).__name__}: {redact(str(exc)) or 'no answer'}" if not isinstance(exc, TimeoutError) \
-                    else f"no answer within {timeout_s:g} s"
-                raise PreflightError(
-                    f"cannot reach {base} ({what}): is the server running and is --base-url (base_url) right?"
-                ) from None
-            if status == 404 and not base.endswith("/v1"):
-                try:
-                    alt, _ = await _get(client, f"{base}/v1/models", proxy, proxy_headers)
-                except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-                    alt = None
-                if alt == 200:
-                    raise PreflightError(
-                        f"GET {base}/models answered 404 {_quote(body)}, but {base}/v1/models answers: the base "
-                        f"URL misses /v1; use --base-url {base}/v1 (base_url = \"{base}/v1\")")
-            if status in (401, 403):
-                raise PreflightError(
-                    f"GET {base}/models answered {status} {_quote(body)}: the server wants an API key "
-                    f"it accepts; put it in an environment variable and name it with --api-key-env NAME "
-                    f"(api_key_env = \"NAME\" under [[endpoints]])")
-            if status != 200:
-                hint = (" (an OpenAI-compatible base URL usually ends with /v1)" if not base.endswith("/v1")
-                        else "")
-                raise PreflightError(
-                    f"GET {base}/models answered {status} {_quote(body)}: not an OpenAI-compatible "
-                    f"endpoint at this address{hint}; check --base-url (base_url)")
-            try:
-                data: Any = orjson.loads(body)
-                models = [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]
-            except (ValueError, AttributeError, TypeError):
-                raise PreflightError(
-                    f"GET {base}/models answered 200 but not the OpenAI list of models ({_quote(body)}); "
-                    f"check --base-url (base_url)") from None
-    except ssl.SSLError as exc:
-        raise PreflightError(f"cannot reach {base}: TLS: {redact(str(exc))}") from None
+        data: Any = orjson.loads(r.body)
+        models = [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]
+    except (ValueError, AttributeError, TypeError):
+        raise PreflightError(
+            f"GET {base}/models answered 200 but not the OpenAI list of models ({_quote(body)}); "
+            f"check --base-url (base_url)") from None
     if model not in models:
         listed = ", ".join(models[:MAX_LISTED_MODELS]) + (" …" if len(models) > MAX_LISTED_MODELS else "")
         first = models[0] if models else "NAME"
@@ -123,6 +102,8 @@ async def _check_endpoint(base_url: str, model: str, headers: dict[str, str], ve
             f"{base} does not serve model {model!r}; it serves: {listed or '(none listed)'}; use --model {first} "
             f"(model = \"{first}\")")
     return EndpointFacts(base, models)
+
+
 
 
 def check_run_endpoints(config: Any, timeout_s: float = 10.0) -> None:
@@ -135,3 +116,15 @@ def check_run_endpoints(config: Any, timeout_s: float = 10.0) -> None:
         auth = {k: v for k, v in ep.headers.items() if k.lower() not in ("content-type", "accept")}
         check_endpoint(ep.base_url, config.model, headers=auth, verify=ep.ssl, timeout_s=timeout_s, proxy=ep.proxy,
                        proxy_headers=ep.proxy_headers)
+
+
+@register("preflight", "the run's preflight: GET /models before a run is created (workers/preflight.py)", 6.0)
+def _drive_preflight(base_url: str, key_env: str) -> str:
+    from ..redact import secret_from_env
+
+    key = secret_from_env(key_env)
+    try:
+        facts = check_endpoint(base_url, "m", headers={"Authorization": f"Bearer {key}"}, timeout_s=5.0)
+    except PreflightError as exc:
+        return str(exc)
+    return f"serves {facts.models}"

@@ -24,6 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from ..outbound import OutboundError, fetch, register, run_sync, session
+from ..redact import clip
+
 log = logging.getLogger("synthwatch.server_metrics")
 
 MAX_BODY = 4 << 20  # a /metrics page is tens of KB; anything past 4 MB is not one
@@ -265,14 +268,13 @@ class Scraper:
         self.ceiling: dict[str, float] = {}
 
     async def run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        # trust_env off: aiohttp's would read ~/.netrc for every request and send its login for the server's host
-        # (to a metrics URL nobody gave credentials for); a proxy is each endpoint's own, from HTTP(S)_PROXY and
-        # NO_PROXY at start-up (endpoints.env_proxy), as the worker's requests use
-        async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
+        # the one door out (synthwatch/outbound.py): no ~/.netrc (a login there for the model server's host is not
+        # sent to its metrics), a proxy only as each endpoint's, from HTTP(S)_PROXY and NO_PROXY at start-up
+        # (outbound.env_proxy), as the worker's requests use; each request ends within timeout_s in all
+        async with session("server_metrics") as sess:
             while True:
                 t0 = time.monotonic()
-                rows = await asyncio.gather(*(self._one(session, ep) for ep in self.endpoints))
+                rows = await self.scrape(sess)
                 for r in rows:
                     if r is not None:
                         self.latest[r["endpoint"]] = r
@@ -282,13 +284,14 @@ class Scraper:
                     log.debug("server metrics not written: %s", exc)
                 await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - t0)))
 
-    async def _get(self, session: aiohttp.ClientSession, url: str, headers: dict[str, str], ep: Any) -> tuple[int, bytes]:
-        async with session.get(url, headers=headers, allow_redirects=False, ssl=ep.ssl, proxy=ep.proxy,
-                               proxy_headers=ep.proxy_headers) as resp:
-            body = await resp.content.read(MAX_BODY + 1)
-            if len(body) > MAX_BODY:
-                raise ValueError(f"more than {MAX_BODY >> 20} MB")
-            return resp.status, body
+    async def scrape(self, sess: aiohttp.ClientSession) -> list[dict[str, Any] | None]:
+        """One scrape of every endpoint, each within its deadline (never raises)."""
+        return list(await asyncio.gather(*(self._one(sess, ep) for ep in self.endpoints)))
+
+    async def _get(self, sess: aiohttp.ClientSession, url: str, headers: dict[str, str], ep: Any) -> tuple[int, bytes]:
+        r = await fetch(sess, "GET", url, cap=MAX_BODY, deadline_s=self.timeout_s, headers=headers, ssl=ep.ssl,
+                        proxy=ep.proxy, proxy_headers=ep.proxy_headers)
+        return r.status, r.body
 
     async def _one(self, session: aiohttp.ClientSession, ep: Any) -> dict[str, Any] | None:
         root = server_root(ep.base_url)
@@ -308,8 +311,11 @@ class Scraper:
                 row["error"] = f"no metrics: GET /metrics answered HTTP {status}"
                 return row
             snap = parse(body.decode("utf-8", "replace"), t)
-        except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeError) as exc:
-            row["error"] = f"no metrics: {exc.__class__.__name__}: {str(exc)[:200]}"
+        except OutboundError as exc:
+            row["error"] = f"no metrics: {clip(exc.message, 200)}"
+            return row
+        except (ValueError, UnicodeError) as exc:  # not the Prometheus text format
+            row["error"] = f"no metrics: {exc.__class__.__name__}: {clip(str(exc), 200)}"
             return row
         vals = interval_row(self.prev.get(label), snap)
         self.prev[label] = snap
@@ -336,7 +342,7 @@ class Scraper:
                     data = orjson.loads(body)
                     if isinstance(data, dict) and isinstance(data.get("version"), str):
                         return kind, data["version"][:100], _number(data.get("max_running_requests"))
-            except (aiohttp.ClientError, TimeoutError, ValueError, orjson.JSONDecodeError):
+            except (OutboundError, ValueError, orjson.JSONDecodeError):
                 continue
         return None, None, None
 
@@ -352,3 +358,19 @@ def insert_rows(conn: Connection, run_id: int, worker_id: int, rows: list[dict[s
     if rows:
         conn.execute(_INSERT, [{c: r.get(c) for c in _COLS} | {"run_id": run_id, "worker_id": worker_id}
                                for r in rows])
+
+
+@register("server_metrics", "the scrape of each endpoint's /version, /get_server_info and /metrics"
+          " (workers/server_metrics.py)", 8.0)
+def _drive_scrape(base_url: str, key_env: str) -> str:
+    from ..config import EndpointConfig, EndpointPoolConfig
+    from .endpoints import EndpointPool
+
+    async def go() -> str:
+        eps = EndpointPool([EndpointConfig(base_url=base_url, api_key_env=key_env)], EndpointPoolConfig()).endpoints
+        scraper = Scraper(eps, interval_s=1.0, timeout_s=2.0, write=lambda rows: None)
+        async with session("server_metrics") as sess:
+            rows = await scraper.scrape(sess)
+        return orjson.dumps(rows, default=str).decode()
+
+    return run_sync(go())
