@@ -11,6 +11,7 @@ reply cannot starve the pages and the API (pause and stop included) of the threa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -53,35 +54,42 @@ def options_for(base_url: str, model: str, api_key: str | None) -> ProbeOptions:
     return ProbeOptions(base_url, model, api_key=api_key, timeout_s=REQUEST_DEADLINE_S, deadline_s=DEADLINE_S)
 
 
-async def run_probe(slots: ProbeSlots, options: ProbeOptions,
-                    disconnected: Callable[[], Awaitable[bool]]) -> ProbeReport:
+async def client_gone(receive: Callable[[], Awaitable[Any]]) -> None:
+    """Returns when the ASGI ``receive`` of a request whose body was read says the client disconnected.
+
+    (Starlette's ``request.is_disconnected()`` polls with a receive cancelled at once, which never sees the
+    disconnect through the dashboard's http middleware: its receive runs in a task group that the cancel ends
+    first. Waiting for the next message does see it.)"""
+    while (await receive()).get("type") != "http.disconnect":
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+async def run_probe(slots: ProbeSlots, options: ProbeOptions, gone: Callable[[], Awaitable[Any]]) -> ProbeReport:
     """The probe as a task of this loop; Busy when ``slots`` are full, Gone (the task cancelled) as soon as
-    ``disconnected()`` says the client left, ProbeError (redacted) when the endpoint cannot be probed."""
+    ``gone()`` returns (the client left), ProbeError (redacted) when the endpoint cannot be probed."""
     if slots.running >= slots.limit:
         raise Busy(f"{slots.running} probes are running already (at most {slots.limit} at once); try again when "
                    f"one has ended (each ends within {DEADLINE_S:g} s)")
     slots.running += 1
     task = asyncio.create_task(probe_async(options))
 
-    async def watch() -> None:
-        while not await disconnected():
-            await asyncio.sleep(DISCONNECT_POLL_S)
-
-    watcher = asyncio.create_task(watch())
+    watcher = asyncio.create_task(gone())
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        slots.running -= 1
         watcher.cancel()
         if not task.done():
-            task.cancel()
+            task.cancel()  # its requests are cancelled with it: their connections close at once
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        slots.running -= 1
     if task.cancelled():
         raise Gone("the client went away: the probe was cancelled")
     return task.result()
 
 
-async def _never() -> bool:
-    return False
+async def _never() -> None:
+    await asyncio.Event().wait()
 
 
 @register("probe_button", "the dashboard's probe button (app/probe_button.py), on the dashboard's loop", 32.0)

@@ -188,7 +188,7 @@ async def new_run_probe(request: Request) -> Response:
     try:
         report = await probe_button.run_probe(probe_button.slots_of(request.app.state),
                                               probe_button.options_for(urls[0], form["model"].strip(), key),
-                                              request.is_disconnected)
+                                              lambda: probe_button.client_gone(request.receive))
     except probe_button.Busy as exc:
         ctx["error"] = f"probe: {exc}"
         return render(request, "new_run.html", ctx, status_code=429)
