@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from ..outbound import OutboundError, Reply, fetch, register, run_sync, session
-from ..redact import clip
+from ..redact import clip, redact
 
 MAX_QUOTED_CHARS = 200  # of a server's reply, in an error line
 MAX_LISTED_MODELS = 10
@@ -23,7 +23,11 @@ MAX_MODELS_BYTES = 8 * 2**20  # of a /models reply read (a list of models is a f
 
 
 class PreflightError(Exception):
-    """An endpoint that a run cannot use; ``str()`` is one line for a terminal (what, the server's words, the fix)."""
+    """An endpoint that a run cannot use; ``str()`` is one line for a terminal (what, the server's words, the fix),
+    redacted: a server's model list may echo the key back as a model's name."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact(message))
 
 
 @dataclass

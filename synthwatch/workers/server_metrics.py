@@ -25,7 +25,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ..outbound import OutboundError, fetch, register, run_sync, session
-from ..redact import clip
+from ..redact import clip, redact
 
 log = logging.getLogger("synthwatch.server_metrics")
 
@@ -193,7 +193,8 @@ def interval_row(prev: Snapshot | None, cur: Snapshot) -> dict[str, Any]:
     row: dict[str, Any] = {"kind": cur.kind, "running": cur.gauges.get("running"),
                            "waiting": cur.gauges.get("waiting"), "kv_usage": cur.gauges.get("kv_usage"),
                            "max_concurrency": cur.max_concurrency,
-                           "waiting_by_reason": (orjson.dumps(cur.waiting_by_reason).decode()
+                           # a label is the server's text (it may echo a key): redacted like every error
+                           "waiting_by_reason": (redact(orjson.dumps(cur.waiting_by_reason).decode())
                                                  if cur.waiting_by_reason else None)}
     if "prefix_hit_rate" in cur.gauges:
         row["prefix_hit_rate"] = cur.gauges["prefix_hit_rate"]
@@ -341,7 +342,7 @@ class Scraper:
                 if status == 200:
                     data = orjson.loads(body)
                     if isinstance(data, dict) and isinstance(data.get("version"), str):
-                        return kind, data["version"][:100], _number(data.get("max_running_requests"))
+                        return kind, clip(data["version"], 100, ""), _number(data.get("max_running_requests"))
             except (OutboundError, ValueError, orjson.JSONDecodeError):
                 continue
         return None, None, None
