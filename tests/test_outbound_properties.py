@@ -32,10 +32,21 @@ import synthwatch
 from synthwatch.outbound import CALLERS, Caller
 from synthwatch.redact import forget_secret
 from tests.fuzzchecks import PeakRSS
-from tests.fuzzkit import PHASES, Wire, examples, serve, spend, wires
+from tests.fuzzkit import (
+    PHASES,
+    Wire,
+    examples,
+    load_regression,
+    regression_files,
+    save_regression,
+    serve,
+    spend,
+    wires,
+)
 from tests.keyecho import MODES, leaks
 from tests.outboundkit import AnyServer, key_echo
 
+SUITE = "outbound"
 KEY_ENV = "SYNTHWATCH_TEST_OUTBOUND_KEY"
 MEMORY_BOUND_MB = 150
 MARGIN_S = 10.0  # a loaded machine (eight sessions on two cores) is slow to start a loop and a connection
@@ -93,8 +104,20 @@ def run_caller(caller: Caller, reply: tuple[str, Any], key: str) -> str:
 @given(reply=replies)
 def test_any_reply_to_any_caller(name: str, reply: tuple[str, Any], key: str) -> None:
     spend(f"outbound-{name}", 1 / max(1, len(CALLERS_NOW)))
-    text = run_caller(CALLERS_NOW[name], reply, key)
+    try:
+        text = run_caller(CALLERS_NOW[name], reply, key)
+    except BaseException as exc:
+        save_regression(SUITE, {"name": name, "reply": reply}, exc)
+        raise
     event(f"{name}: {text[:40]}")
+
+
+@pytest.mark.parametrize("path", regression_files(SUITE), ids=lambda p: p.stem)
+def test_regression(path: Any, request: pytest.FixtureRequest, key: str) -> None:
+    """Examples ./dev fuzz found (tests/fuzz_regressions/outbound-*.json), replayed on every run."""
+    args = load_regression(path, request)
+    if args["name"] in CALLERS_NOW:
+        run_caller(CALLERS_NOW[args["name"]], args["reply"], key)
 
 
 @pytest.mark.parametrize("name", list(CALLERS_NOW))
