@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import HTTP_TIMEOUT_S, popen_cli, wait_http_ready
+from conftest import HTTP_TIMEOUT_S, popen_cli, run_async, wait_http_ready
 
 from synthwatch.app import probe_button
 from synthwatch.outbound import OutboundError, fetch, run_sync, session
@@ -259,4 +259,4 @@ def test_the_probe_button_refuses_past_its_limit_and_cancels_on_disconnect() -> 
             assert time.monotonic() - t0 < 2
             assert slots.running == 0
 
-    asyncio.run(main())
+    run_async(main())  # a thread of its own: this one may hold a running loop (Playwright) in the full suite

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from ..outbound import register, run_sync
@@ -64,7 +64,8 @@ async def client_gone(receive: Callable[[], Awaitable[Any]]) -> None:
         await asyncio.sleep(DISCONNECT_POLL_S)
 
 
-async def run_probe(slots: ProbeSlots, options: ProbeOptions, gone: Callable[[], Awaitable[Any]]) -> ProbeReport:
+async def run_probe(slots: ProbeSlots, options: ProbeOptions,
+                    gone: Callable[[], Coroutine[Any, Any, Any]]) -> ProbeReport:
     """The probe as a task of this loop; Busy when ``slots`` are full, Gone (the task cancelled) as soon as
     ``gone()`` returns (the client left), ProbeError (redacted) when the endpoint cannot be probed."""
     if slots.running >= slots.limit:
