@@ -160,9 +160,14 @@ class Reply:
     def text(self) -> str:
         return self.body.decode("utf-8", "replace")
 
+    def head(self, n: int) -> str:
+        """The start of the body as text, for a message: a bounded prefix (16 bytes per character shown), so that
+        quoting a reply of megabytes costs kilobytes."""
+        return self.body[: 16 * n].decode("utf-8", "replace")
+
     def quoted(self, n: int = 300) -> str:
-        """The body as text for a message: redacted, then clipped."""
-        return clip(" ".join(self.text().split()), n)
+        """The start of the body for a message, white space folded: redacted, then clipped to ``n`` characters."""
+        return clip(" ".join(self.head(n).split()), n)
 
 
 def _decompressor(coding: str) -> Any:

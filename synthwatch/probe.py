@@ -150,18 +150,18 @@ async def _probe(options: ProbeOptions) -> ProbeReport:
                 "max_tokens": options.max_tokens, "return_token_ids": True, **(options.extra_body or {})}
         started = time.monotonic()
         reply = await _post(client, base, body)
-        if reply.status == 400 and "return_token_ids" in reply.text():
+        if reply.status == 400 and b"return_token_ids" in reply.body:
             report.problems.append("the server refused return_token_ids; probing without it")
             body.pop("return_token_ids")
             reply = await _post(client, base, body)
         if reply.status != 200:
             raise ProbeError(f"POST {base}/chat/completions answered {reply.status}: "
-                             f"{clip(reply.text(), 300)}")
+                             f"{reply.quoted(300)}")
         try:
             data = orjson.loads(reply.body)
         except ValueError:
             raise ProbeError(f"POST {base}/chat/completions answered 200 with a body that is not JSON: "
-                             f"{clip(reply.text(), 300)}") from None
+                             f"{reply.quoted(300)}") from None
         try:
             ex = extract_response(data)
         except ResponseShapeError as exc:
@@ -276,7 +276,7 @@ async def _tools(client: _Client, base: str, options: ProbeOptions) -> dict[str,
     r = await _post(client, base, body)
     if r.status != 200:
         return {"parsed": False,
-                "detail": f"the server refused a request with tools ({r.status}): {clip(r.text(), 200)}"}
+                "detail": f"the server refused a request with tools ({r.status}): {r.quoted(200)}"}
     try:
         data = orjson.loads(r.body)
         ex = extract_response(data)

@@ -2,7 +2,7 @@
 client, the preflight and `synthwatch probe` each ask a real HTTP server that records every request's headers,
 with HOME pointing at a folder whose .netrc names that host. aiohttp's ``trust_env`` (and an HTTP client reading
 netrc) would send ``Authorization: Basic <login:password>``; a proxy is used only where the environment names one
-(HTTP(S)_PROXY, NO_PROXY), read at start-up (workers/endpoints.py env_proxy)."""
+(HTTP(S)_PROXY, NO_PROXY), read at start-up (synthwatch/outbound.py env_proxy)."""
 
 from __future__ import annotations
 

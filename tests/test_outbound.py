@@ -260,3 +260,25 @@ def test_the_probe_button_refuses_past_its_limit_and_cancels_on_disconnect() -> 
             assert slots.running == 0
 
     run_async(main())  # a thread of its own: this one may hold a running loop (Playwright) in the full suite
+
+
+def test_a_huge_reply_is_quoted_from_its_start_only() -> None:
+    """Found by the outbound property test: the preflight quoted a /models reply of 8 MB by decoding, splitting
+    (into millions of words) and redacting all of it: 158 MB of memory for one error line. An error line quotes a
+    bounded prefix now."""
+    from synthwatch.workers.preflight import MAX_MODELS_BYTES, PreflightError, check_endpoint
+    from tests.fuzzchecks import PeakRSS
+    from tests.hostileserver import head
+
+    body = (b"ab " * (MAX_MODELS_BYTES // 3))[:MAX_MODELS_BYTES]  # 2.8 million words
+
+    async def reply(r: Any, w: Any) -> bool:
+        w.write(head("200 OK", "application/json", length=len(body)) + body)
+        await w.drain()
+        return True
+
+    with AnyServer(reply) as server, PeakRSS() as mem:
+        with pytest.raises(PreflightError) as err:
+            check_endpoint(server.url, "m", timeout_s=30)
+    assert "not the OpenAI list of models" in str(err.value) and len(str(err.value)) < 600
+    assert mem.grew_mb < 60, f"{mem.grew_mb:.0f} MB"

@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "first; at 512 it was cut before any content)")
     p.add_argument("--extra-body", metavar="JSON", help="JSON object merged into every probe request, as the run's "
                    "--extra-body (sampling.extra_body), e.g. '{\"chat_template_kwargs\": {\"thinking\": true}}'")
-    p.add_argument("--timeout", type=positive_float, default=60.0, metavar="S")
+    p.add_argument("--timeout", type=positive_float, default=60.0, metavar="S",
+                   help="each request's deadline, from connecting to the end of its reply (default 60)")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.set_defaults(func=handle)
 

@@ -71,7 +71,7 @@ async def _check_endpoint(base_url: str, model: str, headers: dict[str, str], ve
             raise PreflightError(
                 f"cannot reach {base} ({what}): is the server running and is --base-url (base_url) right?"
             ) from None
-        status, body = r.status, r.text()
+        status, body = r.status, r.head(MAX_QUOTED_CHARS)  # what an error line quotes: a bounded prefix
         if status == 404 and not base.endswith("/v1"):
             try:
                 alt: int | None = (await get(f"{base}/v1/models")).status
