@@ -347,6 +347,30 @@ class StreamAccumulator:
         self._delta_x[k] = v
         return False
 
+    # -- reading while the stream runs (synthwatch.quality.inflight, the live view) --------------
+
+    def tail(self, key: str, n: int) -> str:
+        """The last ``n`` characters sent so far in one delta field (``content``, ``reasoning``,
+        ``reasoning_content``, ``thinking``, ``reasoning_details``): pieces read from the end, so the cost is
+        that of the characters asked for, never of the whole text."""
+        lst = self._details if key == "reasoning_details" else self._pieces.get(key)
+        if not lst or n <= 0:
+            return ""
+        got = 0
+        i = len(lst)
+        while i > 0 and got < n:
+            i -= 1
+            got += len(lst[i])
+        s = lst[i] if i == len(lst) - 1 else "".join(lst[i:])
+        return s[-n:] if len(s) > n else s
+
+    def has_text(self, key: str) -> bool:
+        """Has this field carried any character that is not whitespace yet?"""
+        lst = self._details if key == "reasoning_details" else self._pieces.get(key)
+        if not lst:
+            return False
+        return any(p and not p.isspace() for p in lst)
+
     # -- result --------------------------------------------------------------------------------
 
     def _compact(self) -> None:

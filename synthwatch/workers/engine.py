@@ -28,6 +28,7 @@ from sqlalchemy.engine import Engine
 
 from ..config import RunConfig
 from ..quality.alarms import TRANSPORT_RULES
+from ..quality.inflight import run_rules
 from ..quality.token_checks import think_ids
 from ..settings import get_settings
 from ..store import queue as store
@@ -36,6 +37,7 @@ from .autotune import tune
 from .client import Requester
 from .endpoints import EndpointPool
 from .gc_tuning import tuned_for_worker
+from .inflight import DOOMED_CHECKS, StreamBoard
 from .record import RecordTasks
 from .results import LiveStats, Outcome
 from .server_metrics import Scraper, insert_rows
@@ -106,6 +108,7 @@ class RunWorker:
         self.stop_reason = ""  # why requests cancelled now were interrupted (recorded on their attempts)
         self.interrupted: list[Outcome] = []  # interrupted records' outcomes, for a release without the writer
         self.records = RecordTasks(self)
+        self.streams = StreamBoard(None, lambda _v: None)  # the writer's board from main() on
         self.supervisor = Supervisor(self._failed, hard_exit=hard_exit)
         self._abort: tuple[str, str] | None = None  # (final state, message) when the loop was cut short
         self._loop_task: asyncio.Task[tuple[str, str | None]] | None = None
@@ -258,6 +261,7 @@ class RunWorker:
             on_control=self._loop_wake,
         )
         self.writer.start()
+        self.streams = StreamBoard.for_writer(run_rules(cfg), self.writer, self.hooks)
         sup = self.supervisor
         for part, thread in self.writer.threads.items():
             sup.watch_thread(thread, f"the {part}")
@@ -330,6 +334,23 @@ class RunWorker:
         _, pending = await asyncio.wait(tasks, timeout=STEP_S)
         if pending:
             log.error("%d record tasks did not end when interrupted; their records return to pending", len(pending))
+
+    async def _cancel_running(self, why: str) -> int:
+        """Cancel the requests in flight while the worker goes on (paused): closing each connection makes vLLM and
+        SGLang abort the request and free its KV cache; each record goes back to pending with the attempt recorded
+        as interrupted, never counted as generated."""
+        tasks = list(self.tasks)
+        self.stop_reason = why
+        try:
+            for t in tasks:
+                t.cancel()
+            _, pending = await asyncio.wait(tasks, timeout=STEP_S)
+            if pending:
+                log.error("%d cancelled record tasks did not end; their records return to pending", len(pending))
+        finally:
+            self.stop_reason = ""
+        log.warning("run %d: %d requests in flight cancelled (%s)", self.run_id, len(tasks), why)
+        return len(tasks)
 
     async def _shutdown(self, final: str, message: str | None) -> None:
         """The writer flushes what it has and ends; then one short transaction of the worker's own hands back
@@ -465,6 +486,10 @@ class RunWorker:
                     self.state = "paused"
                     paused_since = m
                     await self._set_paused(f"paused; {len(self.tasks)} in-flight requests finishing")
+                    doomed = sorted(DOOMED_CHECKS.intersection(self._hold))
+                    if doomed and self.tasks:  # the output in flight is doomed: cancelled, back to pending (#36)
+                        n = await self._cancel_running(f"cancelled: the run paused on {', '.join(doomed)}")
+                        await self._set_paused(f"paused; {n} in-flight requests cancelled")
                 elif paused_since is not None and not self.tasks:
                     paused_since = None
                     await self._set_paused("paused")

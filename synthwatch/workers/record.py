@@ -22,6 +22,7 @@ from ..store import queue as store
 from . import faults
 from .client import Requester
 from .endpoints import EndpointPool
+from .inflight import StreamBoard
 from .results import RETRYABLE_KINDS, TIMEOUT_KINDS, AttemptFailure, AttemptResult, LiveStats, Outcome
 from .series import record_columns
 from .supervisor import writer_result
@@ -43,6 +44,7 @@ class RecordHost(Protocol):
     local_stop: str | None
     stop_reason: str  # why a request cancelled now was interrupted: recorded on its attempt
     interrupted: list[Outcome]  # outcomes of interrupted records, for a release without the writer
+    streams: StreamBoard  # the streams in flight: judged while written, shown live (workers/inflight.py)
 
     def body_for(self, messages: list[dict[str, Any]] | dict[str, Any], sample_index: int = 0) -> bytes:
         """The request body for one prompt (or one turn's history), sample ``sample_index`` of it."""
@@ -91,11 +93,14 @@ class RecordTasks:
                 ep.outstanding_max = ep.outstanding
             where["started"] = started = time.time()
             where["sending"] = True
+            live = host.streams.open(record_id, ep.label) if host.config.stream else None
             try:
                 faults.hit("send")
-                res = await host.requester.attempt(ep, body, host.config.stream)
+                res = await host.requester.attempt(ep, body, host.config.stream, live)
             finally:
                 ep.outstanding -= 1
+                if live is not None:
+                    host.streams.close(live)
             where["sending"] = False  # not in the finally: a cancellation's handler must still see it
             where["stage"] = "capture"
             faults.hit("capture")

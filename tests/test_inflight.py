@@ -1,0 +1,97 @@
+"""Checks on streams in flight (#36): a run at the issue's shape (the simulator's pacing, 128 in flight) is paused
+from its streams' first tokens, with the evidence naming a stream; a doomed run's requests are cancelled."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from typing import Any
+
+from conftest import HTTP_TIMEOUT_S
+from test_checks_kit import CheckedBackground, alarms, events
+from workerkit import make_config, records, run_row, wait_for
+
+from synthwatch.store import queue as store
+
+# the issue's shape: ~11 tokens/s per stream, first token after 0.8 s, ~800 reasoning tokens, 100-300 answer tokens
+SHAPE = {"server_kind": "vllm", "tokens_per_s": 11, "ttft_ms": 800, "reasoning_tokens": "lognormal:6.68:0.6", "content_tokens": "100-300"}
+
+
+def _running(url: str) -> float:
+    root = url.removesuffix("/v1")
+    with urllib.request.urlopen(f"{root}/metrics", timeout=HTTP_TIMEOUT_S) as resp:
+        body = resp.read().decode()
+    m = re.search(r'^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$', body, re.M)
+    assert m, body[:2000]
+    return float(m.group(1))
+
+
+def _paused_at(engine: Any, run_id: int) -> float | None:
+    ev = [e for e in events(engine, run_id) if e["action"] == "pause" and e["actor"] == "alarm"]
+    return ev[0]["t"] if ev else None
+
+
+def _start(engine: Any, url: str, prompts: Any, **over: Any) -> tuple[Any, float]:
+    config = make_config(url, prompts(512), concurrency=128,
+                         timeouts={"connect_s": 10, "total_s": 600, "idle_s": 60}, **over)
+    t0 = time.time()
+    bg = CheckedBackground(engine, config).start()
+    return bg, t0
+
+
+def _evidence(alarm: dict[str, Any]) -> dict[str, Any]:
+    ctx = json.loads(alarm["evidence_json"])["ctx"]
+    assert ctx["in_flight"] and ctx["delta"] >= 1 and ctx["record_id"] == alarm["example_record_id"], ctx
+    assert ctx["endpoint"], ctx
+    return ctx
+
+
+def test_mismatch_pauses_within_5s_and_its_streams_may_finish(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    url = sim(reasoning_field="reasoning", seed=3, **SHAPE)
+    bg, t0 = _start(engine, url, prompts, reasoning={"mode": "reasoning_content"}, name="mm-inflight")
+    try:
+        wait_for(lambda: _paused_at(engine, bg.run_id) is not None, timeout_s=60, what="auto-pause")
+        started = run_row(engine, bg.run_id)["started_at"] or t0
+        paused = _paused_at(engine, bg.run_id)
+        assert paused is not None and paused - started <= 5.0, (paused - started)
+        r = run_row(engine, bg.run_id)
+        assert r["n_ok"] + r["n_error"] == 0  # no record had finished: the streams in flight said it
+        [alarm] = alarms(engine, bg.run_id)
+        assert alarm["rule"] == "field_mismatch" and alarm["auto_paused"]
+        ctx = _evidence(alarm)
+        assert ctx["fields"] == ["reasoning"] and ctx["excerpt"]
+        # repairable: the streams in flight are let finish (the raw response keeps the unread field)
+        time.sleep(1.0)
+        assert _running(url) > 0
+    finally:
+        store.apply_control(engine, bg.run_id, "stop_now")
+        bg.join(60)
+
+
+def test_no_reasoning_pauses_within_5s_and_cancels_its_streams(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    url = sim(reasoning_field="none", seed=4, **SHAPE)
+    bg, t0 = _start(engine, url, prompts, reasoning={"mode": "auto"}, name="none-inflight")
+    try:
+        wait_for(lambda: _paused_at(engine, bg.run_id) is not None, timeout_s=60, what="auto-pause")
+        started = run_row(engine, bg.run_id)["started_at"] or t0
+        paused = _paused_at(engine, bg.run_id)
+        assert paused is not None and paused - started <= 5.0, (paused - started)
+        got = {a["rule"]: a for a in alarms(engine, bg.run_id)}
+        alarm = got["empty_reasoning"]
+        assert alarm["auto_paused"]
+        _evidence(alarm)
+        # doomed: the requests are cancelled (the server's running count falls to 0) within 10 s of the pause
+        wait_for(lambda: _running(url) == 0, timeout_s=max(0.5, paused + 10 - time.time()),
+                 what="vllm:num_requests_running == 0")
+        wait_for(lambda: run_row(engine, bg.run_id)["n_in_flight"] == 0, timeout_s=10, what="claims returned")
+        r = run_row(engine, bg.run_id)
+        assert r["n_ok"] == 0 and r["status"] == "paused"  # never counted as generated
+        recs = records(engine, bg.run_id)
+        cancelled = [x for x in recs if x["attempts_json"] and "cancelled: the run paused on empty_reasoning"
+                     in x["attempts_json"]]
+        assert len(cancelled) >= 100 and all(x["status"] == "pending" for x in cancelled)
+    finally:
+        store.apply_control(engine, bg.run_id, "stop_now")
+        bg.join(60)
