@@ -45,6 +45,8 @@ def _evidence(alarm: dict[str, Any]) -> dict[str, Any]:
     ctx = json.loads(alarm["evidence_json"])["ctx"]
     assert ctx["in_flight"] and ctx["delta"] >= 1 and ctx["record_id"] == alarm["example_record_id"], ctx
     assert ctx["endpoint"], ctx
+    # the run page's words name the stream that showed it
+    assert f"Seen on a stream in flight on {ctx['endpoint']}: record {ctx['record_id']} at delta" in alarm["message"]
     return ctx
 
 
@@ -92,6 +94,39 @@ def test_no_reasoning_pauses_within_5s_and_cancels_its_streams(engine, sim, prom
         cancelled = [x for x in recs if x["attempts_json"] and "cancelled: the run paused on empty_reasoning"
                      in x["attempts_json"]]
         assert len(cancelled) >= 100 and all(x["status"] == "pending" for x in cancelled)
+    finally:
+        store.apply_control(engine, bg.run_id, "stop_now")
+        bg.join(60)
+
+
+def test_pause_offers_cancel_or_finish_for_the_requests_in_flight(engine, sim, prompts, live_app) -> None:  # type: ignore[no-untyped-def]
+    """A person's pause says what happens to the requests in flight (the API's in_flight, the CLI's --in-flight, the
+    run page's Pause / Pause now): finish (the default) leaves them running; cancel closes them, back to pending."""
+    import httpx
+
+    url = sim(reasoning_field="reasoning", seed=5, **SHAPE)
+    bg, _t0 = _start(engine, url, prompts, reasoning={"mode": "reasoning"}, name="manual-pause")
+    srv = live_app()
+    try:
+        wait_for(lambda: _running(url) >= 64, timeout_s=30, what="streams running")
+        r = httpx.post(f"{srv.url}/api/runs/{bg.run_id}/control", json={"action": "pause", "in_flight": "finish"},
+                       timeout=HTTP_TIMEOUT_S)
+        assert r.status_code == 200, r.text
+        wait_for(lambda: run_row(engine, bg.run_id)["status"] == "paused", timeout_s=10, what="paused")
+        time.sleep(1.0)
+        assert _running(url) >= 64  # let finish: still generating
+        r = httpx.post(f"{srv.url}/api/runs/{bg.run_id}/control", json={"action": "stop", "in_flight": "cancel"},
+                       timeout=HTTP_TIMEOUT_S)
+        assert r.status_code == 400  # a stop's choice is stop or stop_now
+        # resume, then pause with the requests cancelled
+        store.apply_control(engine, bg.run_id, "resume")
+        wait_for(lambda: run_row(engine, bg.run_id)["status"] == "running", timeout_s=10, what="running")
+        r = httpx.post(f"{srv.url}/api/runs/{bg.run_id}/control", json={"action": "pause", "in_flight": "cancel"},
+                       timeout=HTTP_TIMEOUT_S)
+        assert r.status_code == 200, r.text
+        wait_for(lambda: _running(url) == 0, timeout_s=10, what="vllm:num_requests_running == 0")
+        wait_for(lambda: run_row(engine, bg.run_id)["n_in_flight"] == 0, timeout_s=10, what="claims returned")
+        assert "cancelled" in (run_row(engine, bg.run_id)["status_message"] or "")
     finally:
         store.apply_control(engine, bg.run_id, "stop_now")
         bg.join(60)

@@ -486,9 +486,14 @@ class RunWorker:
                     self.state = "paused"
                     paused_since = m
                     await self._set_paused(f"paused; {len(self.tasks)} in-flight requests finishing")
+                    # what the pause does to the requests in flight (#36): the person's choice, else the check's
+                    # (a doomed output is cancelled, back to pending; a repairable one finishes)
+                    choice = ctl.get("pause_in_flight")
                     doomed = sorted(DOOMED_CHECKS.intersection(self._hold))
-                    if doomed and self.tasks:  # the output in flight is doomed: cancelled, back to pending (#36)
-                        n = await self._cancel_running(f"cancelled: the run paused on {', '.join(doomed)}")
+                    if self.tasks and (choice == "cancel" or (doomed and choice != "finish")):
+                        why = f"the run paused on {', '.join(doomed)}" if doomed and choice is None else \
+                            "the run was paused with its requests in flight cancelled"
+                        n = await self._cancel_running(f"cancelled: {why}")
                         await self._set_paused(f"paused; {n} in-flight requests cancelled")
                 elif paused_since is not None and not self.tasks:
                     paused_since = None
