@@ -58,6 +58,7 @@ def test_mismatch_pauses_within_5s_and_its_streams_may_finish(engine, sim, promp
         started = run_row(engine, bg.run_id)["started_at"] or t0
         paused = _paused_at(engine, bg.run_id)
         assert paused is not None and paused - started <= 5.0, (paused - started)
+        print(f"\npaused {paused - started:.2f} s after the run's start")
         r = run_row(engine, bg.run_id)
         assert r["n_ok"] + r["n_error"] == 0  # no record had finished: the streams in flight said it
         [alarm] = alarms(engine, bg.run_id)
@@ -80,6 +81,7 @@ def test_no_reasoning_pauses_within_5s_and_cancels_its_streams(engine, sim, prom
         started = run_row(engine, bg.run_id)["started_at"] or t0
         paused = _paused_at(engine, bg.run_id)
         assert paused is not None and paused - started <= 5.0, (paused - started)
+        print(f"\npaused {paused - started:.2f} s after the run's start")
         got = {a["rule"]: a for a in alarms(engine, bg.run_id)}
         alarm = got["empty_reasoning"]
         assert alarm["auto_paused"]

@@ -364,6 +364,11 @@ class StreamAccumulator:
         s = lst[i] if i == len(lst) - 1 else "".join(lst[i:])
         return s[-n:] if len(s) > n else s
 
+    def chars(self, key: str) -> int:
+        """Characters sent so far in one delta field (pieces are compacted every 256 chunks: a short sum)."""
+        lst = self._details if key == "reasoning_details" else self._pieces.get(key)
+        return sum(map(len, lst)) if lst else 0
+
     def has_text(self, key: str) -> bool:
         """Has this field carried any character that is not whitespace yet?"""
         lst = self._details if key == "reasoning_details" else self._pieces.get(key)

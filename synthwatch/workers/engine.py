@@ -37,7 +37,7 @@ from .autotune import tune
 from .client import Requester
 from .endpoints import EndpointPool
 from .gc_tuning import tuned_for_worker
-from .inflight import DOOMED_CHECKS, StreamBoard
+from .inflight import DOOMED_CHECKS, StreamBoard, publish_streams
 from .record import RecordTasks
 from .results import LiveStats, Outcome
 from .server_metrics import Scraper, insert_rows
@@ -280,7 +280,8 @@ class RunWorker:
                 limits=self.config.limits,
                 think_ids=think,
             ) as self.requester:
-                helpers = [t for t in (self._start_scraper(), self._start_tuner()) if t is not None]
+                helpers = [t for t in (self._start_scraper(), self._start_tuner(), self._start_publisher())
+                           if t is not None]
                 self._loop_task = asyncio.create_task(self._loop(), name="synthwatch-loop")
                 try:
                     final, message = await self._loop_task
@@ -403,6 +404,17 @@ class RunWorker:
         self.scraper = Scraper(self.pool.endpoints, interval_s=sm.interval_s, timeout_s=sm.timeout_s, write=write)
         task = asyncio.create_task(self.scraper.run(), name="synthwatch-server-metrics")
         self.supervisor.watch_task(task, "the server-metrics scraper task")
+        return task
+
+    def _start_publisher(self) -> asyncio.Task[None] | None:
+        """Publish the snapshot of the streams in flight (workers/inflight.py) while the run goes (#36)."""
+        st = get_settings()
+        if not st.live_streams_refresh_ms or not self.config.stream or self.writer is None:
+            return None
+        task = asyncio.create_task(publish_streams(
+            self.streams, self.writer, self.worker_id, st.live_streams_refresh_ms / 1000, st.live_stream_tail_chars,
+            st.live_streams_max), name="synthwatch-streams")
+        self.supervisor.watch_task(task, "the live streams publisher task")
         return task
 
     def _start_tuner(self) -> asyncio.Task[None] | None:

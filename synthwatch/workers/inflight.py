@@ -15,10 +15,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import orjson
+from sqlalchemy import text
+
 from ..quality.inflight import DOOMED_CHECKS, JudgeRules, StreamJudge, Verdict, deliver
 
 log = logging.getLogger("synthwatch.worker")
 
+STREAM_FIELDS = ("reasoning", "reasoning_content", "thinking", "reasoning_details", "content")
 BATCH_S = 0.05  # verdicts of streams judged within this time go to the writer in one call
 
 __all__ = ["DOOMED_CHECKS", "LiveStream", "StreamBoard"]
@@ -27,7 +31,7 @@ __all__ = ["DOOMED_CHECKS", "LiveStream", "StreamBoard"]
 class LiveStream:
     """One streamed attempt of a record while it runs."""
 
-    __slots__ = ("board", "record_id", "endpoint", "started", "last", "acc", "judge")
+    __slots__ = ("board", "record_id", "endpoint", "started", "last", "acc", "judge", "sizes", "field")
 
     def __init__(self, board: StreamBoard, record_id: int, endpoint: str, judge: StreamJudge | None) -> None:
         self.board = board
@@ -36,6 +40,33 @@ class LiveStream:
         self.started = self.last = time.monotonic()
         self.acc: Any = None  # the attempt's StreamAccumulator, once a read came
         self.judge = judge
+        self.sizes: dict[str, int] = {}  # characters per field at the last snapshot
+        self.field = ""  # the field text arrived in since the last snapshot
+
+    def view(self, now: float, tail_chars: int) -> dict[str, Any]:
+        """A bounded snapshot of this stream for the live view (never its whole text)."""
+        acc = self.acc
+        age = now - self.started
+        out: dict[str, Any] = {"record_id": self.record_id, "endpoint": self.endpoint, "age_s": round(age, 2),
+                               "since_token_s": round(now - self.last, 2), "tokens": 0, "tokens_per_s": 0.0,
+                               "field": "", "reasoning_field": "", "reasoning": "", "content": ""}
+        if acc is None:
+            return out
+        n = acc.n_chunks
+        out["tokens"] = n  # deltas: one token each on vLLM and SGLang (an estimate elsewhere)
+        out["tokens_per_s"] = round(n / age, 2) if age > 0 else 0.0
+        sizes = {k: acc.chars(k) for k in STREAM_FIELDS}
+        grown = [k for k in STREAM_FIELDS if sizes[k] > self.sizes.get(k, 0)]
+        if grown:
+            self.field = grown[-1]
+        self.sizes = sizes
+        out["field"] = self.field
+        rf = next((k for k in STREAM_FIELDS[:-1] if sizes[k]), "")
+        out["reasoning_field"] = rf
+        if tail_chars > 0:
+            out["reasoning"] = acc.tail(rf, tail_chars) if rf else ""
+            out["content"] = acc.tail("content", tail_chars)
+        return out
 
     def seen(self, acc: Any) -> None:
         """After a network read of this stream (the per-chunk hot path: keep it cheap)."""
@@ -79,6 +110,12 @@ class StreamBoard:
         if self.streams.get(stream.record_id) is stream:
             del self.streams[stream.record_id]
 
+    def snapshot(self, tail_chars: int, max_streams: int) -> list[dict[str, Any]]:
+        """The live view's rows: the ``max_streams`` oldest streams, each bounded to ``tail_chars`` per text."""
+        now = time.monotonic()
+        oldest = sorted(self.streams.values(), key=lambda s: s.started)[:max_streams]
+        return [s.view(now, tail_chars) for s in oldest]
+
     def emit(self, verdicts: list[Verdict]) -> None:
         self._pending.extend(verdicts)
         self.n_verdicts += len(verdicts)
@@ -107,3 +144,26 @@ def _log_failure(fut: Future[Any]) -> None:
     exc = fut.exception()
     if exc is not None:
         log.warning("in-flight verdicts not recorded: %s: %s", exc.__class__.__name__, exc)
+
+
+async def publish_streams(board: StreamBoard, writer: Any, worker_id: int, refresh_s: float, tail_chars: int,
+                          max_streams: int) -> None:
+    """Write this worker's snapshot of its streams in flight every ``refresh_s`` (its writer's transaction: one
+    UPDATE of its worker row), until cancelled; the last write empties it."""
+    last: str | None = None
+
+    def write(conn: Any, data: str | None) -> None:
+        conn.execute(text("UPDATE worker SET streams_json = :j, streams_at = :t WHERE id = :w"),
+                     {"j": data, "t": time.time(), "w": worker_id})
+
+    try:
+        while True:
+            rows = board.snapshot(tail_chars, max_streams)
+            data = orjson.dumps({"n": len(board.streams), "streams": rows}).decode()
+            if data != last or rows:
+                last = data
+                writer.call(lambda conn, d=data: write(conn, d)).add_done_callback(_log_failure)
+            await asyncio.sleep(refresh_s)
+    finally:
+        if writer.alive:
+            writer.call(lambda conn: write(conn, None)).add_done_callback(_log_failure)
