@@ -132,3 +132,105 @@ def test_pause_offers_cancel_or_finish_for_the_requests_in_flight(engine, sim, p
     finally:
         store.apply_control(engine, bg.run_id, "stop_now")
         bg.join(60)
+
+
+def test_streams_api_across_two_workers_on_both_backends(any_db, any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    """Each worker publishes its own streams; the API shows both workers' on SQLite and on PostgreSQL, bounded, and
+    the model text as data (a JSON string), never markup."""
+    import httpx
+    from conftest import LiveServer
+    from workerkit import Background
+
+    from synthwatch.app.main import create_app
+    from synthwatch.settings import Settings
+
+    url = sim(reasoning_field="reasoning", seed=8, tokens_per_s=20, ttft_ms=100, reasoning_tokens="2000-2400",
+              content_tokens="20-30")
+    config = make_config(url, prompts(40), concurrency=3, reasoning={"mode": "reasoning"},
+                         timeouts={"connect_s": 10, "total_s": 600, "idle_s": 60})
+    a = CheckedBackground(any_engine, config).start()
+    b = Background(any_engine, config, run_id=a.run_id).start()
+    srv = LiveServer(create_app(any_db, Settings(db=any_db))).start()
+    try:
+        def six() -> dict[str, Any] | None:
+            d = httpx.get(f"{srv.url}/api/runs/{a.run_id}/streams", timeout=HTTP_TIMEOUT_S).json()
+            return d if len(d["streams"]) == 6 and all(s["reasoning"] for s in d["streams"]) else None
+
+        d = wait_for(six, timeout_s=30, what="6 streams from 2 workers")
+        assert d["workers"] == 2 and d["n_in_flight"] == 6 and len({s["worker_id"] for s in d["streams"]}) == 2
+        assert all(len(s["reasoning"]) <= 300 and s["field"] == "reasoning" and s["tokens"] > 0 for s in d["streams"])
+        one = d["streams"][0]["record_id"]
+        only = httpx.get(f"{srv.url}/api/runs/{a.run_id}/streams", params={"record": one},
+                         timeout=HTTP_TIMEOUT_S).json()
+        assert [s["record_id"] for s in only["streams"]] == [one]
+    finally:
+        srv.stop()
+        store.apply_control(any_engine, a.run_id, "stop_now")
+        a.join(60)
+        b.join(60)
+
+
+def test_stream_text_is_escaped_and_bounded_in_the_panel(engine, prompts, live_app) -> None:  # type: ignore[no-untyped-def]
+    """Model text in a worker's snapshot (and a snapshot that is not what a worker writes) reaches the page escaped,
+    cut to live_stream_tail_chars, special tokens marked; a malformed row is skipped."""
+    import httpx
+    import orjson
+    from sqlalchemy import text as sql
+    from workerkit import create
+
+    run_id = create(engine, make_config("http://127.0.0.1:9/v1", prompts(3)))
+    evil = "<script>alert(1)</script><img src=x onerror=alert(2)>" + "y" * 500 + "<|im_end|></think>"
+    with engine.begin() as conn:
+        wid = store.register_worker(conn, run_id)
+        snap = {"n": 2, "streams": [
+            {"record_id": 1, "endpoint": "<b>ep</b>", "age_s": 3.0, "since_token_s": 9.0, "tokens": 40,
+             "tokens_per_s": 13.3, "field": "content", "reasoning_field": "reasoning", "reasoning": evil,
+             "content": evil},
+            {"record_id": "2; DROP TABLE run", "content": "x"}, "not a stream"]}
+        conn.execute(sql("UPDATE worker SET streams_json = :j, streams_at = :t WHERE id = :w"),
+                     {"j": orjson.dumps(snap).decode(), "t": time.time(), "w": wid})
+        conn.execute(sql("UPDATE run SET status = 'running' WHERE id = :r"), {"r": run_id})
+    srv = live_app()
+    d = httpx.get(f"{srv.url}/api/runs/{run_id}/streams", timeout=HTTP_TIMEOUT_S).json()
+    [s] = d["streams"]
+    assert len(s["reasoning"]) == 300 and s["reasoning"].endswith("<|im_end|></think>") and s["stalled"]
+    for path in (f"/runs/{run_id}/streams", f"/runs/{run_id}/streams/1"):
+        html = httpx.get(f"{srv.url}{path}", timeout=HTTP_TIMEOUT_S).text
+        assert "<script>" not in html and "<img" not in html and "<b>ep</b>" not in html, path
+        assert '<mark class="tk-special">&lt;|im_end|&gt;</mark><mark class="tk-special">&lt;/think&gt;</mark>' in html
+    assert 'data-testid="stalled"' in httpx.get(f"{srv.url}/runs/{run_id}/streams", timeout=HTTP_TIMEOUT_S).text
+
+
+def test_watch_streams_prints_the_live_tails(db_path, engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    """`synthwatch watch-streams RUN` (a real process) prints each stream with its text while none has finished,
+    then ends by itself when the run stops."""
+    from conftest import popen_cli, run_cli
+
+    url = sim(reasoning_field="reasoning", seed=6, tokens_per_s=20, ttft_ms=100, reasoning_tokens="2000-2400",
+              content_tokens="20-30")
+    config = make_config(url, prompts(20), concurrency=2, reasoning={"mode": "reasoning"}, name="tails",
+                         timeouts={"connect_s": 10, "total_s": 600, "idle_s": 60})
+    bg = CheckedBackground(engine, config).start()
+    follow = None
+    try:
+        wait_for(lambda: len(records(engine, bg.run_id, "status = 'in_flight'")) == 2, what="2 in flight")
+        out = wait_for(lambda: (p := run_cli("watch-streams", "tails", "--db", str(db_path), "--once",
+                                             check=True)).stdout.count("reasoning: ") == 2
+                       and all(ln.strip() != "reasoning:" for ln in p.stdout.splitlines()) and p.stdout,
+                       timeout_s=60, interval_s=0.5, what="two streams with their text")
+        assert "tails: 2 streams in flight on 1 worker(s), 2 shown" in out, out
+        assert run_row(engine, bg.run_id)["n_ok"] == 0
+        follow = popen_cli("watch-streams", "tails", "--db", str(db_path), "--every-s", "0.5")
+        assert follow.stdout is not None
+        first = follow.stdout.readline()  # its first redraw is out (however long the process took to start)
+        assert "tails: 2 streams in flight" in first, first
+        store.apply_control(engine, bg.run_id, "stop_now")
+        stdout = first + follow.stdout.read()  # to its end: the process ends by itself when the run stops
+        assert follow.wait(timeout=60) == 0 and stdout.count("reasoning: ") >= 2, stdout
+        assert "tails: not running, no stream in flight" in stdout.splitlines()[-1]
+    finally:
+        if follow is not None and follow.poll() is None:
+            follow.kill()  # a process this test started, by its handle
+            follow.wait(30)
+        store.apply_control(engine, bg.run_id, "stop_now")
+        bg.join(60)

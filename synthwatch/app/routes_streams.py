@@ -68,10 +68,10 @@ def _clean(row: Any, worker_id: int, tail_chars: int, behind_s: float) -> dict[s
     return out
 
 
-def streams_data(conn: Connection, request: Request, run_id: int, record: int | None = None) -> dict[str, Any]:
-    """The run's streams in flight as its running workers last published them (the API and the panel)."""
+def streams_data(conn: Connection, st: Any, run_id: int, record: int | None = None) -> dict[str, Any]:
+    """The run's streams in flight as its running workers last published them (the API, the panel, and
+    `synthwatch watch-streams`). ``st``: the Settings (refresh, tail size, when a worker is dead)."""
     run = _run(conn, run_id)
-    st = request.app.state.settings
     refresh_s = max(st.live_streams_refresh_ms / 1000, 0.1)
     tail = int(st.live_stream_tail_chars)
     fresh_s = max(3 * refresh_s, float(st.dead_worker_after_s))
@@ -121,18 +121,18 @@ def segments(s: str) -> list[tuple[str, bool]]:
 @router.get("/api/runs/{run_id}/streams", tags=["runs"], summary="The streams in flight: record, endpoint, age,"
             " tokens, tokens/s, field, time since the last token, the last characters of reasoning and content")
 def api_streams(conn: ReadConn, request: Request, run_id: int, record: int | None = None) -> dict[str, Any]:
-    return streams_data(conn, request, run_id, record)
+    return streams_data(conn, request.app.state.settings, run_id, record)
 
 
 @router.get("/runs/{run_id}/streams", include_in_schema=False)
 def streams_panel(conn: ReadConn, request: Request, run_id: int) -> Any:
-    data = streams_data(conn, request, run_id)
+    data = streams_data(conn, request.app.state.settings, run_id)
     return render(request, "_run_streams_list.html", {**data, "poll_ms": PANEL_POLL_MS, "segments": segments})
 
 
 @router.get("/runs/{run_id}/streams/{record_id}", include_in_schema=False)
 def stream_one(conn: ReadConn, request: Request, run_id: int, record_id: int) -> Any:
-    data = streams_data(conn, request, run_id, record_id)
+    data = streams_data(conn, request.app.state.settings, run_id, record_id)
     stream = data["streams"][0] if data["streams"] else None
     return render(request, "_run_stream_one.html", {"run_id": run_id, "record_id": record_id, "s": stream,
                                                      "live": data["live"], "poll_ms": ONE_POLL_MS,
