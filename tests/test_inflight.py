@@ -234,3 +234,31 @@ def test_watch_streams_prints_the_live_tails(db_path, engine, sim, prompts) -> N
             follow.wait(30)
         store.apply_control(engine, bg.run_id, "stop_now")
         bg.join(60)
+
+
+def test_cancelled_requests_count_as_billed_where_the_server_reported_usage(engine, sim, prompts, live_app) -> None:  # type: ignore[no-untyped-def]
+    """A doomed run's requests cancelled by its pause: where the server sent its usage while streaming (vLLM's
+    stream_options.continuous_usage_stats), their tokens are billed and discarded in the cost view; no record is
+    generated."""
+    import httpx
+
+    url = sim(reasoning_field="none", seed=4, **SHAPE)
+    bg, _t0 = _start(engine, url, prompts, reasoning={"mode": "reasoning"}, name="billed-discarded",
+                     sampling={"extra_body": {"stream_options": {"include_usage": True,
+                                                                 "continuous_usage_stats": True}}})
+    srv = live_app()
+    try:
+        wait_for(lambda: _paused_at(engine, bg.run_id) is not None, timeout_s=60, what="auto-pause")
+        wait_for(lambda: _running(url) == 0, timeout_s=10, what="vllm:num_requests_running == 0")
+        wait_for(lambda: run_row(engine, bg.run_id)["n_in_flight"] == 0, timeout_s=10, what="claims returned")
+
+        def billed() -> dict[str, Any] | None:
+            t = httpx.get(f"{srv.url}/api/runs/{bg.run_id}/tokens", timeout=HTTP_TIMEOUT_S).json()["total"]
+            return t if t["billed_completion"] > 0 else None
+
+        total = wait_for(billed, timeout_s=10, what="billed tokens of the cancelled requests")
+        assert total["completion"] == 0 and total["billed_prompt"] > 0 and total["billed_estimated"] == 0, total
+        assert run_row(engine, bg.run_id)["n_ok"] == 0
+    finally:
+        store.apply_control(engine, bg.run_id, "stop_now")
+        bg.join(60)

@@ -114,6 +114,11 @@ class StreamAccumulator:
         return self._problems.as_list()
 
     @property
+    def usage(self) -> Any:
+        """The last usage object the server sent so far (vLLM's continuous_usage_stats: one in every chunk)."""
+        return self._usage
+
+    @property
     def finish_reason(self) -> Any:
         return self._finish
 

@@ -93,7 +93,8 @@ class RecordTasks:
                 ep.outstanding_max = ep.outstanding
             where["started"] = started = time.time()
             where["sending"] = True
-            live = host.streams.open(record_id, ep.label) if host.config.stream else None
+            live = where["live"] = host.streams.open(record_id, ep.label) if host.config.stream else None
+            where["body_len"] = len(body)
             try:
                 faults.hit("send")
                 res = await host.requester.attempt(ep, body, host.config.stream, live)
@@ -220,6 +221,19 @@ class RecordTasks:
                                  "endpoint": ep.label if ep else None, "ok": False, "kind": "interrupted",
                                  "status": None, "error": f"{why}; the record went back to pending",
                                  "latency_s": round(time.time() - started, 4)})
+                live = where.get("live")
+                acc = live.acc if live is not None else None
+                if acc is not None and isinstance(acc.usage, dict) and ep is not None:
+                    # the server reported what the cancelled request cost so far (vLLM's continuous usage): billed,
+                    # and discarded with the request (the cost view counts it; the record goes back to pending)
+                    try:
+                        billed = billed_tokens(acc.result(), where.get("body_len", 0))
+                    except Exception as exc:  # a partial reply's count: never in the way of the cancellation
+                        log.warning("record %d: the cancelled request's usage not counted: %s", claimed.id, exc)
+                    else:
+                        writer.submit_failure(AttemptFailure(
+                            claimed.id, ep.label, "interrupted", None, f"{why}; billed and discarded", time.time(),
+                            True, False, billed))
             back = Outcome(claimed.id, claimed.idx, "pending", claimed.messages, attempts=attempts,
                            prior_attempts=prior, error_kind="interrupted", error=why, finished_at=time.time(),
                            endpoint=ep.label if ep else None)
