@@ -34,6 +34,7 @@ from .checks import looping_period, parse_settings
 FIRST_DELTAS = 64  # deltas judged for the first-delta checks; a decision usually comes at the first text delta
 AUTO_EMPTY_DELTAS = 16  # auto / inline modes: content deltas without a think tag before "no reasoning" is decided
 LOOP_EVERY_DELTAS = 64  # the loop detector's cadence
+MISMATCH_AFTER_DELTAS = 3  # deltas after the first one in an unread field before a mismatch is said
 EXCERPT_CHARS = 200
 # Chat-template text that never belongs in an answer: a server that does not stop on the end-of-turn token, or a
 # template rendered into the prompt twice, leaks it into the content.
@@ -100,7 +101,7 @@ def _excerpt(text: str) -> str:
 class StreamJudge:
     """The in-flight checks of one streamed attempt (see the module's docstring)."""
 
-    __slots__ = ("record_id", "endpoint", "rules", "first_open", "next_loop", "done", "_fields")
+    __slots__ = ("record_id", "endpoint", "rules", "first_open", "next_loop", "done", "_fields", "_other_at")
 
     def __init__(self, record_id: int, endpoint: str, rules: JudgeRules) -> None:
         self.record_id = record_id
@@ -110,6 +111,7 @@ class StreamJudge:
         self.next_loop = LOOP_EVERY_DELTAS if "repetition" not in rules.disabled else 1 << 62
         self.done: set[str] = set()  # checks this stream already failed
         self._fields = tuple(f for f in REASONING_FIELDS if f != rules.mode) if rules.mode != "auto" else ()
+        self._other_at = 0  # the delta at which reasoning first came in a field this run does not read
 
     def observe(self, acc: Any) -> list[Verdict] | None:
         """Judge the stream as it is now (``acc``: its StreamAccumulator). None, or this read's new verdicts."""
@@ -144,7 +146,13 @@ class StreamJudge:
                 if acc.has_text(f):
                     other = f
                     break
-        if other is not None:  # reasoning in a field this run does not read (the first reasoning delta says it)
+        if other is not None:  # reasoning in a field this run does not read (the first reasoning deltas say it)
+            # a server that sends two fields (OpenRouter: reasoning and reasoning_details) may send the read one a
+            # delta later: decided MISMATCH_AFTER_DELTAS deltas on, the read field still empty
+            if not self._other_at:
+                self._other_at = n
+            if n < self._other_at + MISMATCH_AFTER_DELTAS:
+                return None
             v = self._fail("field_mismatch", n, acc.tail(other, EXCERPT_CHARS), fields=[other], mode=mode)
             if v is not None:
                 out.append(v)
