@@ -37,7 +37,7 @@ from .autotune import tune
 from .client import Requester
 from .endpoints import EndpointPool
 from .gc_tuning import tuned_for_worker
-from .inflight import DOOMED_CHECKS, StreamBoard, publish_streams
+from .inflight import StreamBoard, cancel_running, pause_cancels, start_publisher
 from .record import RecordTasks
 from .results import LiveStats, Outcome
 from .server_metrics import Scraper, insert_rows
@@ -280,7 +280,7 @@ class RunWorker:
                 limits=self.config.limits,
                 think_ids=think,
             ) as self.requester:
-                helpers = [t for t in (self._start_scraper(), self._start_tuner(), self._start_publisher())
+                helpers = [t for t in (self._start_scraper(), self._start_tuner(), start_publisher(self))
                            if t is not None]
                 self._loop_task = asyncio.create_task(self._loop(), name="synthwatch-loop")
                 try:
@@ -336,23 +336,6 @@ class RunWorker:
         if pending:
             log.error("%d record tasks did not end when interrupted; their records return to pending", len(pending))
 
-    async def _cancel_running(self, why: str) -> int:
-        """Cancel the requests in flight while the worker goes on (paused): closing each connection makes vLLM and
-        SGLang abort the request and free its KV cache; each record goes back to pending with the attempt recorded
-        as interrupted, never counted as generated."""
-        tasks = list(self.tasks)
-        self.stop_reason = why
-        try:
-            for t in tasks:
-                t.cancel()
-            _, pending = await asyncio.wait(tasks, timeout=STEP_S)
-            if pending:
-                log.error("%d cancelled record tasks did not end; their records return to pending", len(pending))
-        finally:
-            self.stop_reason = ""
-        log.warning("run %d: %d requests in flight cancelled (%s)", self.run_id, len(tasks), why)
-        return len(tasks)
-
     async def _shutdown(self, final: str, message: str | None) -> None:
         """The writer flushes what it has and ends; then one short transaction of the worker's own hands back
         every claim still held (records never started, claims answered while stopping, and, when the writer died
@@ -404,17 +387,6 @@ class RunWorker:
         self.scraper = Scraper(self.pool.endpoints, interval_s=sm.interval_s, timeout_s=sm.timeout_s, write=write)
         task = asyncio.create_task(self.scraper.run(), name="synthwatch-server-metrics")
         self.supervisor.watch_task(task, "the server-metrics scraper task")
-        return task
-
-    def _start_publisher(self) -> asyncio.Task[None] | None:
-        """Publish the snapshot of the streams in flight (workers/inflight.py) while the run goes (#36)."""
-        st = get_settings()
-        if not st.live_streams_refresh_ms or not self.config.stream or self.writer is None:
-            return None
-        task = asyncio.create_task(publish_streams(
-            self.streams, self.writer, self.worker_id, st.live_streams_refresh_ms / 1000, st.live_stream_tail_chars,
-            st.live_streams_max), name="synthwatch-streams")
-        self.supervisor.watch_task(task, "the live streams publisher task")
         return task
 
     def _start_tuner(self) -> asyncio.Task[None] | None:
@@ -498,14 +470,9 @@ class RunWorker:
                     self.state = "paused"
                     paused_since = m
                     await self._set_paused(f"paused; {len(self.tasks)} in-flight requests finishing")
-                    # what the pause does to the requests in flight (#36): the person's choice, else the check's
-                    # (a doomed output is cancelled, back to pending; a repairable one finishes)
-                    choice = ctl.get("pause_in_flight")
-                    doomed = sorted(DOOMED_CHECKS.intersection(self._hold))
-                    if self.tasks and (choice == "cancel" or (doomed and choice != "finish")):
-                        why = f"the run paused on {', '.join(doomed)}" if doomed and choice is None else \
-                            "the run was paused with its requests in flight cancelled"
-                        n = await self._cancel_running(f"cancelled: {why}")
+                    cancel = pause_cancels(ctl.get("pause_in_flight"), self._hold) if self.tasks else None
+                    if cancel is not None:  # the requests in flight are cancelled, back to pending (#36)
+                        n = await cancel_running(self, cancel, STEP_S)
                         await self._set_paused(f"paused; {n} in-flight requests cancelled")
                 elif paused_since is not None and not self.tasks:
                     paused_since = None

@@ -167,3 +167,48 @@ async def publish_streams(board: StreamBoard, writer: Any, worker_id: int, refre
     finally:
         if writer.alive:
             writer.call(lambda conn: write(conn, None)).add_done_callback(_log_failure)
+
+
+def pause_cancels(choice: str | None, hold: tuple[str, ...] | list[str]) -> str | None:
+    """Why a pause cancels the requests in flight, or None when they finish (#36 item 2): the person's choice
+    (``run.pause_in_flight``: cancel / finish), else the check that paused it (a doomed output is cancelled)."""
+    if choice == "finish":
+        return None
+    doomed = sorted(DOOMED_CHECKS.intersection(hold))
+    if choice is None and doomed:
+        return f"cancelled: the run paused on {', '.join(doomed)}"
+    if choice == "cancel":
+        return "cancelled: the run was paused with its requests in flight cancelled"
+    return None
+
+
+async def cancel_running(worker: Any, why: str, wait_s: float) -> int:
+    """Cancel a worker's requests in flight while it goes on (paused): closing each connection makes vLLM and SGLang
+    abort the request and free its KV cache; each record's task records its attempt as interrupted (``why``) and
+    hands the record back to pending, never counted as generated (synthwatch.workers.record)."""
+    tasks = list(worker.tasks)
+    worker.stop_reason = why
+    try:
+        for t in tasks:
+            t.cancel()
+        _, pending = await asyncio.wait(tasks, timeout=wait_s)
+        if pending:
+            log.error("%d cancelled record tasks did not end; their records return to pending", len(pending))
+    finally:
+        worker.stop_reason = ""
+    log.warning("run %d: %d requests in flight cancelled (%s)", worker.run_id, len(tasks), why)
+    return len(tasks)
+
+
+def start_publisher(worker: Any) -> asyncio.Task[None] | None:
+    """The task that publishes a worker's snapshot of its streams while the run goes (settings live_streams_*)."""
+    from ..settings import get_settings
+
+    st = get_settings()
+    if not st.live_streams_refresh_ms or not worker.config.stream or worker.writer is None:
+        return None
+    task = asyncio.create_task(publish_streams(
+        worker.streams, worker.writer, worker.worker_id, st.live_streams_refresh_ms / 1000, st.live_stream_tail_chars,
+        st.live_streams_max), name="synthwatch-streams")
+    worker.supervisor.watch_task(task, "the live streams publisher task")
+    return task
