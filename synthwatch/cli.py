@@ -18,6 +18,7 @@ COMMANDS = (
     "synthwatch.commands.export",
     "synthwatch.commands.probe",
     "synthwatch.commands.watch",
+    "synthwatch.commands.streams",
     "synthwatch.commands.control",
     "synthwatch.commands.checks",
     "synthwatch.commands.judge",
@@ -43,7 +44,8 @@ def _command_module(argv: list[str] | None) -> str | None:
 
 
 # command modules whose register() adds more than the command named after the module (repair: fix, rerun, ...)
-_SEVERAL_NAMES = frozenset({"synthwatch.commands.repair", "synthwatch.commands.watch"})
+# (streams: its one command is watch-streams, not its module's name)
+_SEVERAL_NAMES = frozenset({"synthwatch.commands.repair", "synthwatch.commands.watch", "synthwatch.commands.streams"})
 
 
 def build_parser(argv: list[str] | None = None, *, everything: bool = True) -> argparse.ArgumentParser:

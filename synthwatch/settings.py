@@ -43,6 +43,15 @@ class Settings(BaseSettings):
         "rows, the workers table and the Server card's client tok/s (each divided by the part of it the run covers).")
     worker_heartbeat_s: float = Field(1.0, gt=0, description="How often a worker writes its heartbeat.")
     dead_worker_after_s: float = Field(15.0, gt=0, description="A worker silent this long is shown dead.")
+    live_streams_refresh_ms: int = Field(
+        1000, ge=0, le=60_000, description="How often a worker publishes the snapshot of its streams in flight (the "
+        "run page's Streams panel, GET /api/runs/{id}/streams, watch-streams); 0 publishes none.")
+    live_stream_tail_chars: int = Field(
+        300, ge=0, le=4000, description="Characters of reasoning and of content per stream in that snapshot (the last "
+        "ones; never the whole text).")
+    live_streams_max: int = Field(
+        64, ge=0, le=4096, description="Streams per worker in that snapshot (its oldest); the count of all of them is "
+        "published too.")
     max_request_body_bytes: int = Field(
         4 * 2**20, ge=1024, description="Largest request body the dashboard accepts (JSON API, forms); a larger one is "
         "refused with 413 before it is read.")

@@ -28,6 +28,7 @@ class Demo:
         self.folder = folder
         self.lines: list[str] = []
         self.times: list[float] = []  # when each line arrived (monotonic)
+        self.walls: list[float] = []  # and on the wall clock (the database's times are)
         self.url = ""
         self.url_at = 0.0
         self.runs: dict[str, int] = {}
@@ -37,6 +38,7 @@ class Demo:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self.walls.append(time.time())
             self.times.append(time.monotonic())
             self.lines.append(line.rstrip("\n"))
 
@@ -78,6 +80,41 @@ def demo(tmp_path_factory: Any) -> Iterator[Demo]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.mark.slow
+def test_demo_drift_pauses_from_streams_in_flight(demo: Demo) -> None:
+    """From the drift (the server switches field) to the drifting run's pause: the first stream started after it
+    shows the unread field in its first reasoning delta (#36), long before any of its records finishes."""
+    import json
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any("now sends `reasoning` only" in ln for ln in demo.lines):
+        time.sleep(0.05)
+    i = next((k for k, ln in enumerate(demo.lines) if "now sends `reasoning` only" in ln), None)
+    assert i is not None, "the demo did not print its drift"
+    drift_at = demo.walls[i]
+    db = re.search(r"database (\S+); Ctrl-C", "\n".join(demo.lines))
+    assert db, demo.lines
+    paused_at = evidence = None
+    while time.monotonic() < deadline:
+        con = sqlite3.connect(f"file:{db.group(1)}?mode=ro", uri=True, timeout=10)
+        try:
+            ev = con.execute("SELECT t FROM control_event WHERE run_id = ? AND action = 'pause' AND actor = 'alarm'"
+                             " ORDER BY id LIMIT 1", (demo.runs["drift"],)).fetchone()
+            al = con.execute("SELECT evidence_json FROM alarm WHERE run_id = ? AND rule = 'field_mismatch'"
+                             " ORDER BY id LIMIT 1", (demo.runs["drift"],)).fetchone()
+        finally:
+            con.close()
+        if ev and al:
+            paused_at, evidence = ev[0], json.loads(al[0])["ctx"]
+            break
+        time.sleep(0.1)
+    assert paused_at is not None, "the drifting run was not paused within 60 s"
+    took = paused_at - drift_at
+    print(f"demo: paused {took:.2f} s after the drift")
+    assert took < 5, f"the pause took {took:.1f} s after the drift"
+    assert evidence["in_flight"] and evidence["fields"] == ["reasoning"] and evidence["delta"] >= 1, evidence
 
 
 @pytest.mark.slow

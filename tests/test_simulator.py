@@ -276,6 +276,19 @@ def test_stream_without_usage_puts_fingerprint_on_finish_chunk(client: httpx.Cli
     assert all(ch["choices"] for ch in chunks)
 
 
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client: httpx.Client) -> None:
+    """vLLM's stream_options.continuous_usage_stats (#36: a cancelled stream's cost is known): each token chunk
+    carries the usage so far, growing by one token; the final usage chunk stays."""
+    chunks = stream_chunks(client, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    final = chunks[-1]["usage"]
+    running = [ch["usage"] for ch in chunks[1:-1] if ch["choices"]]
+    assert running and [u["completion_tokens"] for u in running] == list(range(1, len(running) + 1))
+    assert all(u["prompt_tokens"] == final["prompt_tokens"] for u in running)
+    assert running[-1]["completion_tokens"] <= final["completion_tokens"]
+    plain = stream_chunks(client, stream_options={"include_usage": True})
+    assert not any("usage" in ch for ch in plain[:-1])
+
+
 def test_inline_tags_are_sometimes_split_across_chunks(client: httpx.Client) -> None:
     configure(client, reasoning_field="inline")
     split = 0

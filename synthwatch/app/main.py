@@ -69,11 +69,12 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
         routes_review,
         routes_runs,
         routes_server,
+        routes_streams,
         routes_workers,
     )
 
     for mod in (routes_runs, routes_review, routes_flags, routes_alarms, routes_repair, routes_export, routes_workers,
-                routes_server, routes_cost, routes_lengths, routes_open_items, routes_fix):
+                routes_server, routes_cost, routes_lengths, routes_open_items, routes_fix, routes_streams):
         app.include_router(mod.router)
 
     @app.get("/", include_in_schema=False)

@@ -312,6 +312,8 @@ def _describe(action: str, applied: dict[str, Any]) -> str:
         return f"{label}: {applied.get('cap') if applied.get('cap') is not None else 'none'}"
     if action == "concurrency":
         return f"{label}: {applied.get('concurrency')}"
+    if action == "pause" and applied.get("pause_in_flight") == "cancel":
+        return f"{label}, the requests in flight cancelled (back to pending); the workers follow within a second"
     return f"{label}; the workers follow within a second"
 
 
@@ -326,6 +328,9 @@ class ControlBody(BaseModel):
         "resume only: acknowledge the open alarm that paused the run, for this many more claimed records (a plain"
         " resume is refused with 409 while one is open)"))
     ack_minutes: float | None = Field(None, gt=0, description="resume only: acknowledge it for this many minutes")
+    in_flight: Literal["cancel", "finish"] | None = Field(None, description=(
+        "pause only: the requests in flight are cancelled (back to pending, the server frees them) or finish"
+        " (the default); a stop's choice is stop (finish) or stop_now (cancel)"))
 
 
 class StartBody(BaseModel):
@@ -431,8 +436,12 @@ def api_run_control(conn: ReadConn, write: WriteEngine, run_id: int, body: Contr
         return JSONResponse({"detail": f"cap must be at least 1, got {body.value}"}, status_code=400)
     if body.action == "concurrency" and body.value is None:
         return JSONResponse({"detail": "concurrency needs a value"}, status_code=400)
+    if body.in_flight is not None and body.action != "pause":
+        return JSONResponse({"detail": "in_flight goes with pause (a stop's choice is stop or stop_now)"},
+                            status_code=400)
     try:
-        applied = store.apply_control(write, run_id, body.action, body.value, actor="api",
+        value: Any = body.in_flight if body.action == "pause" else body.value
+        applied = store.apply_control(write, run_id, body.action, value, actor="api",
                                       ack_records=body.ack_records, ack_minutes=body.ack_minutes)
     except store.AlarmOpen as exc:
         return JSONResponse({"detail": str(exc).replace("RUN", str(run_id)),

@@ -114,6 +114,11 @@ class StreamAccumulator:
         return self._problems.as_list()
 
     @property
+    def usage(self) -> Any:
+        """The last usage object the server sent so far (vLLM's continuous_usage_stats: one in every chunk)."""
+        return self._usage
+
+    @property
     def finish_reason(self) -> Any:
         return self._finish
 
@@ -346,6 +351,35 @@ class StreamAccumulator:
             return bool(v)
         self._delta_x[k] = v
         return False
+
+    # -- reading while the stream runs (synthwatch.quality.inflight, the live view) --------------
+
+    def tail(self, key: str, n: int) -> str:
+        """The last ``n`` characters sent so far in one delta field (``content``, ``reasoning``,
+        ``reasoning_content``, ``thinking``, ``reasoning_details``): pieces read from the end, so the cost is
+        that of the characters asked for, never of the whole text."""
+        lst = self._details if key == "reasoning_details" else self._pieces.get(key)
+        if not lst or n <= 0:
+            return ""
+        got = 0
+        i = len(lst)
+        while i > 0 and got < n:
+            i -= 1
+            got += len(lst[i])
+        s = lst[i] if i == len(lst) - 1 else "".join(lst[i:])
+        return s[-n:] if len(s) > n else s
+
+    def chars(self, key: str) -> int:
+        """Characters sent so far in one delta field (pieces are compacted every 256 chunks: a short sum)."""
+        lst = self._details if key == "reasoning_details" else self._pieces.get(key)
+        return sum(map(len, lst)) if lst else 0
+
+    def has_text(self, key: str) -> bool:
+        """Has this field carried any character that is not whitespace yet?"""
+        lst = self._details if key == "reasoning_details" else self._pieces.get(key)
+        if not lst:
+            return False
+        return any(p and not p.isspace() for p in lst)
 
     # -- result --------------------------------------------------------------------------------
 

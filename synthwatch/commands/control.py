@@ -24,6 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--ack", action="store_true",
                    help="resume: acknowledge the open alarm that paused the run, in the same action (with "
                         "--for-records or --for-minutes); a plain resume is refused while one is open")
+    p.add_argument("--in-flight", choices=("cancel", "finish"), dest="in_flight",
+                   help="pause: what happens to the requests in flight: cancel (the connection is closed, the server"
+                        " frees them, their records go back to pending) or finish (the default); stop / stop-now"
+                        " are the same choice for a stop")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--for-records", type=int, metavar="N", help="with --ack: let N more records be claimed")
     g.add_argument("--for-minutes", type=float, metavar="M", help="with --ack: go on for M minutes")
@@ -39,6 +43,9 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError(f"{args.action} needs a value, e.g. `synthwatch control {args.run} {args.action} 100`")
     if action not in ("cap", "concurrency") and args.value is not None:
         raise CliError(f"{args.action} takes no value (got {args.value!r})")
+    if args.in_flight is not None and action != "pause":
+        raise CliError("--in-flight goes with pause (a stop's choice is stop or stop-now)")
+    value = args.in_flight if action == "pause" else args.value
     bounded = args.for_records is not None or args.for_minutes is not None
     if args.ack and action != "resume":
         raise CliError("--ack goes with resume only")
@@ -53,7 +60,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         with engine.connect() as conn:
             run = store.run_row(conn, args.run)
-        applied = store.apply_control(engine, int(run["id"]), action, args.value, actor="cli",
+        applied = store.apply_control(engine, int(run["id"]), action, value, actor="cli",
                                       ack_records=args.for_records, ack_minutes=args.for_minutes)
     except store.AlarmOpen as exc:
         raise CliError(str(exc).replace("RUN", str(run["name"]))) from None

@@ -83,7 +83,20 @@ def _fields_text(fields: list[str]) -> str:
 
 
 def describe(rule: Rule, fail: int, total: int, run_fail: int, run_total: int, ctx: dict[str, Any]) -> tuple[str, str]:
-    """(message, fix) in plain words for an alarm of this rule; ctx holds the latest failure's details."""
+    """(message, fix) in plain words for an alarm of this rule; ctx holds the latest failure's details. A failure
+    seen on a stream in flight (synthwatch.quality.inflight) names that stream: its record, the delta, the text."""
+    msg, fix = _describe(rule, fail, total, run_fail, run_total, ctx)
+    if ctx.get("in_flight") and ctx.get("record_id") is not None:
+        # model text: bounded, without the backticks the banner reads as code
+        excerpt = " ".join(str(ctx.get("excerpt") or "").replace("`", "'").split())[-120:]
+        on = f" on {ctx['endpoint']}" if ctx.get("endpoint") else ""
+        msg += (f" Seen on a stream in flight{on}: record {ctx['record_id']} at delta {ctx.get('delta')}"
+                + (f", \u201c{excerpt}\u201d." if excerpt else "."))
+    return msg, fix
+
+
+def _describe(rule: Rule, fail: int, total: int, run_fail: int, run_total: int, ctx: dict[str, Any]
+              ) -> tuple[str, str]:
     share = f"{fail} of the last {total} records" if total else f"{fail} records"
     whole = f" ({run_fail} of {run_total} in the whole run)" if run_total else ""
     mode = ctx.get("mode") or "auto"

@@ -156,6 +156,7 @@ class ChecksHook:
         self._items_synced = 0.0
         self._items_every_s = open_items.SYNC_EVERY_S  # longer for a large run (_sync_items)
         self._items_open = True  # until the first sync says otherwise (a resumed run may have some)
+        self._early: dict[int, int] = {}  # record -> bits of checks it failed while in flight (observe_early)
         if load:
             self._load()
 
@@ -191,8 +192,11 @@ class ChecksHook:
 
     def on_outcomes(self, outcomes: list[Any]) -> None:
         staged = self._staged
+        early = self._early
         for o in outcomes:
             if o.status == "pending" or o.record_id in staged:
+                if early and o.status == "pending":
+                    early.pop(o.record_id, None)
                 continue
             prev = self._results.get(o.record_id)
             if prev is not None:  # the same outcome again: the previous write transaction failed
@@ -216,6 +220,8 @@ class ChecksHook:
             o.check_flags = failed
             o.check_json = check_json
             self._results[o.record_id] = (applied, failed, det)
+            if early:  # what it failed in flight is counted already (observe_early): not a second time
+                applied &= ~early.pop(o.record_id, 0)
             staged[o.record_id] = (o.record_id, applied, failed, True)
             if failed:
                 fin = o.finished_at or time.time()
@@ -299,7 +305,10 @@ class ChecksHook:
             self.windows[name].extend([f for _rid, f, new in rows if new])
         for rid, _applied, failed, new in staged:
             if new and failed:
-                det = self._results[rid][2]
+                res = self._results.get(rid)
+                if res is None:  # a verdict from a stream in flight: its evidence is in details already
+                    continue
+                det = res[2]
                 for name, d in det.items():
                     if name not in BIT:
                         continue
@@ -328,6 +337,31 @@ class ChecksHook:
         self._sync_items(conn, t, bool(raised))
         self._staged = {}
         self._new_fail = {}
+
+    def observe_early(self, conn: Connection, t: float, verdicts: list[Any]) -> None:
+        """Failures seen on streams in flight (synthwatch.quality.inflight.deliver, in this writer's transaction):
+        each is counted as that record's verdict for that check, observed early, and evaluated at once with the
+        same rules, windows and hysteresis; its evidence (record, delta, excerpt) is the alarm's details. The record
+        is not counted again for that check when it finishes; a record cancelled back to pending keeps the
+        count (it was seen)."""
+        en = self.checker.enabled
+        staged = self._staged
+        for v in verdicts:
+            b = BIT.get(v.check, 0)
+            if not b & en or (v.check == "empty_reasoning" and not self.ctx.expects):
+                continue
+            if self._early.get(v.record_id, 0) & b or v.record_id in self._results:
+                continue  # counted already (or finished meanwhile: its own verdict counts)
+            self._early[v.record_id] = self._early.get(v.record_id, 0) | b
+            staged[-(v.record_id * 64 + CHECK_NAMES.index(v.check))] = (v.record_id, b, b, True)
+            self._new_fail[v.check] = t
+            self.details[v.check] = v.evidence()
+            if v.check == "field_mismatch":
+                self.mismatch_fields.update(v.detail.get("fields") or ())
+        if len(self._early) > 50_000:
+            self._early.clear()
+        if staged:
+            self.on_flush(conn, t)
 
     def _apply_token_results(self, conn: Connection, deltas: dict[str, list[Any]]) -> None:
         assert self.tokens is not None

@@ -23,12 +23,15 @@ class StreamChunks:
     A paced stream holds only this (a prefix and a reference), not a copy of its whole body.
     """
 
-    __slots__ = ("prefix", "parts", "usage", "n", "override", "preempt_at")
+    __slots__ = ("prefix", "parts", "usage", "n", "override", "preempt_at", "running_usage")
 
-    def __init__(self, prefix: bytes, parts: list[bytes], include_usage: bool) -> None:
+    def __init__(self, prefix: bytes, parts: list[bytes], include_usage: bool, running_usage: int = -1) -> None:
         self.prefix = prefix
         self.parts = parts
         self.usage = include_usage
+        # vLLM's stream_options.continuous_usage_stats: every token chunk carries the usage so far (the prompt's
+        # tokens given here; -1: off)
+        self.running_usage = running_usage
         self.n = len(parts) - 1 - include_usage
         self.override: dict[int, bytes] = {}  # chunks replaced by faults
         self.preempt_at = -1  # the chunk before which the server preempts this stream (-1: never)
@@ -49,7 +52,12 @@ class StreamChunks:
         hit = self.override.get(k)
         if hit is not None:
             return hit
-        out = self.prefix + self.parts[k + 1] + self.tail(k)
+        part = self.parts[k + 1]
+        p = self.running_usage
+        if p >= 0 and part.endswith(b"}\n\n"):
+            part = part[:-3] + b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}\n\n' % (
+                p, p + k + 1, k + 1)
+        out = self.prefix + part + self.tail(k)
         return self.role_chunk() + out if k == 0 else out
 
     def join(self, start: int, end: int) -> bytes:
@@ -84,6 +92,7 @@ class ChatRequest:
     seed: Any = None
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM): the usage in every chunk
     max_tokens: int | None = None
     stops: list[str] = field(default_factory=list)
     with_ids: bool = False
@@ -125,6 +134,7 @@ class ChatRequest:
             seed=body.get("seed"),
             stream=stream,
             include_usage=stream and isinstance(options, dict) and options.get("include_usage") is True,
+            continuous_usage=stream and isinstance(options, dict) and options.get("continuous_usage_stats") is True,
             max_tokens=max_tokens,
             stops=[s for s in stops if isinstance(s, str) and s],
             with_ids=body.get("return_token_ids") is True,

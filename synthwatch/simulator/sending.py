@@ -65,7 +65,7 @@ class ReplySender:
         paced = cfg.tokens_per_s > 0 or cfg.ttft_ms > 0 or faults.stall
         chunked, keep_alive = req.http11, req.keep_alive and req.http11
         head = response_head(200, SSE_TYPE, None if chunked else -1, keep_alive)
-        if not paced and faults is NO_FAULTS and chunked:
+        if not paced and faults is NO_FAULTS and chunked and not reply.chat.continuous_usage:
             body = prefix + prefix.join(parts) + DONE_EVENT
             conn.write(b"%s%x\r\n%s\r\n0\r\n\r\n" % (head, len(body), body))
             if not keep_alive:
@@ -73,7 +73,8 @@ class ReplySender:
             self._observe_unpaced(reply)
             self._finished()
             return
-        chunks = StreamChunks(prefix, parts, reply.chat.include_usage)
+        chunks = StreamChunks(prefix, parts, reply.chat.include_usage,
+                              reply.prompt_tokens if reply.chat.continuous_usage else -1)
         drop_at = self._stream_faults(chunks, faults, request_id)
         if paced:
             stall_at = len(chunks) // 2 if faults.stall else -1

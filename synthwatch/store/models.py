@@ -99,6 +99,8 @@ class Run(SQLModel, table=True):
     repair_seq: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # bumped by every repair
     n_turns: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # turns of all records (0: old run)
     n_turns_done: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # turns finished and stored
+    # what the last pause asked of the requests in flight: cancel | finish; NULL: the pausing check says (#36)
+    pause_in_flight: str | None = None
 
 
 class Record(RecordOutput, table=True):
@@ -245,6 +247,9 @@ class Worker(SQLModel, table=True):
     claimed: int = 0
     done: int = 0
     stats_json: str = Field(default="{}", sa_column=_text(False))
+    # the worker's bounded snapshot of its streams in flight, and when it was written (#36, workers/inflight.py)
+    streams_json: str | None = Field(default=None, sa_column=_text())
+    streams_at: float | None = None
 
 
 class CheckStat(SQLModel, table=True):

@@ -224,9 +224,14 @@ def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, a
         raise ControlError(f"unknown control action {action!r}; expected one of {', '.join(CONTROL_ACTIONS)}")
     sets: dict[str, Any] = {}
     if action == "pause":
+        # what the pause does to the requests in flight (#36): cancel them or let them finish (none: finish)
+        if value not in (None, "", "cancel", "finish"):
+            raise ControlError(f"pause takes 'cancel' or 'finish' (the requests in flight), got {value!r}")
         sets["desired"] = "pause"
+        sets["pause_in_flight"] = value or "finish"
     elif action == "resume":
         sets["desired"] = "run"
+        sets["pause_in_flight"] = None  # the next pause's own choice (an alarm's: its check says)
     elif action == "stop":
         sets["desired"] = "stop"
     elif action == "stop_now":

@@ -143,7 +143,8 @@ class Requester:
     def accumulator(self) -> StreamAccumulator:
         return StreamAccumulator(self.mode, self.think_open, self.think_close, self.prefilled_open)
 
-    async def attempt(self, ep: Endpoint, body: bytes, stream: bool) -> AttemptResult:
+    async def attempt(self, ep: Endpoint, body: bytes, stream: bool, live: Any = None) -> AttemptResult:
+        """One request. ``live``: the stream's synthwatch.workers.inflight.LiveStream, told after each read."""
         session = self._session
         assert session is not None, "use `async with Requester(...)`"
         t0 = time.perf_counter()
@@ -165,7 +166,7 @@ class Requester:
                         if status >= 300 or status < 200:
                             await self._not_ok(resp, res)
                         elif acc is not None:
-                            await self._read_stream(resp, acc, res, t0, watch)
+                            await self._read_stream(resp, acc, res, t0, watch, live)
                         else:
                             await self._read_whole(resp, res)
         except _Limit as exc:
@@ -248,7 +249,7 @@ class Requester:
             res.kind = f"http_{status}"
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, acc: StreamAccumulator, res: AttemptResult,
-                           t0: float, watch: _IdleWatch | None) -> None:
+                           t0: float, watch: _IdleWatch | None, live: Any = None) -> None:
         ctype = resp.headers.get("Content-Type", "")
         if "text/event-stream" not in ctype:
             raw = await self._read_some(resp, _ERROR_BODY_READ)
@@ -309,6 +310,8 @@ class Requester:
                 if acc.error is not None:
                     res.kind, res.message = "error_body", f"error event in stream: {_error_text(orjson.dumps(acc.error))}"
                     return
+            if live is not None:
+                live.seen(acc)  # the stream's in-flight checks and live view (workers/inflight.py)
             if not data:
                 break
         if done and not resp.content.is_eof():

@@ -28,6 +28,7 @@ from sqlalchemy.engine import Engine
 
 from ..config import RunConfig
 from ..quality.alarms import TRANSPORT_RULES
+from ..quality.inflight import run_rules
 from ..quality.token_checks import think_ids
 from ..settings import get_settings
 from ..store import queue as store
@@ -36,6 +37,7 @@ from .autotune import tune
 from .client import Requester
 from .endpoints import EndpointPool
 from .gc_tuning import tuned_for_worker
+from .inflight import StreamBoard, cancel_running, pause_cancels, start_publisher
 from .record import RecordTasks
 from .results import LiveStats, Outcome
 from .server_metrics import Scraper, insert_rows
@@ -106,6 +108,7 @@ class RunWorker:
         self.stop_reason = ""  # why requests cancelled now were interrupted (recorded on their attempts)
         self.interrupted: list[Outcome] = []  # interrupted records' outcomes, for a release without the writer
         self.records = RecordTasks(self)
+        self.streams = StreamBoard(None, lambda _v: None)  # the writer's board from main() on
         self.supervisor = Supervisor(self._failed, hard_exit=hard_exit)
         self._abort: tuple[str, str] | None = None  # (final state, message) when the loop was cut short
         self._loop_task: asyncio.Task[tuple[str, str | None]] | None = None
@@ -258,6 +261,7 @@ class RunWorker:
             on_control=self._loop_wake,
         )
         self.writer.start()
+        self.streams = StreamBoard.for_writer(run_rules(cfg), self.writer, self.hooks)
         sup = self.supervisor
         for part, thread in self.writer.threads.items():
             sup.watch_thread(thread, f"the {part}")
@@ -276,7 +280,8 @@ class RunWorker:
                 limits=self.config.limits,
                 think_ids=think,
             ) as self.requester:
-                helpers = [t for t in (self._start_scraper(), self._start_tuner()) if t is not None]
+                helpers = [t for t in (self._start_scraper(), self._start_tuner(), start_publisher(self))
+                           if t is not None]
                 self._loop_task = asyncio.create_task(self._loop(), name="synthwatch-loop")
                 try:
                     final, message = await self._loop_task
@@ -465,6 +470,10 @@ class RunWorker:
                     self.state = "paused"
                     paused_since = m
                     await self._set_paused(f"paused; {len(self.tasks)} in-flight requests finishing")
+                    cancel = pause_cancels(ctl.get("pause_in_flight"), self._hold) if self.tasks else None
+                    if cancel is not None:  # the requests in flight are cancelled, back to pending (#36)
+                        n = await cancel_running(self, cancel, STEP_S)
+                        await self._set_paused(f"paused; {n} in-flight requests cancelled")
                 elif paused_since is not None and not self.tasks:
                     paused_since = None
                     await self._set_paused("paused")

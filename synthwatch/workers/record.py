@@ -22,6 +22,7 @@ from ..store import queue as store
 from . import faults
 from .client import Requester
 from .endpoints import EndpointPool
+from .inflight import StreamBoard
 from .results import RETRYABLE_KINDS, TIMEOUT_KINDS, AttemptFailure, AttemptResult, LiveStats, Outcome
 from .series import record_columns
 from .supervisor import writer_result
@@ -43,6 +44,7 @@ class RecordHost(Protocol):
     local_stop: str | None
     stop_reason: str  # why a request cancelled now was interrupted: recorded on its attempt
     interrupted: list[Outcome]  # outcomes of interrupted records, for a release without the writer
+    streams: StreamBoard  # the streams in flight: judged while written, shown live (workers/inflight.py)
 
     def body_for(self, messages: list[dict[str, Any]] | dict[str, Any], sample_index: int = 0) -> bytes:
         """The request body for one prompt (or one turn's history), sample ``sample_index`` of it."""
@@ -91,11 +93,15 @@ class RecordTasks:
                 ep.outstanding_max = ep.outstanding
             where["started"] = started = time.time()
             where["sending"] = True
+            live = where["live"] = host.streams.open(record_id, ep.label) if host.config.stream else None
+            where["body_len"] = len(body)
             try:
                 faults.hit("send")
-                res = await host.requester.attempt(ep, body, host.config.stream)
+                res = await host.requester.attempt(ep, body, host.config.stream, live)
             finally:
                 ep.outstanding -= 1
+                if live is not None:
+                    host.streams.close(live)
             where["sending"] = False  # not in the finally: a cancellation's handler must still see it
             where["stage"] = "capture"
             faults.hit("capture")
@@ -215,6 +221,19 @@ class RecordTasks:
                                  "endpoint": ep.label if ep else None, "ok": False, "kind": "interrupted",
                                  "status": None, "error": f"{why}; the record went back to pending",
                                  "latency_s": round(time.time() - started, 4)})
+                live = where.get("live")
+                acc = live.acc if live is not None else None
+                if acc is not None and isinstance(acc.usage, dict) and ep is not None:
+                    # the server reported what the cancelled request cost so far (vLLM's continuous usage): billed,
+                    # and discarded with the request (the cost view counts it; the record goes back to pending)
+                    try:
+                        billed = billed_tokens(acc.result(), where.get("body_len", 0))
+                    except Exception as exc:  # a partial reply's count: never in the way of the cancellation
+                        log.warning("record %d: the cancelled request's usage not counted: %s", claimed.id, exc)
+                    else:
+                        writer.submit_failure(AttemptFailure(
+                            claimed.id, ep.label, "interrupted", None, f"{why}; billed and discarded", time.time(),
+                            True, False, billed))
             back = Outcome(claimed.id, claimed.idx, "pending", claimed.messages, attempts=attempts,
                            prior_attempts=prior, error_kind="interrupted", error=why, finished_at=time.time(),
                            endpoint=ep.label if ep else None)

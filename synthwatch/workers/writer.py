@@ -404,7 +404,7 @@ class Writer:
         with self.engine.connect() as conn:
             row = conn.execute(
                 text("SELECT status, desired, cap, concurrency, n_ok, n_in_flight, n_pending, n_error,"
-                     " n_timeout, config_version, repair_seq, n_rerun FROM run WHERE id = :r"),
+                     " n_timeout, config_version, repair_seq, n_rerun, pause_in_flight FROM run WHERE id = :r"),
                 {"r": self.run_id},
             ).mappings().first()
             conn.rollback()
