@@ -409,6 +409,15 @@ def _tiles(st: RunStats) -> list[Tile]:
     r = st.recent
     fin = r["finished"]
     tiles: list[Tile] = []
+    if not st.live:  # ended: the whole run, not the last seconds before now (#37: "(last 57 s)" minutes after)
+        w = st.whole
+        tiles.append(Tile("timeouts", _level(safe_rate(w["timeouts"], w["finished"]) or 0.0, TIMEOUT_BAD, TIMEOUT_WARN),
+                          check_label("timeout"), f"{(safe_rate(w['timeouts'], w['finished']) or 0.0) * 100:.1f}%",
+                          f"{w['timeouts']:,} of {plural(w['finished'], 'record')} timed out in the whole run"))
+        tiles.append(Tile("errors", _level(safe_rate(w["errors"], w["finished"]) or 0.0, ERROR_BAD, ERROR_WARN),
+                          check_label("error"), f"{(safe_rate(w['errors'], w['finished']) or 0.0) * 100:.1f}%",
+                          f"{w['errors']:,} of {plural(w['finished'], 'record')} failed in the whole run"))
+        return tiles
     span_txt = f"last {int(r['span_s'])} s"
 
     share = safe_rate(r["timeouts"], fin) or 0.0
