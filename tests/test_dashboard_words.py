@@ -101,3 +101,24 @@ def test_a_symptom_tile_does_not_deny_its_causes_open_problem(engine: Any, sim: 
     assert "1 open problem" in items.group(0)
     assert f"3 records failed {label}" in items.group(0)
     assert "failed field_mismatch" not in html
+
+
+def test_compare_shows_the_settings_as_they_are_now(engine: Any, sim: Any, prompts: Any, live_app: Any) -> None:
+    """#37: compare showed cap 5000 and concurrency 16 where the run had 3000 and 8, set from the dashboard."""
+    url = sim(ttft_ms=20)
+    ids = []
+    for name in ("cmp-a", "cmp-b"):
+        run_id, status = run_to_end(engine, make_config(url, prompts(4, name=f"{name}.jsonl"), concurrency=16,
+                                                        cap=5000, name=name))
+        assert status == "completed"
+        ids.append(run_id)
+    a, b = ids
+    store.apply_control(engine, a, "cap", "3000")
+    store.apply_control(engine, a, "concurrency", "8")
+    srv = live_app()
+    html = httpx.get(f"{srv.url}/compare", params=[("run", a), ("run", b)], timeout=30).text
+    diff = re.search(r'data-testid="settings-diff">(.*?)</ul>', html, re.S)
+    assert diff, html[-3000:]
+    lines = re.findall(r"<code>(.*?)</code>", diff.group(1))
+    assert any(line.startswith("cap: 3000 → 5000") for line in lines), lines
+    assert any(line.startswith("concurrency: 8 → 16") for line in lines), lines
