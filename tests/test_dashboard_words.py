@@ -122,3 +122,35 @@ def test_compare_shows_the_settings_as_they_are_now(engine: Any, sim: Any, promp
     lines = re.findall(r"<code>(.*?)</code>", diff.group(1))
     assert any(line.startswith("cap: 3000 → 5000") for line in lines), lines
     assert any(line.startswith("concurrency: 8 → 16") for line in lines), lines
+
+
+def test_the_one_acknowledge_control_takes_records_or_minutes(engine: Any, sim: Any, prompts: Any,
+                                                               live_app: Any) -> None:
+    """#37: one acknowledge control per card, with N records or M minutes in it (the old button had neither)."""
+    run_id = _finished_run(engine, sim, prompts)
+    t = time.time()
+    with engine.connect() as conn, store.write_begin(conn):
+        conn.execute(text("UPDATE run SET status = 'running', desired = 'run', finished_at = NULL WHERE id = :r"),
+                     {"r": run_id})
+        ids = [conn.execute(text(
+            "INSERT INTO alarm (run_id, rule, severity, title, message, fix, count, raised_at, updated_at, active,"
+            " auto_paused) VALUES (:r, :rule, 'warning', 't', 'm', 'f', 3, :t, :t, true, false) RETURNING id"),
+            {"r": run_id, "rule": rule, "t": t}).scalar_one() for rule in ("think_tags_in_content", "empty_content")]
+    srv = live_app()
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        html = c.get(f"/runs/{run_id}/alarms/banner").text
+        assert html.count('data-testid="alarm-acknowledge"') == 2 and "Acknowledge (snooze)" not in html
+        r = c.post(f"/runs/{run_id}/alarms/{ids[0]}/ack", data={"ack_amount": "30", "ack_unit": "minutes"},
+                   headers={"HX-Request": "true"})
+        assert r.status_code == 200 and f'data-alarm-id="{ids[0]}"' not in r.text
+        r = c.post(f"/runs/{run_id}/alarms/{ids[1]}/ack", data={"ack_amount": "7", "ack_unit": "records"},
+                   headers={"HX-Request": "true"})
+        assert r.status_code == 200
+        bad = c.post(f"/runs/{run_id}/alarms/{ids[1]}/ack", data={"ack_amount": "2.5", "ack_unit": "records"})
+        assert bad.status_code == 400 and "whole number" in bad.text
+    with engine.connect() as conn:
+        rows = {int(r[0]): (r[1], r[2]) for r in conn.execute(
+            text("SELECT id, snooze_until, snooze_records FROM alarm WHERE run_id = :r"), {"r": run_id})}
+    until, _ = rows[ids[0]]
+    assert until is not None and 29 * 60 < float(until) - t < 31 * 60
+    assert rows[ids[1]][1] is not None
