@@ -176,3 +176,99 @@ def test_no_page_is_wider_than_a_390_px_screen(page: Page, engine: Any, live_app
         if width > 390:
             wide[kind] = (width, page.evaluate(_WIDEST))
     assert not wide, wide
+
+
+POLL_BUDGET_BYTES = 100_000  # per 30 s of an open live page (#37: "every live page")
+
+
+@pytest.mark.slow
+def test_every_live_page_polls_within_100kb_per_30s(page: Page, engine: Any, sim: Any, prompts: Any,
+                                                    live_app: Any) -> None:
+    """#37: the live run page pulled 100-108 KB per 30 s with an alarm card on it. Each live page kind, an open
+    warning alarm on the run (its card polls every 2 s), watched for 10 s and scaled to 30 s."""
+    import collections
+    import os
+    from urllib.parse import urlparse
+
+    from test_checks_kit import CheckedBackground
+    from workerkit import make_config, run_row, wait_for
+
+    window_s = float(os.environ.get("SYNTHWATCH_POLL_WINDOW_S", "10"))
+    url = sim(reasoning_field="reasoning_content", seed=9, ttft_ms=50, rate_429=0.05)
+    bg = CheckedBackground(engine, make_config(url, prompts(100_000), concurrency=4,
+                                               reasoning={"mode": "reasoning_content"})).start()
+    try:
+        srv = live_app()
+        wait_for(lambda: run_row(engine, bg.run_id)["n_ok"] >= 10, what="first records")
+        with engine.connect() as conn, store.write_begin(conn):
+            conn.execute(text(
+                "INSERT INTO alarm (run_id, rule, severity, title, message, fix, count, raised_at, updated_at, active,"
+                " auto_paused) VALUES (:r, 'think_tags_in_content', 'warning', 'Think tags in the content',"
+                " 'The answer holds `<think>` tags.', 'Set `reasoning.mode = \"tags\"`.', 3, :t, :t, true, false)"),
+                {"r": bg.run_id, "t": time.time()})
+            rec = conn.execute(text("SELECT id FROM record WHERE run_id = :r AND status = 'ok' ORDER BY id LIMIT 1"),
+                               {"r": bg.run_id}).scalar_one()
+        pages = {"run page": f"/runs/{bg.run_id}", "records (following)": f"/runs/{bg.run_id}/records?follow=1",
+                 "record page": f"/runs/{bg.run_id}/records/{rec}", "checks": f"/runs/{bg.run_id}/checks",
+                 "runs list": "/runs", "review": f"/runs/{bg.run_id}/sample?mode=recent"}
+        over = {}
+        for kind, path in pages.items():
+            page.goto(srv.url + path)
+            page.wait_for_load_state("load")
+            page.wait_for_timeout(3_000)  # the first polls (every widget once) are part of opening the page
+            sizes: collections.Counter[str] = collections.Counter()
+
+            def on_finished(request: Any, sizes: collections.Counter[str] = sizes) -> None:
+                s = request.sizes()
+                sizes[urlparse(request.url).path] += (s["responseBodySize"] + s["responseHeadersSize"]
+                                                      + s["requestHeadersSize"])
+
+            page.on("requestfinished", on_finished)
+            t0 = time.monotonic()
+            page.wait_for_timeout(window_s * 1000)
+            elapsed = time.monotonic() - t0
+            page.remove_listener("requestfinished", on_finished)
+            per_30 = sum(sizes.values()) * 30 / elapsed
+            print(f"{kind}: {per_30:,.0f} B per 30 s ({dict(sizes.most_common(4))})")
+            if per_30 > POLL_BUDGET_BYTES:
+                over[kind] = (round(per_30), dict(sizes.most_common(5)))
+        assert run_row(engine, bg.run_id)["status"] == "running"
+        assert not over, over
+    finally:
+        store.apply_control(engine, bg.run_id, "stop_now")
+        bg.join(30)
+
+
+def test_using_every_control_leaves_no_console_error(page: Page, engine: Any, sim: Any, prompts: Any,
+                                                     live_app: Any) -> None:
+    """#37: CSP errors in the console after using the controls. Pause, cap, concurrency, resume and a graceful stop
+    from the page; the autouse browser watch (tests/conftest.py) fails the test on any console error, CSP
+    refusals included, or any failed request."""
+    from workerkit import Background, make_config, run_row, wait_for
+
+    url = sim(ttft_ms=100)
+    bg = Background(engine, make_config(url, prompts(2000), concurrency=2, name="controls")).start()
+    try:
+        srv = live_app()
+        wait_for(lambda: run_row(engine, bg.run_id)["n_ok"] >= 2, what="first records")
+        page.goto(f"{srv.url}/runs/{bg.run_id}")
+        page.locator('[data-control="pause"]').click()
+        expect(page.get_by_test_id("control-message")).to_contain_text("pause", ignore_case=True)
+        page.locator("#cap-input").fill("1500")
+        page.locator('[data-control="cap"]').click()
+        expect(page.get_by_test_id("control-message")).to_contain_text("1500")
+        page.locator("#concurrency-input").fill("3")
+        page.locator('[data-control="concurrency"]').click()
+        expect(page.get_by_test_id("control-message")).to_contain_text("3")
+        page.locator('[data-control="resume"]').click()
+        expect(page.get_by_test_id("control-message")).to_contain_text("resume", ignore_case=True)
+        wait_for(lambda: run_row(engine, bg.run_id)["status"] == "running", what="resumed")
+        page.once("dialog", lambda d: d.accept())
+        page.locator('[data-control="stop"]').click()
+        assert bg.join(60) in ("stopped", "completed")
+        page.reload()
+        expect(page.get_by_test_id("controls-ended")).to_be_visible(timeout=10_000)
+        assert run_row(engine, bg.run_id)["cap"] == 1500 and run_row(engine, bg.run_id)["concurrency"] == 3
+    finally:
+        store.apply_control(engine, bg.run_id, "stop_now")
+        bg.join(30)
