@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import Page, expect
+from test_a11y_browser import axe_problems
 from test_checks_kit import CheckedBackground
 from workerkit import make_config, run_row, run_to_end, wait_for
 
@@ -66,12 +67,16 @@ def test_paused_and_finished_runs_in_both_themes(page: Page, engine: Any, sim: A
             expect(page.locator(".audit table.data td").first).to_be_visible()
             assert page.evaluate(BROKEN_WORDS) == []
             card.locator('[data-testid="ack-resume"] summary').click()
+            expect(card.get_by_test_id("apply-likely-fix")).to_be_visible()
+            # axe on the paused run with "Apply the likely fix" and the acknowledge form open (#37: 1.67:1 in dark)
+            assert axe_problems(page) == [], scheme
             shot(page, f"paused-run-{scheme}.png")
             card.locator('[data-testid="ack-resume"] summary').click()
 
             page.goto(f"{srv.url}/runs/{finished}")
             expect(page.locator('[data-tile="throughput"] .tile-title')).to_contain_text("average over the run")
             expect(page.get_by_test_id("req-s")).not_to_have_text("0.00")
+            assert axe_problems(page) == [], scheme
             shot(page, f"finished-run-{scheme}.png")
     finally:
         store.apply_control(engine, bg.run_id, "stop_now")
