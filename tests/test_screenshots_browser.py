@@ -18,6 +18,7 @@ from test_a11y_browser import axe_problems
 from test_checks_kit import CheckedBackground
 from workerkit import make_config, run_row, run_to_end, wait_for
 
+from synthwatch.app.words import check_label
 from synthwatch.store import queue as store
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -66,6 +67,9 @@ def test_paused_and_finished_runs_in_both_themes(page: Page, engine: Any, sim: A
             expect(page.locator('[data-testid="ack-resume"], [data-testid="alarm-acknowledge"]')).to_have_count(1)
             expect(page.locator(".audit table.data td").first).to_be_visible()
             assert page.evaluate(BROKEN_WORDS) == []
+            # the audit log names checks by their labels, not their ids (#37)
+            opened = page.locator('.audit tr[data-action="open_item_opened"] td').nth(2)
+            expect(opened).to_have_text(check_label("field_mismatch"))
             card.locator('[data-testid="ack-resume"] summary').click()
             expect(card.get_by_test_id("apply-likely-fix")).to_be_visible()
             # axe on the paused run with "Apply the likely fix" and the acknowledge form open (#37: 1.67:1 in dark)
