@@ -41,8 +41,10 @@ def test_resume_button_with_an_open_alarm(page: Page, browser_problems, engine, 
         before, t0 = _claimed(engine, run_id), time.time()
         plain.click()
         expect(page.locator('[data-testid="control-error"]')).to_contain_text("not resumed: alarm #")
-        dialog = page.locator('#run-controls [data-testid="ack-resume"]')
-        expect(dialog).to_have_attribute("open", "")
+        expect(page.get_by_test_id("ack-on-alarm")).to_be_visible()
+        dialog = page.locator('.alarm-banner [data-testid="ack-resume"]')  # the one control, on the card (#37)
+        expect(dialog).to_have_count(1)
+        dialog.locator("summary").click()
         assert run_row(engine, run_id)["desired"] == "pause" and _claimed(engine, run_id) == before
         # the refusal is a 409 (expected here, not a page fault)
         wait_for(lambda: any("409" in p for p in browser_problems), timeout_s=5, what="the 409 seen")
@@ -57,7 +59,7 @@ def test_resume_button_with_an_open_alarm(page: Page, browser_problems, engine, 
         wait_for(lambda: _claimed(engine, run_id) == before + 6 and run_row(engine, run_id)["desired"] == "pause"
                  and run_row(engine, run_id)["n_in_flight"] == 0, timeout_s=30, what="paused again after 6")
         page.reload()
-        expect(page.locator('#run-controls [data-testid="ack-resume"]')).to_be_visible()
+        expect(page.locator('.alarm-banner [data-testid="ack-resume"]')).to_be_visible()
         expect(page.locator('.alarm-banner[data-rule="field_mismatch"] .alarm-paused')).to_have_text(
             "run paused automatically")
         assert _claimed(engine, run_id) == before + 6

@@ -44,7 +44,12 @@ def test_banner_appears_live_and_can_be_acknowledged(page: Page, engine, sim, pr
         expect(page.locator('tr[data-check="field_mismatch"]')).to_have_class(re.compile("check-failing"))
         # one banner for the cause: the empty reasoning it causes raises no alarm of its own
         expect(page.locator(".alarm-banner")).to_have_count(1)
-        page.locator('.alarm-banner[data-rule="field_mismatch"]').get_by_role("button", name="Acknowledge").click()
+        card = page.locator('.alarm-banner[data-rule="field_mismatch"]')
+        # the one acknowledge control, beside the fix (#37): here, held, it acknowledges and resumes
+        expect(card.locator('[data-testid="ack-resume"], [data-testid="alarm-acknowledge"]')).to_have_count(1)
+        control = card.locator('[data-testid="ack-resume"], [data-testid="alarm-acknowledge"]')
+        control.locator("summary").click()
+        control.locator("button[type=submit]").click()
         expect(page.locator(".alarm-banner")).to_have_count(0)
     finally:
         store.apply_control(engine, bg.run_id, "stop")

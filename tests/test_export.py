@@ -326,6 +326,20 @@ def test_flagged_and_failing_records_are_excluded_and_counted(engine, tmp_path) 
     assert config["tokenizer"]["name_or_path"] == DEEPSEEK_V4 and config["sampling"]["max_tokens"] is None
 
 
+def test_the_summary_says_each_check_in_words(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """#37: "check_flags has bit 4" in the export summary; a person reads what fails the check (the bit stays in
+    the manifest beside it, for programs)."""
+    from synthwatch.check_catalog import CHECK_INFO
+
+    run_id = make_run(engine, SELECTION)
+    manifest = export_run(engine, run_id, ExportOptions(format="messages", out=tmp_path / "w.jsonl",
+                                                        exclude_checks=("think_tags_in_content",)))
+    applied = {c["name"]: c for c in manifest["selection"]["checks_applied"]}
+    tags = applied["think_tags_in_content"]
+    assert tags["rule"] == CHECK_INFO["think_tags_in_content"] and "bit" not in tags["rule"]
+    assert isinstance(tags["check_flags_bit"], int)
+
+
 def test_selection_options(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
     run_id = make_run(engine, SELECTION)
 

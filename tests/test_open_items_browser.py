@@ -11,6 +11,8 @@ import pytest
 from playwright.sync_api import Page, expect
 from test_open_items import _failing, _item, stretch_run
 
+from synthwatch.app.words import check_label
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 # the colour of the canvas at (x, a few px under the plot's top) in one chart: the band sits behind the series
@@ -42,7 +44,7 @@ def test_finished_run_page_shows_the_whole_run_the_span_and_the_open_item(page: 
     expect(t).to_contain_text("whole run")
     expect(t).to_contain_text(tile["value"])
     row = page.locator(f'[data-testid="open-item"][data-item-id="{item["id"]}"]')
-    expect(row).to_contain_text(f"{len(bad)} records failed empty_reasoning between")
+    expect(row).to_contain_text(f"{len(bad)} records failed {check_label('empty_reasoning')} between")  # labels (#37)
 
     # the alarm's span, shaded behind the series of every chart, and named in words under them
     page.locator('#run-charts [data-chart="requests"] canvas').wait_for()

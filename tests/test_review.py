@@ -452,7 +452,7 @@ def test_flag_undo_and_bulk_over_http(engine: Any, live_app: Any) -> None:
         preview = c.post(f"/api/runs/{run_id}/flags/bulk", json=body).json()["preview"]
         assert preview["count"] == 4
         late = add_record(engine, run_id, 99, reasoning="")  # arrives between preview and confirmation
-        done = c.post(f"/api/runs/{run_id}/flags/bulk", json={**body, "max_id": preview["max_id"]}).json()
+        done = c.post(f"/api/runs/{run_id}/flags/bulk", json={**body, "ids": preview["ids"]}).json()
         assert done["flagged"] == 4
         flagged = c.get(f"/api/runs/{run_id}/records", params={"flag": "bad", "reason": "empty_reasoning"}).json()
         assert sorted(ids_of(flagged["records"])) == recs[:4]
@@ -463,6 +463,40 @@ def test_flag_undo_and_bulk_over_http(engine: Any, live_app: Any) -> None:
             "count": 0, "capped": False, "search_backlog": 0}
         r = c.post(f"/api/runs/{run_id}/flags/bulk", json={"filters": {"status": "nope"}, "verdict": "bad"})
         assert r.status_code == 400 and "status: unknown value 'nope'" in r.json()["detail"]
+
+
+def test_bulk_flag_acts_on_the_previewed_set_not_on_records_that_finished_since(engine: Any, live_app: Any) -> None:
+    """#37: 36 previewed, 37 flagged. A record still pending at the preview has an id below the preview's maximum;
+    when it finishes matching the filter before the confirmation, a max id let it in. The preview pins the ids."""
+    run_id = add_run(engine)
+    empty = [add_record(engine, run_id, i, reasoning="") for i in range(3)]
+    pending = add_record(engine, run_id, 3, status="pending", reasoning=None, content=None)
+    tail = add_record(engine, run_id, 4, reasoning="")
+    srv = live_app()
+    body: dict[str, Any] = {"filters": {"reasoning_len_max": "0"}, "verdict": "bad", "reason": "empty_reasoning"}
+    with httpx.Client(base_url=srv.url) as c:
+        preview = c.post(f"/api/runs/{run_id}/flags/bulk", json=body).json()["preview"]
+        assert preview["count"] == 4 and preview["max_id"] == tail > pending
+        with engine.connect() as conn, store.write_begin(conn):  # the pending record finishes, empty
+            conn.execute(text("UPDATE record SET status = 'ok', reasoning = '', reasoning_len = 0, content = 'x',"
+                              " content_len = 1, finish_reason = 'stop', finished_at = :t WHERE id = :i"),
+                         {"t": time.time(), "i": pending})
+        refused = c.post(f"/api/runs/{run_id}/flags/bulk", json={**body, "max_id": preview["max_id"]})
+        assert refused.status_code == 400 and "ids" in refused.json()["detail"]
+        done = c.post(f"/api/runs/{run_id}/flags/bulk", json={**body, "ids": preview["ids"]}).json()
+        assert done["flagged"] == preview["count"] == 4
+        flagged = c.get(f"/api/runs/{run_id}/records", params={"flag": "bad", "limit": 100}).json()["records"]
+        assert sorted(ids_of(flagged)) == sorted([*empty, tail])
+        assert c.get(f"/api/runs/{run_id}/records/{pending}").json()["record"]["review"] is None
+        # the set names ids; another run's ids or a garbled set flag nothing of theirs
+        other = add_run(engine, "other-run")
+        foreign = add_record(engine, other, 0, reasoning="")
+        done = c.post(f"/api/runs/{run_id}/flags/bulk", json={**body, "ids": str(foreign)}).json()
+        assert done["flagged"] == 0
+        assert c.get(f"/api/runs/{other}/records/{foreign}").json()["record"]["review"] is None
+        for bad_ids in ("5-3", "x", "3,2", "0"):
+            r = c.post(f"/api/runs/{run_id}/flags/bulk", json={**body, "ids": bad_ids})
+            assert r.status_code == 400 and r.json()["detail"].startswith("ids:"), (bad_ids, r.text)
 
 
 def test_flags_refuse_cross_site_posts(engine: Any, live_app: Any) -> None:

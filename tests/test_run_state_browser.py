@@ -34,7 +34,10 @@ def test_alarm_pause_reaches_controls_eta_and_rates_without_reload(page: Page, e
         patch_sim(url, reasoning_field="reasoning")
         wait_for(lambda: run_row(engine, bg.run_id)["status"] == "paused", timeout_s=20, what="auto-pause")
         # the open alarm holds the run: Resume is "Acknowledge and resume" (#26)
-        expect(page.get_by_role("region", name="Controls").locator('[data-control="ack-resume"]')).to_be_visible(timeout=3_000)
+        # one acknowledge control, on the alarm's card beside its fix (#37); the controls say where it is
+        expect(page.locator('.alarm-banner [data-control="ack-resume"]')).to_be_visible(timeout=10_000)
+        expect(page.get_by_role("region", name="Controls").get_by_test_id("ack-on-alarm")).to_be_visible()
+        expect(page.locator('[data-testid="ack-resume"], [data-testid="alarm-acknowledge"]')).to_have_count(1)
         expect(page.locator('[data-control="pause"]')).to_have_count(0)
         expect(page.get_by_test_id("run-status")).to_have_text("paused")
         expect(page.get_by_test_id("eta")).to_have_text("ETA paused")

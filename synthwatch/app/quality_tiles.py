@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection
 from ..check_catalog import Rule
 from ..quality.alarms import MISMATCH_SYMPTOMS, effective_rules, fires
 from ..store.models import LIVE_STATUSES
+from .problem_counts import open_problems
 from .words import check_label, plural
 
 TILE_CHECKS = (("empty_reasoning", "empty_reasoning"), ("length", "truncated"))  # tile key, its check
@@ -86,9 +87,7 @@ def quality_tiles(conn: Connection, run: dict[str, Any], checks: list[dict[str, 
 def _finished_tiles(conn: Connection, run: dict[str, Any], rules: dict[str, Rule],
                     by_name: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """A finished run's tiles: the whole run's rate, red while an open item on the check remains."""
-    items = {r[0]: int(r[1] or 0) for r in conn.execute(
-        text("SELECT check_name, SUM(n_records) FROM open_item WHERE run_id = :r AND state = 'open'"
-             " GROUP BY check_name"), {"r": run["id"]})}
+    problems = open_problems(conn, run["id"])
     out = []
     for key, check in TILE_CHECKS:
         rule, row = rules[check], by_name.get(check) or {}
@@ -98,14 +97,18 @@ def _finished_tiles(conn: Connection, run: dict[str, Any], rules: dict[str, Rule
             out.append({"key": key, "level": "ok", "title": title, "value": "–", "detail": "no checked records"})
             continue
         level = "ok"
-        if check in items:
-            level = "warn" if rule.severity == "warning" else "bad"
+        problem = problems.on_check(check)
+        if problem is not None:
+            level = "warn" if rule.severity == "warning" and problem[0] == check else "bad"
         elif rule.enabled and fail and fires(_whole_run_rule(rule), fail, total):
             level = "warn"
         detail = f"{fail:,} of {plural(total, 'checked record')} in the whole run"
-        if check in items:
-            detail += (f"; open problem: {plural(items[check], 'record')} still failing (repair, exclude or accept"
+        if problem is not None and problem[0] == check:
+            detail += (f"; open problem: {plural(problem[1], 'record')} still failing (repair, exclude or accept"
                        " it)")
+        elif problem is not None:  # a symptom: its records belong to the cause's open problem (#37)
+            detail += (f"; part of the open problem \"{check_label(problem[0])}\": {plural(problem[1], 'record')}"
+                       " still failing (repair, exclude or accept it)")
         elif fail:
             detail += "; no open problem (its records were repaired, excluded or accepted)"
         out.append({"key": key, "level": level, "title": title, "value": f"{fail / total * 100:.1f}%",

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.engine import Connection, Engine
 
@@ -148,11 +149,37 @@ def strip(request: Request, run_id: int, conn: ReadConn) -> Response:
 
 
 @router.post("/runs/{run_id}/alarms/{alarm_id}/ack", include_in_schema=False)
-def ack_form(request: Request, run_id: int, alarm_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
+async def ack_form(request: Request, run_id: int, alarm_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
+    """The card's one acknowledge control: for N records or M minutes (or, with no amount, until it fails again)."""
+    form = await request.form()
+    records, minutes = ack_for(str(form.get("ack_unit") or ""), str(form.get("ack_amount") or ""))
     try:
-        acknowledge(engine, run_id, alarm_id)
+        await run_in_threadpool(acknowledge, engine, run_id, alarm_id, for_records=records, for_minutes=minutes)
     except AlarmNotFound as exc:
         raise HTTPException(404, str(exc)) from None
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return await run_in_threadpool(_after_ack, request, run_id, conn)
+
+
+def ack_for(unit: str, amount: str) -> tuple[int | None, float | None]:
+    """The acknowledge control's "for N records / M minutes" (no unit or no amount: until the check fails again)."""
+    if not unit or not amount.strip():
+        return None, None
+    try:
+        x = float(amount)
+    except ValueError:
+        raise HTTPException(400, f"acknowledge for how many {unit[:20]}? got {amount[:40]!r}") from None
+    if not (x > 0 and x < 1e9):
+        raise HTTPException(400, f"acknowledge for a positive number of {unit[:20]}, got {amount[:40]!r}")
+    if unit == "minutes":
+        return None, x
+    if unit != "records" or x != int(x):
+        raise HTTPException(400, f"acknowledge for a whole number of records or for minutes, got {amount[:40]!r}")
+    return int(x), None
+
+
+def _after_ack(request: Request, run_id: int, conn: Connection) -> Response:
     conn.rollback()  # see the acknowledgement just written
     if request.headers.get("HX-Request") == "true":
         ctx = banner_context(conn, run_id)

@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from ..review import filters as review_filters
 from ..review import flags as review_flags
+from ..review import idset
 from ..review.filters import ReviewError
 from .deps import HX, ReadConn, ReadEngine, WriteEngine, catch_up_search, render
 from .routes_review import bad, flag_context, parse_filters, record_or_404, run_or_404
@@ -112,7 +113,7 @@ def _bulk_args(data: dict[str, Any]) -> tuple[str, str | None, str | None]:
 
 @router.post("/runs/{run_id}/flags/bulk", include_in_schema=False)
 async def bulk_form(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine) -> Response:
-    """Preview (no max_id) or apply (max_id from the preview) a bulk flag; the filter comes as form fields."""
+    """Preview (no ids) or apply (the preview's pinned `ids`) a bulk flag; the filter comes as form fields."""
     form = {k: str(v) for k, v in (await request.form()).items()}
     run = run_or_404(conn, run_id)
     f = parse_filters(form)  # the filter's own fields; the verdict comes as flag_* (a filter has a reason field too)
@@ -123,11 +124,11 @@ async def bulk_form(request: Request, run_id: int, conn: ReadConn, read: ReadEng
     try:  # database work off the event loop
         if form.get("undo_bulk"):
             ctx["undone"] = await run_in_threadpool(review_flags.undo_bulk, write, run_id, form["undo_bulk"])
-        elif not form.get("max_id"):
+        elif "ids" not in form:
             ctx["preview"] = await run_in_threadpool(review_flags.bulk_preview, conn, run_id, f)
         else:
-            ctx["result"] = await run_in_threadpool(review_flags.bulk_flag, read, write, run_id, f, verdict, reason, note,
-                                                    _to_int(form["max_id"], "max_id"))
+            ctx["result"] = await run_in_threadpool(review_flags.bulk_flag_ids, write, run_id, _ids(form["ids"]),
+                                                    verdict, reason, note)
     except ReviewError as exc:
         raise bad(exc) from None
     response = render(request, "_records_bulk.html", ctx)
@@ -136,19 +137,20 @@ async def bulk_form(request: Request, run_id: int, conn: ReadConn, read: ReadEng
     return response
 
 
-def _to_int(raw: Any, name: str) -> int:
+def _ids(raw: Any) -> list[int]:
     try:
-        return int(raw)
-    except (TypeError, ValueError):
-        raise HTTPException(400, f"{name}: not a whole number: {str(raw)[:40]!r}") from None
+        return idset.decode(str(raw))
+    except idset.IdSetError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 @router.post("/api/runs/{run_id}/flags/bulk", tags=["review"])
 def bulk_api(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine,
              body: dict[str, Any] = Body(..., examples=[{"filters": {"finish_reason": "length"}, "verdict": "bad",
                                                          "reason": "truncated"}])) -> Any:
-    """Flag every record matching `filters` (the records-table query parameters). Without `max_id` it only
-    previews: {count, max_id}; send the same request with that max_id to apply it."""
+    """Flag the records matching `filters` (the records-table query parameters). Without `ids` it only previews:
+    {count, ids, max_id}, where `ids` pins the set; send the same request with that `ids` to flag exactly those
+    records (`flagged` is how many). A `max_id` alone is refused: records pending at the preview have ids below it."""
     run_or_404(conn, run_id)
     filters = body.get("filters") or {}
     if not isinstance(filters, dict):
@@ -157,9 +159,11 @@ def bulk_api(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, wr
     verdict, reason, note = _bulk_args(body)
     backlog = catch_up_search(request, f.q)
     try:
-        if body.get("max_id") is None:
+        if body.get("ids") is None:
+            if body.get("max_id") is not None:
+                raise HTTPException(400, "max_id: no longer pins a bulk flag; send the preview's `ids` instead")
             return {"preview": review_flags.bulk_preview(conn, run_id, f), "search_backlog": backlog}
-        return review_flags.bulk_flag(read, write, run_id, f, verdict, reason, note, _to_int(body["max_id"], "max_id"))
+        return review_flags.bulk_flag_ids(write, run_id, _ids(body["ids"]), verdict, reason, note)
     except ReviewError as exc:
         raise bad(exc) from None
 

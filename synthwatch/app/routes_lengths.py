@@ -165,7 +165,16 @@ def settings_diff_of(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
                                 for e in out["endpoints"]]
         return out
 
-    cfg_a, cfg_b = shown(a.get("config") or {}), shown(b.get("config") or {})
+    def now(run: dict[str, Any]) -> dict[str, Any]:
+        """The current config version with the controls as they are now: cap and concurrency set from the
+        dashboard live in the run's columns, not in its config (#37: compare showed 5000/16 for 3000/8)."""
+        cfg = dict(run.get("config") or {})
+        for key in ("cap", "concurrency"):
+            if key in run:
+                cfg[key] = run[key]
+        return cfg
+
+    cfg_a, cfg_b = shown(now(a)), shown(now(b))
     return [line.replace(" -> ", " → ") for line in lines([c.as_dict() for c in diff(cfg_a, cfg_b)])]
 
 

@@ -15,6 +15,7 @@ from sqlalchemy.exc import OperationalError
 from ..quality import open_items, passk
 from ..store.models import LIVE_STATUSES
 from ..workers.sketch import TPS_MIN, Sketch
+from .problem_counts import in_words
 from .quality_tiles import quality_tiles
 from .stats import (
     CACHE,
@@ -121,6 +122,11 @@ def run_stats(conn: Connection, run: dict[str, Any], window_s: int = RECENT_S) -
     st.progress = _progress(run, recent)
     st.gauge = _gauge(conn, rid, run)
     total = _whole_sums(conn, run, now)  # first: it may drop the run's cached folds (rows that came late)
+    if not st.live:  # ended: averages over the run, as the runs list shows (#37: "0.00 ok req/s" beside 3.69)
+        d = run.get("duration_s") or 0
+        recent.update(req_s=safe_rate(run["n_ok"], d), tok_s=safe_rate(total["completion_tokens"], d),
+                      tok_s_reasoning=safe_rate(total["reasoning_tokens"], d),
+                      tok_s_content=safe_rate(total["content_tokens"], d), average=True)
     st.latency = _latency(conn, rid, now, window_s)
     st.failures, st.status_codes = _failures(conn, rid, recent, total)
     st.quality = _quality(conn, rid, recent, total, now, window_s)
@@ -129,7 +135,7 @@ def run_stats(conn: Connection, run: dict[str, Any], window_s: int = RECENT_S) -
     st.workers = _workers(conn, rid, now)
     st.errors = latest_errors(conn, rid, 8)
     st.tiles = _tiles(st) + [Tile(**t) for t in quality_tiles(conn, run, st.checks)]
-    st.open_items = open_items.items(conn, rid)
+    st.open_items = [{**it, "text": in_words(it)} for it in open_items.items(conn, rid)]
     st.samples = passk.samples_view(conn, run)
     return st
 
@@ -165,8 +171,12 @@ def _gauge(conn: Connection, rid: int, run: dict[str, Any]) -> dict[str, Any]:
         " WHERE run_id = :r AND endpoint = '' AND t = (SELECT MAX(t) FROM series WHERE run_id = :r)"),
         {"r": rid}).first()
     inflight, conc, t = row if row else (0, 0, None)
-    return {"in_flight": run["n_in_flight"], "worker_in_flight": inflight, "concurrency": run["concurrency"],
-            "worker_concurrency": conc, "t": t}
+    # Claimed records include answers already back and waiting for the writer, and requests started before the
+    # concurrency was lowered: the tile never reads "18 / 16" (#37); the rest is said as claims beyond it.
+    claimed, cap = int(run["n_in_flight"] or 0), int(run["concurrency"] or 0)
+    shown = min(claimed, cap) if cap else claimed
+    return {"in_flight": shown, "claimed_beyond": claimed - shown, "worker_in_flight": inflight,
+            "concurrency": run["concurrency"], "worker_concurrency": conc, "t": t}
 
 
 _VERIFIED: dict[tuple[str, int], int] = {}
@@ -399,6 +409,15 @@ def _tiles(st: RunStats) -> list[Tile]:
     r = st.recent
     fin = r["finished"]
     tiles: list[Tile] = []
+    if not st.live:  # ended: the whole run, not the last seconds before now (#37: "(last 57 s)" minutes after)
+        w = st.whole
+        tiles.append(Tile("timeouts", _level(safe_rate(w["timeouts"], w["finished"]) or 0.0, TIMEOUT_BAD, TIMEOUT_WARN),
+                          check_label("timeout"), f"{(safe_rate(w['timeouts'], w['finished']) or 0.0) * 100:.1f}%",
+                          f"{w['timeouts']:,} of {plural(w['finished'], 'record')} timed out in the whole run"))
+        tiles.append(Tile("errors", _level(safe_rate(w["errors"], w["finished"]) or 0.0, ERROR_BAD, ERROR_WARN),
+                          check_label("error"), f"{(safe_rate(w['errors'], w['finished']) or 0.0) * 100:.1f}%",
+                          f"{w['errors']:,} of {plural(w['finished'], 'record')} failed in the whole run"))
+        return tiles
     span_txt = f"last {int(r['span_s'])} s"
 
     share = safe_rate(r["timeouts"], fin) or 0.0

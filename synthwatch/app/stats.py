@@ -21,8 +21,8 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from ..quality import open_items
 from ..store.models import LIVE_STATUSES
+from .problem_counts import open_problems_by_run
 from .words import plural
 
 log = logging.getLogger("synthwatch.stats")
@@ -107,7 +107,7 @@ def list_runs(conn: Connection, limit: int = 200, window_s: int = RECENT_S) -> l
             "SELECT run_id, COUNT(*), SUM(CASE WHEN severity = 'error' THEN 1 ELSE 0 END) FROM alarm"
             " WHERE active GROUP BY run_id")):
         alarms[run_id] = (n, n_err or 0)
-    items = open_items.open_counts(conn)
+    items = {rid: (p.items, p.records) for rid, p in open_problems_by_run(conn).items()}
     for r in runs:
         r["live"] = r["status"] in LIVE_STATUSES
         r["duration_s"] = duration(r, now)

@@ -35,6 +35,38 @@ class ChipView:
 class Outline:
     anchors: list[tuple[str, int]]  # (element id, token index) of the outlined differences
     total: int  # tokens that differ in all
+    jumps: tuple[tuple[str, str, int], ...] = ()  # (label, element id, token index) of the record's landmarks
+
+
+KIND_LABELS = {"think": "first think token", "role": "first role/turn token", "bos_eos": "first BOS/EOS token",
+               "special": "first special token", "added": "first added token"}
+"""The first token of every special kind gets a jump link (#37: a 30k-token record is 38,000 px long)."""
+
+
+def landmarks(chips: list[Any]) -> list[tuple[str, int]]:
+    """(label, token index) of where a long record's reader wants to go: `</think>`, the answer (the first trained
+    text token after it), EOS (the last BOS/EOS token of the trained part), the first difference from the server's
+    ids and the first token of every special kind; in token order, each index once."""
+    out: dict[str, int] = {}
+    end_think = next((i for i, c in enumerate(chips) if c.kind == "think" and "/" in (c.text or "")), None)
+    if end_think is not None:
+        out["</think>"] = end_think
+    start = end_think + 1 if end_think is not None else 0
+    answer = next((i for i in range(start, len(chips)) if chips[i].in_assistant and chips[i].kind == "text"), None)
+    if answer is not None:
+        out["the answer"] = answer
+    eos = [i for i, c in enumerate(chips) if c.kind == "bos_eos" and c.in_assistant] or \
+        [i for i, c in enumerate(chips) if c.kind == "bos_eos"][-1:]
+    if eos:
+        out["EOS"] = eos[-1]
+    first_diff = next((i for i, c in enumerate(chips) if c.differs), None)
+    if first_diff is not None:
+        out["first difference"] = first_diff
+    for kind, label in KIND_LABELS.items():
+        i = next((i for i, c in enumerate(chips) if c.kind == kind), None)
+        if i is not None:
+            out[label] = i
+    return sorted(out.items(), key=lambda kv: kv[1])
 
 
 def chip_views(lt: Any, chips: list[Any]) -> tuple[list[ChipView], Outline]:
@@ -43,13 +75,15 @@ def chip_views(lt: Any, chips: list[Any]) -> tuple[list[ChipView], Outline]:
     out = []
     anchors: list[tuple[str, int]] = []
     total = 0
+    marks = landmarks(chips)
+    marked = {i for _, i in marks}
     for i, c in enumerate(chips):
         seen = cache.get(c.id)
         if seen is None:
             shown = "".join(m if k != "t" else m.translate(_CHIP_WS) for k, m in review_display.segments(c.text)) or "∅"
             seen = cache[c.id] = (shown, f"id {c.id} · {c.kind} · bytes {c.raw_bytes or '–'} · piece {c.piece!r}")
         classes = f"chip k-{c.kind}" + (" asst" if c.in_assistant else "")
-        anchor = ""
+        anchor = f"tok-{i}" if i in marked else ""
         if c.differs:
             total += 1
             if len(anchors) < DIFF_OUTLINE:
@@ -57,7 +91,7 @@ def chip_views(lt: Any, chips: list[Any]) -> tuple[list[ChipView], Outline]:
                 anchors.append((anchor, i))
                 classes += " differs"
         out.append(ChipView(seen[0], classes, seen[1] + (" · trained" if c.in_assistant else " · not trained"), anchor))
-    return out, Outline(anchors, total)
+    return out, Outline(anchors, total, tuple((label, f"tok-{i}", i) for label, i in marks))
 
 
 def chunked(views: list[ChipView], size: int = CHIP_CHUNK) -> list[list[ChipView]]:

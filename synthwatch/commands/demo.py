@@ -92,6 +92,56 @@ def run_configs(base_a: str, base_b: str, *, stamp: str, concurrency: int, token
     ]
 
 
+HEALTHY_FAULTS: dict[str, Any] = {"rate_429": 0.03, "retry_after_s": 1, "rate_stall": 0.04, "stall_s": 6.0,
+                                   "rate_drop": 0.01}
+"""Run A's rate limits and stalls, so the charts have something to show: switched on only once the run has
+finished the timeout and error alarms' first window of records (#37: one timeout among the first 20 records is 5 %,
+and the "healthy" run ended red)."""
+
+
+def healthy_sim(tokens_per_s: float) -> Any:
+    """Run A's simulator as it starts: no fault at all (HEALTHY_FAULTS come later, faults_after_window)."""
+    from ..simulator.config import SimConfig
+
+    return SimConfig(reasoning_field="reasoning", tokens_per_s=tokens_per_s, ttft_ms=400, reasoning_tokens="40-160",
+                     content_tokens="20-80", seed=1, token_ids="deepseek")
+
+
+def fault_free_records() -> int:
+    """Records run A finishes before its server adds faults: the timeout and error alarms' window."""
+    from ..check_catalog import DEFAULT_RULES
+
+    return max(DEFAULT_RULES["timeout"].window, DEFAULT_RULES["error"].window)
+
+
+def faults_after_window(engine: Any, run_id: int | None, sim_url: str, poll_s: float = 1.0,
+                        stop: threading.Event | None = None) -> bool:
+    """Switch run A's faults on once it has finished fault_free_records() records (False: it never did)."""
+    from sqlalchemy import text
+
+    if run_id is None:
+        return False
+    need = fault_free_records()
+    while not (stop and stop.is_set()):
+        try:
+            with engine.connect() as conn:
+                row = conn.execute(text("SELECT n_ok + n_error + n_timeout, status FROM run WHERE id = :r"),
+                                   {"r": run_id}).first()
+        except Exception:  # noqa: BLE001 - the demo is shutting down; nothing to switch on
+            return False
+        if row is None or row[1] not in ("created", "running", "paused", "stopping"):
+            return False
+        if int(row[0] or 0) >= need:
+            with contextlib.suppress(OSError):
+                patch_sim(sim_url, HEALTHY_FAULTS)
+                print(f"[demo] run A's server now adds a few rate limits and stalls ({need} records in: past the"
+                      " timeout and error alarms' first window)", flush=True)
+                return True
+            return False
+        time.sleep(poll_s)
+    return False
+
+
 def patch_sim(base_url: str, changes: dict[str, Any]) -> None:
     """PATCH our own simulator's settings (through the outbound client, like every request synthwatch sends)."""
     import json
@@ -143,10 +193,7 @@ def handle(args: argparse.Namespace) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     with contextlib.ExitStack() as stack:
         stack.callback(sock.close)
-        sim_a = stack.enter_context(running_in_thread(SimConfig(
-            reasoning_field="reasoning", tokens_per_s=args.tokens_per_s, ttft_ms=400, reasoning_tokens="40-160",
-            content_tokens="20-80", rate_429=0.03, retry_after_s=1, rate_stall=0.04, stall_s=6.0,
-            rate_drop=0.01, seed=1, token_ids="deepseek")))
+        sim_a = stack.enter_context(running_in_thread(healthy_sim(args.tokens_per_s)))
         sim_b = stack.enter_context(running_in_thread(SimConfig(
             reasoning_field="both", tokens_per_s=args.tokens_per_s * 1.5, ttft_ms=250,
             reasoning_tokens="40-160", content_tokens="20-80", seed=2, token_ids="deepseek")))
@@ -176,6 +223,10 @@ def handle(args: argparse.Namespace) -> int:
                       "still reads `reasoning_content`: its alarm names both fields and pauses it within seconds",
                       flush=True)
 
+        stop_faults = threading.Event()
+        stack.callback(stop_faults.set)
+        threading.Thread(target=faults_after_window, args=(engine, launched[0].run_id, sim_a),
+                         kwargs={"stop": stop_faults}, daemon=True).start()
         timers = [threading.Timer(max(0.0, args.drift_after_s), drift)]
         settings = get_settings().model_copy(update={"db": str(db_path), "host": host, "port": port})
         app = create_app(url, settings)

@@ -12,6 +12,12 @@ from urllib.parse import urlsplit
 from .plan import PRESET_FORMATS, R_EMPTY, R_TRUNCATED, TOKEN_FORMATS, ExportPlan, version
 
 
+def _check_words(name: str) -> str:
+    from ..check_catalog import CHECK_INFO
+
+    return CHECK_INFO.get(name) or name.replace("_", " ")
+
+
 def build_manifest(plan: ExportPlan, scanned: int, exported: int, excluded: Counter[str], sources: Counter[str],
                    digest: str, size: int, started: float) -> dict[str, Any]:
     """The manifest written beside an export: counts, selection, file, format, tokens, preset, run config."""
@@ -25,7 +31,10 @@ def build_manifest(plan: ExportPlan, scanned: int, exported: int, excluded: Coun
         elif name == R_TRUNCATED:
             rule = "finish_reason == 'length'"
         else:
-            rule = f"check_flags has bit {plan.check_bits[name]} (synthwatch.quality.checks)"
+            # a sentence, not "check_flags has bit 4" (#37); the bit stays beside it for programs
+            rule = _check_words(name)
+            checks_applied.append({"name": name, "rule": rule, "check_flags_bit": plan.check_bits[name]})
+            continue
         checks_applied.append({"name": name, "rule": rule})
     tok: dict[str, Any] | None = None
     if opts.format in TOKEN_FORMATS:

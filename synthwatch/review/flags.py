@@ -6,13 +6,14 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection, Engine
 
 from ..quality import open_items
 from ..store import queue as store
+from . import idset
 from .filters import BULK_CHUNK, REASON_CODES, VERDICTS, Filters, NotFound, ReviewError, index_hint
-from .queries import Cursor, count, select_ids
+from .queries import Cursor, select_ids
 
 # ------------------------------------------------------------------------------------------- flags
 
@@ -122,10 +123,49 @@ def max_record_id(conn: Connection, run_id: int) -> int:
 
 
 def bulk_preview(conn: Connection, run_id: int, f: Filters) -> dict[str, Any]:
-    """How many records a bulk flag would touch; max_id pins the set (later records are left alone)."""
-    max_id = max_record_id(conn, run_id)
-    n, _ = count(conn, run_id, f, cap=None, max_id=max_id)
-    return {"count": n, "max_id": max_id}
+    """The records a bulk flag would touch, pinned: `ids` (idset text) is the set applying it flags, whatever
+    finishes or changes meanwhile (#37: a max id let records pending at the preview in)."""
+    by_id = replace(f, sort="id", order="asc")
+    ids: list[int] = []
+    after: Cursor | None = None
+    while True:
+        chunk = select_ids(conn, run_id, by_id, after=after, limit=BULK_CHUNK)
+        if not chunk:
+            break
+        ids.extend(chunk)
+        if len(ids) > idset.MAX_IDS:
+            raise ReviewError(f"more than {idset.MAX_IDS:,} records match: narrow the filter")
+        after = Cursor(None, chunk[-1])
+    return {"count": len(ids), "max_id": max(ids, default=0), "ids": idset.encode(ids)}
+
+
+def bulk_flag_ids(write: Engine, run_id: int, ids: list[int], verdict: str, reason: str | None,
+                  note: str | None) -> dict[str, Any]:
+    """Flag exactly the records `ids` names (a preview's pinned set; ids of another run are left alone), in short
+    transactions of BULK_CHUNK records; `flagged` is how many."""
+    reason, note = validate_flag(verdict, reason, note)
+    bulk_id = uuid.uuid4().hex[:12]
+    n = 0
+    for k in range(0, len(ids), BULK_CHUNK):
+        t = store.now()
+        with write.connect() as conn, store.write_begin(conn):
+            mine = [int(i) for (i,) in conn.execute(
+                text("SELECT id FROM record WHERE run_id = :r AND id IN :ids").bindparams(
+                    bindparam("ids", expanding=True)), {"r": run_id, "ids": ids[k:k + BULK_CHUNK]})]
+            if not mine:
+                continue
+            conn.execute(
+                text("INSERT INTO flag (run_id, record_id, verdict, reason, note, created_at, bulk_id)"
+                     " VALUES (:r, :i, :v, :reason, :note, :t, :b)"),
+                [{"r": run_id, "i": i, "v": verdict, "reason": reason, "note": note, "t": t, "b": bulk_id}
+                 for i in mine],
+            )
+            conn.execute(text("UPDATE record SET review = :v, review_reason = :reason, reviewed_at = :t WHERE id = :i"),
+                         [{"v": verdict, "reason": reason, "t": t, "i": i} for i in mine])
+        n += len(mine)
+    with write.connect() as conn, store.write_begin(conn):
+        open_items.sync(conn, run_id, actor="review")
+    return {"bulk_id": bulk_id, "flagged": n, "verdict": verdict, "reason": reason}
 
 
 def bulk_flag(read: Engine, write: Engine, run_id: int, f: Filters, verdict: str, reason: str | None,

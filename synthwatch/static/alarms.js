@@ -25,6 +25,13 @@
   document.addEventListener("toggle", function (e) {
     if (e.target.matches && e.target.matches("details.alarm-more")) moreOpen = e.target.open;
   }, true);
+  // A poll never redraws a card while its acknowledge dialog is open (#37): the number typed in it, and the click
+  // on its button, would land on a replaced element. The next poll after it closes brings the cards up to date.
+  document.addEventListener("htmx:beforeRequest", function (evt) {
+    const elt = evt.detail && evt.detail.elt;
+    if (!elt || elt.id !== "alarm-slot" || (evt.detail.requestConfig && evt.detail.requestConfig.verb !== "get")) return;
+    if (elt.querySelector("details.ack-resume[open], details.alarm-ack-one[open]")) evt.preventDefault();
+  });
   document.addEventListener("htmx:afterSettle", update);
   document.addEventListener("DOMContentLoaded", update);
 })();

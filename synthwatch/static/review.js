@@ -309,10 +309,32 @@
     show(url, false);
   }
 
+  // A token's jump link kept in the URL (#tok-N, #37): opening the record page with it shows the Tokens tab and
+  // scrolls to that token once the view arrived.
+  function jumpToHashToken(root) {
+    const m = /^#(tok-\d+)$/.exec(window.location.hash);
+    if (!m) return;
+    const pane = root.querySelector("#tokens-pane");
+    if (!pane) return;
+    pane.addEventListener("sw:tokens-shown", function () {
+      const el = document.getElementById(m[1]);
+      if (el) el.scrollIntoView({ block: "center" });
+    }, { once: true });
+    showTab(root, "tokens");
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     const first = reviewRoot();
     if (!first) return;
     init(first);
+    jumpToHashToken(first);
+    window.addEventListener("hashchange", function () {
+      const root = reviewRoot();
+      const m = /^#(tok-\d+)$/.exec(window.location.hash);
+      if (!root || !m) return;
+      const el = document.getElementById(m[1]);
+      if (el) el.scrollIntoView({ block: "center" }); else jumpToHashToken(root);
+    });
     window.addEventListener("popstate", function (ev) { if (ev.state && ev.state.swReview) window.location.reload(); });
     document.addEventListener("htmx:afterRequest", function (evt) {
       const path = evt.detail.pathInfo ? evt.detail.pathInfo.requestPath : "";
