@@ -20,6 +20,7 @@ from conftest import HTTP_TIMEOUT_S, cli_env, popen_cli, run_cli, wait_http_read
 from workerkit import wait_for
 
 from synthwatch.cli import COMMANDS
+from synthwatch.hints import program
 from synthwatch.store.db import open_engine
 
 
@@ -308,12 +309,14 @@ def test_exit_on_pause_exits_4_and_leaves_the_run_paused(tmp_path: Path, sim: An
     # the alarm holds the run (a plain resume is refused): the line names it and how to go on
     assert paused[0].startswith("story PAUSED (alarm #1 field_mismatch: Reasoning is in a field this run does not "
                                 "read"), paused[0]
-    assert (f"resume from another terminal: fix the cause, or acknowledge and go on: synthwatch control story --db "
-            f"{db} resume --ack --for-records N") in paused[0]
+    sw = program()  # `synthwatch` when PATH finds this installation, else its path (tests/test_hints.py)
+    assert (f"resume from another terminal: fix the cause, or acknowledge and go on: {sw} control story resume --ack "
+            f"--for-records 100 --db {db}") in paused[0]
     assert "dashboard: none running; start one with" in paused[0]
     assert _runs(db)[0][2] == "paused"
-    assert proc.stderr.rstrip().endswith("acknowledge and resume with `synthwatch control story resume --ack "
-                                         "--for-records N`, then run again (`synthwatch run --name story`)")
+    assert proc.stderr.rstrip().endswith(f"acknowledge and resume with `{sw} control story resume --ack "
+                                         f"--for-records 100 --db {db}`, then run again (`{sw} run --name story "
+                                         f"--db {db}`)")
 
 
 # ~60 s on a loaded machine: a run and four commands from "another terminal" (fix, two rederives, resume), each

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import sys
 
 import orjson
 
 from ..cli import CliError
+from ..hints import command as hint
 from ..probe import PROBE_MAX_TOKENS, PROBE_OWN_KEYS
 from ._common import json_object_flag, positive_float, positive_int
 
@@ -112,9 +114,14 @@ def handle(args: argparse.Namespace) -> int:
     print("settings:   " + (", ".join(f"{flag} ({toml})" for flag, toml in flags) or "the defaults"))
     for note in notes:
         print(f"            {note}")
-    command = f"synthwatch run --base-url {args.base_url} --model {args.model}"
-    command += "".join(f" {flag}" for flag, _ in flags if flag.startswith("--"))
-    print(f"run with:   {command} --dataset FILE")
+    words = ["run", "--base-url", args.base_url, "--model", args.model]
+    words += [w for flag, _ in flags if flag.startswith("--") for w in shlex.split(flag)]
+    if args.api_key_env:
+        words += ["--api-key-env", args.api_key_env]
+    if args.extra_body is not None:
+        words += ["--extra-body", args.extra_body]
+    # the dataset is the one word left to the person: FILE (every other value is the probe's own)
+    print(f"run with:   {hint(*words, with_db=False)} --dataset FILE")
     print(report.verdict)
     return 0 if report.ready else 1
 

@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl
 
 from ..capture.reasoning import MODES as REASONING_MODES
 from ..cli import CliError
+from ..hints import command as hint
 from ._common import add_db_arg, add_flag, json_object_flag, open_run, positive_float, positive_int
 
 
@@ -149,8 +150,9 @@ def handle_fix(a: argparse.Namespace) -> int:
         for line in lines([c]):
             print(f"  {c['kind']:10} {line}", file=out)
     if any(c["kind"] == "reading" for c in res["changes"]):
-        print(f"stored records keep their answers until re-derived: synthwatch rederive {run['name']!r} --check "
-              "CHECK (or --alarm ID)", file=out)
+        print("stored records keep their answers until re-derived: "
+              f"`{hint('rederive', '--check', 'field_mismatch', run=run['name'], db=a.db)}` (or another --check, or "
+              "--alarm ID)", file=out)
     return 0
 
 
@@ -205,13 +207,13 @@ def handle_repair(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(res, default=str), file=out)
     elif a.verb == "rederive":
-        print(f"re-derived {res['changed']:,} records (repair #{res['repair_id']}; undo: synthwatch repairs "
-              f"{run['name']!r} --undo {res['repair_id']})", file=out)
+        print(f"re-derived {res['changed']:,} records (repair #{res['repair_id']}; undo: "
+              f"{hint('repairs', '--undo', res['repair_id'], run=run['name'], db=a.db)})", file=out)
     elif res.get("repair_id") is None:  # the records changed between the preview and now
         print(res["message"], file=out)
     else:
         print(f"re-runs: {res['queued']:,} queued (repair #{res['repair_id']}); they are generated when the run "
-              f"runs: synthwatch run --name {run['name']!r}", file=out)
+              f"runs: {hint('run', '--name', run['name'], db=a.db)}", file=out)
     return 0
 
 

@@ -8,11 +8,13 @@ import json
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any, NoReturn
 
 from ..capture.reasoning import MODES as REASONING_MODES
 from ..cli import CliError
 from ..config import DatasetConfig
+from ..hints import command as hint
 from ..sources.load import RunLoadError, prepare_run
 from ._common import (
     OLD_FLAGS,
@@ -26,6 +28,9 @@ from ._common import (
     positive_int,
 )
 from .progress import Progress
+
+ACK_RECORDS = 100
+"""The number of records a printed acknowledgement suggests (a check's default window: #37)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -348,6 +353,7 @@ def handle(a: argparse.Namespace) -> int:
     fresh = None if a.join else resolve_config(a, None, toml, required=not a.name)
     if fresh is not None:
         check_before_writing(fresh, dataset=True, preflight=a.preflight)
+    new_file = _new_sqlite_file(a.db)
     try:
         engine = open_engine(a.db)
     except DatabaseError as exc:
@@ -389,16 +395,18 @@ def handle(a: argparse.Namespace) -> int:
         try:
             run_id, resumed = prepare_run(engine, config)
         except RunLoadError as exc:
+            _forget_new_file(engine, new_file)  # a refused dataset leaves no database behind (#37)
             raise CliError(str(exc)) from None
     out = sys.stderr
     verb = "joining" if a.join else ("resuming" if resumed else "starting")
     print(f"{verb} run {config.name!r} (id {run_id}) in {safe_url(str(engine.url))}", file=out)
     link = run_link(engine, run_id, dashboard_hint(a.db))
     print(link, file=out)
-    db_flag = f" --db {a.db}" if a.db else ""
     progress = Progress(config.name, json_lines=a.log_json, quiet=a.quiet, engine=engine, run_id=run_id,
-                        resume_hint=f"synthwatch control {config.name}{db_flag} resume", dashboard=link,
-                        exit_on_pause=a.exit_on_pause)
+                        resume_hint=hint("control", "resume", run=config.name, db=a.db),
+                        ack_hint=hint("control", "resume", "--ack", "--for-records", ACK_RECORDS, run=config.name,
+                                      db=a.db),
+                        dashboard=link, exit_on_pause=a.exit_on_pause)
     from ..quality.checks import ChecksConfigError
     from ..quality.live import writer_hooks
 
@@ -446,7 +454,7 @@ def handle(a: argparse.Namespace) -> int:
         message = (row.get("status_message") or "").replace("control RUN ", f"control {config.name} ")
         if progress.exited_paused and final == "stopped":
             final = "paused"
-            message = _keep_paused(engine, run_id, row, config.name)
+            message = _keep_paused(engine, run_id, row, config.name, a.db)
         head = final
         if final == "completed" and message.startswith("completed with "):
             head, _, rest = message.partition(" (")
@@ -460,6 +468,27 @@ def handle(a: argparse.Namespace) -> int:
     finally:
         if main_thread and not a.program:  # the program keeps ignoring it until entry() takes over
             signal.signal(signal.SIGINT, previous)
+
+
+def _new_sqlite_file(db: str | None) -> Path | None:
+    """The SQLite file this command is about to create (None: it exists already, or the database is a server)."""
+    from ..store.db import DatabaseError, resolve_url
+    from ..store.fresh import sqlite_path
+
+    try:
+        path = sqlite_path(resolve_url(db))
+    except DatabaseError:
+        return None
+    return Path(path) if path is not None and not Path(path).exists() else None
+
+
+def _forget_new_file(engine: Any, path: Path | None) -> None:
+    """Remove the database this command created, when nothing was written to it but the schema."""
+    engine.dispose()
+    if path is None:
+        return
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
 
 
 def _start_judge(engine: Any, run_id: int, config: Any, out: Any) -> Any:
@@ -487,7 +516,7 @@ def _find(engine: Any, name: str) -> int | None:
     return found
 
 
-def _keep_paused(engine: Any, run_id: int, row: dict[str, Any], name: str) -> str:
+def _keep_paused(engine: Any, run_id: int, row: dict[str, Any], name: str, db: str | None) -> str:
     """--exit-on-pause: this worker left a paused run; the run stays paused (its status said "stopped" when this
     was its last worker), so that `synthwatch control RUN resume` and the dashboard's resume still apply."""
     from ..store.queue import pause_reason, set_status, write_begin
@@ -497,11 +526,11 @@ def _keep_paused(engine: Any, run_id: int, row: dict[str, Any], name: str) -> st
     if reason:  # an alarm holds the run: a plain resume would be refused
         why = reason.split(". Acknowledge and resume")[0]
         message = (f"{why}; the worker exited (--exit-on-pause): fix the cause, or acknowledge and resume with "
-                   f"`synthwatch control {name} resume --ack --for-records N`, then run again "
-                   f"(`synthwatch run --name {name}`)")
+                   f"`{hint('control', 'resume', '--ack', '--for-records', ACK_RECORDS, run=name, db=db)}`, then run "
+                   f"again (`{hint('run', '--name', name, db=db)}`)")
     else:
-        message = (f"paused; the worker exited (--exit-on-pause): resume with `synthwatch control {name} resume`, "
-                   f"then run again (`synthwatch run --name {name}`)")
+        message = (f"paused; the worker exited (--exit-on-pause): resume with `{hint('control', 'resume', run=name, db=db)}`"
+                   f", then run again (`{hint('run', '--name', name, db=db)}`)")
     if row.get("status") == "stopped":
         with engine.connect() as conn, write_begin(conn):
             set_status(conn, run_id, "paused", message)

@@ -48,10 +48,6 @@ def handle(args: argparse.Namespace) -> int:
     from ..store.db import DatabaseError
 
     settings = build_settings(args)
-    try:
-        app = create_app(settings.db, settings)
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from None
     import socket
 
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
@@ -65,6 +61,12 @@ def handle(args: argparse.Namespace) -> int:
         sock.close()
         raise CliError(f"cannot listen on {settings.host}:{settings.port}: {getattr(exc, 'strerror', None) or exc}"
                        " (another dashboard running? choose another --port)") from None
+    # the port first, then the database: a busy port left a new, migrated database behind (#37)
+    try:
+        app = create_app(settings.db, settings)
+    except DatabaseError as exc:
+        sock.close()
+        raise CliError(str(exc)) from None
     # listening before the address is printed: uvicorn starts the app (lifespan) before it listens, and a
     # browser or script that follows the printed link at once was refused meanwhile; the kernel now holds
     # early connections until the app answers them
