@@ -110,7 +110,7 @@ def refusing_server() -> Iterator[str]:
     srv.server_close()
 
 
-@pytest.mark.parametrize("case", ["missing_v1", "wrong_model", "dead", "auth"])
+@pytest.mark.parametrize("case", ["missing_v1", "wrong_model", "dead", "auth", "refused_key"])
 def test_run_checks_the_endpoint_before_creating_anything(case: str, tmp_path: Path, sim: Any, prompts: Any,
                                                          refusing_server: str) -> None:
     url = sim(seed=1)
@@ -122,9 +122,14 @@ def test_run_checks_the_endpoint_before_creating_anything(case: str, tmp_path: P
         "dead": ("http://127.0.0.1:9/v1", "m", "cannot reach http://127.0.0.1:9/v1"),
         "auth": (refusing_server, "m", "answered 401 '{\"error\": \"invalid api key: sk-***\"}': the server wants an "
                  "API key it accepts; put it in an environment variable and name it with --api-key-env NAME"),
+        # a key was given, in the variable --api-key-env names, and refused: that is what the line says (#37)
+        "refused_key": (refusing_server, "m", "the server refused the key in $MY_KEY; check that the variable holds "
+                        "a key this server accepts"),
     }[case]
     db = tmp_path / "pre.db"
-    proc = run_cli("run", "--dataset", str(prompts(3)), "--base-url", base, "--model", model, "--db", str(db))
+    key = ["--api-key-env", "MY_KEY"] if case == "refused_key" else []
+    proc = run_cli("run", "--dataset", str(prompts(3)), "--base-url", base, "--model", model, "--db", str(db), *key,
+                   env=cli_env(MY_KEY="sk-not-accepted-0123456789"))
     assert proc.returncode == 2
     line = _one_error_line(proc, "run")
     assert line.startswith("synthwatch run: error: preflight: ") and expect in line, line

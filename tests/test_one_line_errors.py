@@ -19,7 +19,7 @@ def _one_line(proc: Any, command: str) -> str:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr  # not the command's usage (28 lines for run) above it
-    assert lines[0].startswith(f"synthwatch {command}: error: "), lines[0]
+    assert lines[0].startswith(f"synthwatch {command}: error: ".replace(" :", ":")), lines[0]
     return str(lines[0])
 
 
@@ -39,7 +39,7 @@ def test_an_unknown_command_or_flag_is_one_line() -> None:
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("synthwatch: error: argument COMMAND: invalid choice: 'nope'"), proc.stderr
     proc = run_cli("serve", "--no-such-flag")
-    assert "unrecognized arguments: --no-such-flag" in _one_line(proc, "serve")
+    assert "unrecognized arguments: --no-such-flag" in _one_line(proc, "")[len("synthwatch"):]
 
 
 def test_version() -> None:
@@ -94,3 +94,17 @@ def test_every_flag_of_every_command_has_help() -> None:
             if not (action.help or "").strip():
                 missing.append(f"{name} {'/'.join(action.option_strings)}")
     assert not missing, "flags without help: " + ", ".join(missing)
+
+
+def test_an_unknown_toml_key_names_the_nearest_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('model = "m"\nconcurency = 4\n[dataset]\npath = "x.jsonl"\n[sampling]\ntemprature = 0.5\n'
+                   '[[endpoints]]\nbase_url = "http://127.0.0.1:9/v1"\napi_key_envv = "K"\n[checks]\nno_such = 1\n',
+                   encoding="utf-8")
+    proc = run_cli("run", "--config", str(cfg), "--db", str(tmp_path / "x.db"))
+    assert proc.returncode == 2, proc.stderr
+    assert "concurency: unknown key (did you mean concurrency?)" in proc.stderr
+    assert "sampling.temprature: unknown key (did you mean temperature?)" in proc.stderr
+    assert "endpoints.0.api_key_envv: unknown key (did you mean api_key_env?)" in proc.stderr
+    assert "checks.no_such: unknown key\n" in proc.stderr + "\n"  # nothing near it: no guess
+    assert not (tmp_path / "x.db").exists()

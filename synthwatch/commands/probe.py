@@ -30,13 +30,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the API key")
     p.add_argument("--tokenizer", help="tokenizer folder, cached name or 'deepseek-v4' (checks the template)")
     p.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4'")
-    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--trust-remote-code", action="store_true", help='let the tokenizer run its own code')
     p.add_argument("--max-tokens", type=positive_int, default=PROBE_MAX_TOKENS,
                    help=f"max_tokens of each probe request (default {PROBE_MAX_TOKENS}: a reasoning model thinks "
                    "first; at 512 it was cut before any content)")
     p.add_argument("--extra-body", metavar="JSON", help="JSON object merged into every probe request, as the run's "
                    "--extra-body (sampling.extra_body), e.g. '{\"chat_template_kwargs\": {\"thinking\": true}}'")
-    p.add_argument("--timeout", type=positive_float, default=60.0, metavar="S")
+    p.add_argument("--timeout", type=positive_float, default=60.0, metavar="S",
+                   help='seconds each probe request may take (default 60)')
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.set_defaults(func=handle)
 
@@ -69,7 +70,7 @@ def handle(args: argparse.Namespace) -> int:
     # does not serve is named with the server's words and the fix (a bare "answered 404" was all it said)
     try:
         check_endpoint(args.base_url, args.model, headers={"authorization": f"Bearer {key}"} if key else None,
-                       timeout_s=args.timeout)
+                       timeout_s=args.timeout, key_env=args.api_key_env)
     except PreflightError as exc:
         raise CliError(str(exc)) from None
     try:

@@ -62,11 +62,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g = p.add_argument_group("endpoints and requests")
     g.add_argument("--base-url", action="append", help="OpenAI-compatible base URL; repeat for several")
     g.add_argument("--api-key-env", help="name of the environment variable holding the API key")
-    g.add_argument("--model")
+    g.add_argument("--model", help='the served model name (model)')
     for side, what in (("in", "prompt"), ("out", "completion")):  # named as the TOML keys they set
         g.add_argument(f"--price-{side}-per-mtok", type=float, metavar="PRICE", help=f"price per million {what} "
                        f"tokens of every endpoint (endpoints[].price_{side}_per_mtok): the cost view")
-    g.add_argument("--no-stream", dest="stream", action="store_false", default=None)
+    g.add_argument("--no-stream", dest="stream", action="store_false", default=None,
+                   help='send non-streamed requests (stream = false)')
     g.add_argument("--concurrency", type=concurrency_arg, metavar="N|auto",
                    help="requests in flight; 'auto' tunes it to the servers (autotune in docs/configuration.md)")
     add_flag(g, "--autotune-min", "--concurrency-min", type=positive_int, help="--concurrency auto: fewest in flight")
@@ -76,9 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--samples-per-prompt", type=positive_int, metavar="K",
                    help="K answers per prompt, each its own record and request with a distinct seed (--seed or 0, "
                    "plus the sample index); pass@k on the dashboard, export --select per prompt (docs/samples.md)")
-    g.add_argument("--max-tokens", type=positive_int)
-    g.add_argument("--temperature", type=float)
-    g.add_argument("--top-p", type=float)
+    g.add_argument("--max-tokens", type=positive_int, help='max_tokens of each request (sampling.max_tokens)')
+    g.add_argument("--temperature", type=float, help='sampling temperature (sampling.temperature)')
+    g.add_argument("--top-p", type=float, help='nucleus sampling top_p (sampling.top_p)')
     g.add_argument("--seed", type=int, help="sampling seed sent with each request")
     g.add_argument("--stop", action="append", help="stop string; repeat for several")
     g.add_argument("--extra-body", help='JSON merged into each request, e.g. \'{"chat_template_kwargs": {...}}\'')
@@ -100,14 +101,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="after the first SIGTERM or SIGINT, how long in-flight requests may take to finish before they"
                    " are interrupted and their records go back to pending (default 10; a second signal stops at once)")
     g = p.add_argument_group("reasoning and tokenizer")
-    g.add_argument("--reasoning-mode", choices=REASONING_MODES)
+    g.add_argument("--reasoning-mode", choices=REASONING_MODES,
+                   help='where the server puts the reasoning; auto looks everywhere (reasoning.mode)')
     add_flag(g, "--no-reasoning-expect", "--no-expect-reasoning", dest="reasoning_expect", action="store_false",
              default=None, help="the model does not reason: empty reasoning is not a defect")
     add_flag(g, "--reasoning-prefilled-open", "--prefilled-think", "--prefilled-open", action="store_true",
              default=None, help="the chat template already opens the think block in the prompt")
     g.add_argument("--tokenizer", help="tokenizer folder or cached name ('deepseek-v4' is shipped)")
     g.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4'")
-    g.add_argument("--trust-remote-code", action="store_true", default=None)
+    g.add_argument("--trust-remote-code", action="store_true", default=None,
+                   help='let the tokenizer run its own code (tokenizer.trust_remote_code)')
     g.add_argument("--no-preflight", dest="preflight", action="store_false",
                    help="skip the endpoint check before the run starts (GET /models: reachable, key accepted, "
                    "model served); for an endpoint that is not up yet")

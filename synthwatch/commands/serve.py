@@ -15,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="serve the dashboard (default http://127.0.0.1:8000)")
     add_db_arg(p)
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1; others need --auth-token)")
-    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--port", type=int, default=None,
+                   help='port to listen on (default 8000, or $SYNTHWATCH_PORT; 0: a free one)')
     p.add_argument("--auth-token", default=None,
                    help="require this token on every page and API call (or set SYNTHWATCH_AUTH_TOKEN)")
     p.add_argument("--insecure", action="store_true",

@@ -261,8 +261,8 @@ def _validate_reading(cfg: dict[str, Any]) -> None:
     try:
         ReasoningConfig.model_validate(cfg.get("reasoning") or {})
     except ValidationError as exc:
-        raise VersionError(format_validation_error(exc, "settings change").replace("\n  ", "\n  reasoning."),
-                           [(("reasoning", *loc), msg) for loc, msg in validation_problems(exc)]) from None
+        raise VersionError(format_validation_error(exc, "settings change", ReasoningConfig).replace("\n  ", "\n  reasoning."),
+                           [(("reasoning", *loc), msg) for loc, msg in validation_problems(exc, ReasoningConfig)]) from None
 
 
 # ------------------------------------------------------------------------------------------ resume
