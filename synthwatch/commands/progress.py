@@ -90,7 +90,10 @@ class Progress:
         rps, tps = s.rates()
         n_ok = ctl.get("n_ok", 0) or 0
         cap = ctl.get("cap")
-        target = cap if cap is not None else (n_ok + (ctl.get("n_pending") or 0) + (ctl.get("n_in_flight") or 0))
+        # what the run can still reach: its ok records, the pending and those in flight; a cap above that is not the
+        # target (`ok 0/10000` for 200 prompts counted to a number the dataset cannot reach, #37)
+        reachable = n_ok + (ctl.get("n_pending") or 0) + (ctl.get("n_in_flight") or 0)
+        target = min(cap, reachable) if cap is not None else reachable
         finished = s.ok + s.errors + s.timeouts
         eta_s = (target - n_ok) / rps if rps > 0 and target > n_ok else None
         er = db.get("empty_reasoning")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import signal
 import sys
 import threading
@@ -459,6 +460,9 @@ def handle(a: argparse.Namespace) -> int:
             final = "paused"
             message = _keep_paused(engine, run_id, row, config.name, a.db)
         head = final
+        # the counts are said once: "completed: 3 ok, … — all prompts processed" (the stored message repeats them
+        # for the pages, which do not print them beside it; #37)
+        message = re.sub(r"^(all prompts processed): \d+ ok, \d+ errors, \d+ timeouts$", r"\1", message)
         if final == "completed" and message.startswith("completed with "):
             head, _, rest = message.partition(" (")
             message = rest.rstrip(")")
