@@ -4,7 +4,8 @@ pasted into a new shell in the folder where it was printed:
 - the first word is ``synthwatch`` only when that name, looked up on PATH, is this installation (``./dev setup``
   puts a launcher on PATH); otherwise it is the path of this installation's program, relative to the current
   folder when it lies inside it (``.venv/bin/synthwatch``), absolute otherwise;
-- the run and the database are filled in (``--db`` names the database this process uses; a PostgreSQL URL loses
+- the run and the database are filled in (``--db`` names the database this process uses: a path as given, relative
+  to the current folder inside it; an engine's ``sqlite:///`` URL as its absolute path; a PostgreSQL URL without
   its password, which psycopg then reads from PGPASSWORD or ~/.pgpass: a secret is never printed);
 - every word is quoted for the shell.
 
@@ -66,7 +67,9 @@ def db_value(db: str | None) -> str | None:
     if not raw:
         return None  # ./synthwatch.db: the default in this folder
     if raw.startswith("sqlite:///"):
-        raw = raw[len("sqlite:///"):]
+        # a resolved URL (an engine's, a stored text's): its absolute path, which works from any folder (a page
+        # or a stored status is read far from the folder of the process that wrote it)
+        return raw[len("sqlite:///"):]
     if "://" in raw:
         parts = urlsplit(raw)
         if parts.password is not None:  # never print a secret: psycopg reads PGPASSWORD / ~/.pgpass instead

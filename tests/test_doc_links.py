@@ -5,7 +5,6 @@ every source path the docs name (`synthwatch/...py`, `tests/...py`) exists."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from conftest import ROOT
 

@@ -153,7 +153,7 @@ def test_probe_recommends_each_setting_as_flag_and_toml_key(sim: Any) -> None:
     assert "--request-token-ids (request_token_ids = true)" in settings, settings
     assert '--reasoning-mode reasoning ([reasoning] mode = "reasoning")' in settings, settings
     run_with = next(ln for ln in proc.stdout.splitlines() if ln.startswith("run with:"))
-    assert f"synthwatch run --base-url {url} --model sim-reasoner" in run_with
+    assert f"{program()} run --base-url {url} --model sim-reasoner" in run_with
     assert "--request-token-ids" in run_with and "--reasoning-mode reasoning" in run_with
 
 
@@ -254,7 +254,7 @@ def test_export_without_token_ids_names_the_run_flag(tmp_path: Path, sim: Any, p
                    "--name", "plain", "--quiet").returncode == 0
     proc = run_cli("export", "plain", "--db", str(db), "--for", "speculators", "--out", str(tmp_path / "o.jsonl"))
     assert proc.returncode == 2
-    assert "`synthwatch run --request-token-ids` (request_token_ids = true)" in _one_error_line(proc, "export")
+    assert f"`{program()} run --request-token-ids` (request_token_ids = true)" in _one_error_line(proc, "export")
 
 
 # ------------------------------------------------------------------------------------------ the dashboard link
@@ -270,7 +270,7 @@ def test_links_use_the_dashboards_real_address(tmp_path: Path, sim: Any, prompts
            "--name", "linked", "--quiet")
     none = run_cli(*cmd)
     assert none.returncode == 0, none.stderr
-    assert f"dashboard: none running; start one with `synthwatch serve --db {db}`, then open its /runs/1" \
+    assert f"dashboard: none running; start one with `{program()} serve --db {db}`, then open its /runs/1" \
         in none.stderr
     assert ":8000" not in none.stderr
     port = _free_port()
