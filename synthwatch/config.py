@@ -407,17 +407,25 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _is_table(annotation: Any) -> bool:
+    """A dict of entries (optional or not)."""
+    return get_origin(annotation) is dict or any(get_origin(a) is dict for a in get_args(annotation))
+
+
 def unknown_key(root: type[BaseModel], loc: tuple[str | int, ...]) -> str:
     """"unknown key" for the key at ``loc``, with the nearest keys of its table when one is close (#37):
     `unknown key (did you mean concurrency?)` for `concurency`."""
     import difflib
 
     model: type[BaseModel] | None = root
+    keyed = False  # the part before was a table of named entries (rules.<check>): this part is such a name
     for part in loc[:-1]:
-        if isinstance(part, int) or model is None:
-            continue  # a list's item: the same model
+        if isinstance(part, int) or model is None or keyed:
+            keyed = False
+            continue  # a list's item or a table's entry: the same model
         info = model.model_fields.get(str(part))
         model = _model_in(info.annotation) if info is not None else None
+        keyed = info is not None and _is_table(info.annotation)
     if model is None or not loc:
         return "unknown key"
     names = [info.alias or name for name, info in model.model_fields.items()]

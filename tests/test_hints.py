@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, cli_env, run_cli
+from hypothesis import given
+from hypothesis import strategies as st
 
 from synthwatch import hints
 from synthwatch.cli import build_parser
@@ -106,6 +108,21 @@ def test_the_database_is_named_without_its_password(tmp_path: Path) -> None:
         f"{hints.program()} serve --db '{tmp_path / 'a b.db'}'"
     assert hints.command("control", "resume", run="my run", with_db=False) == \
         f"{hints.program()} control 'my run' resume"
+
+
+_WORD = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=40)
+
+
+@given(run=_WORD, db=_WORD.filter(lambda d: "://" not in d and d.strip() == d and not d.startswith("~")),
+       words=st.lists(_WORD, max_size=4))
+def test_a_shell_reads_back_every_word_of_a_hint(run: str, db: str, words: list[str]) -> None:
+    """Whatever the run's name, the database's path or the values: the shell splits the hint into the words
+    meant, each one whole (quoted where it needs to be)."""
+    line = hints.command("control", *words, run=run, db=db)
+    head = shlex.split(hints.program())
+    split = shlex.split(line)
+    assert split[: len(head)] == head
+    assert split[len(head):] == ["control", run, *words, "--db", hints.db_value(db)]
 
 
 # -------------------------------------------------------------------------- no hint written outside hints.py

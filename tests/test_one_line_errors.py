@@ -99,7 +99,8 @@ def test_every_flag_of_every_command_has_help() -> None:
 def test_an_unknown_toml_key_names_the_nearest_key(tmp_path: Path) -> None:
     cfg = tmp_path / "run.toml"
     cfg.write_text('model = "m"\nconcurency = 4\n[dataset]\npath = "x.jsonl"\n[sampling]\ntemprature = 0.5\n'
-                   '[[endpoints]]\nbase_url = "http://127.0.0.1:9/v1"\napi_key_envv = "K"\n[checks]\nno_such = 1\n',
+                   '[[endpoints]]\nbase_url = "http://127.0.0.1:9/v1"\napi_key_envv = "K"\n[checks]\nno_such = 1\n'
+                   '[checks.rules.empty_reasoning]\nthresold = 0.1\n',
                    encoding="utf-8")
     proc = run_cli("run", "--config", str(cfg), "--db", str(tmp_path / "x.db"))
     assert proc.returncode == 2, proc.stderr
@@ -107,4 +108,6 @@ def test_an_unknown_toml_key_names_the_nearest_key(tmp_path: Path) -> None:
     assert "sampling.temprature: unknown key (did you mean temperature?)" in proc.stderr
     assert "endpoints.0.api_key_envv: unknown key (did you mean api_key_env?)" in proc.stderr
     assert "checks.no_such: unknown key\n" in proc.stderr + "\n"  # nothing near it: no guess
+    assert "checks.rules.empty_reasoning.thresold: unknown key (did you mean threshold or pause_threshold?)" \
+        in proc.stderr
     assert not (tmp_path / "x.db").exists()
