@@ -101,6 +101,32 @@ def test_the_first_word_is_synthwatch_only_where_path_finds_this_installation(tm
             assert done.returncode == 0 and "usage: synthwatch" in done.stdout, done.stderr
 
 
+@pytest.mark.slow  # ./dev setup, twice (nothing to install: seconds each)
+def test_dev_setup_puts_a_launcher_on_path_and_says_where(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".local" / "bin").mkdir(parents=True)
+    path = f"{home}/.local/bin:/usr/bin:/bin"
+    proc = subprocess.run(["env", "-i", f"HOME={home}", f"PATH={path}", "bash", str(ROOT / "dev"), "setup"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    link = home / ".local" / "bin" / "synthwatch"
+    own = ROOT / ".venv" / "bin" / "synthwatch"
+    assert link.is_symlink() and link.resolve() == own.resolve()
+    assert f"synthwatch is on PATH: {link} -> {own}" in proc.stderr, proc.stderr
+    # a new shell with that PATH runs it, and the hints it prints then start with the bare name
+    shell = subprocess.run(["env", "-i", f"HOME={home}", f"PATH={path}", "bash", "-c",
+                            "synthwatch --version && "
+                            f"{own.parent / 'python'} -c 'from synthwatch.hints import program; print(program())'"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert shell.returncode == 0 and shell.stdout.split("\n")[0].startswith("synthwatch "), shell.stderr
+    assert shell.stdout.strip().splitlines()[-1] == "synthwatch", shell.stdout
+    # no writable folder on PATH for it: said, and the hints print the path that works
+    bare = subprocess.run(["env", "-i", f"HOME={tmp_path / 'nohome'}", "PATH=/usr/bin:/bin", "bash",
+                           str(ROOT / "dev"), "setup"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert bare.returncode == 0, bare.stderr
+    assert "type .venv/bin/synthwatch" in bare.stderr, bare.stderr
+
+
 def test_the_database_is_named_without_its_password(tmp_path: Path) -> None:
     assert hints.command("serve", db="postgresql://u:s3cret@db.example:5432/d") == \
         f"{hints.program()} serve --db postgresql://u@db.example:5432/d"
