@@ -8,6 +8,7 @@ import importlib
 import logging
 import signal
 import sys
+from typing import NoReturn
 
 # (module, help) — modules are imported for their register() only; heavy imports stay inside handlers
 COMMANDS = (
@@ -48,12 +49,27 @@ def _command_module(argv: list[str] | None) -> str | None:
 _SEVERAL_NAMES = frozenset({"synthwatch.commands.repair", "synthwatch.commands.watch", "synthwatch.commands.streams"})
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A mistake in the arguments is one line and exit code 2 (#37): `synthwatch run: error: argument --cap: must
+    be at least 1, got -1`, not the whole usage (28 lines for `run`) above it; --help shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
 def build_parser(argv: list[str] | None = None, *, everything: bool = True) -> argparse.ArgumentParser:
     """The CLI's parser; with ``everything=False``, only the command ``argv`` names (if one module holds it alone)."""
-    parser = argparse.ArgumentParser(
+    from importlib.metadata import PackageNotFoundError, version
+
+    parser = OneLineParser(
         prog="synthwatch",
         description="Generate synthetic LLM training data from OpenAI-compatible endpoints and watch it live.",
     )
+    try:
+        own = version("synthwatch")
+    except PackageNotFoundError:  # a checkout run without an install
+        own = "unknown"
+    parser.add_argument("--version", action="version", version=f"synthwatch {own}", help="print the version and exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     only = None if everything else _command_module(argv)

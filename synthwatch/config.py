@@ -351,7 +351,8 @@ class RunConfig(_Strict):
             CheckSettings.model_validate(v or {})
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}"
+                f"{'.'.join(str(p) for p in e['loc'])}: "
+                f"{unknown_key(CheckSettings, tuple(e['loc'])) if e['type'] == 'extra_forbidden' else e['msg']}"
                 for e in exc.errors()
             )
             raise ValueError(problems) from None
@@ -395,7 +396,45 @@ class RunConfig(_Strict):
         return self.model_dump(mode="json")
 
 
-def validation_problems(exc: ValidationError) -> list[tuple[tuple[str | int, ...], str]]:
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field's annotation holds (directly, optional, or in a list or dict), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _is_table(annotation: Any) -> bool:
+    """A dict of entries (optional or not)."""
+    return get_origin(annotation) is dict or any(get_origin(a) is dict for a in get_args(annotation))
+
+
+def unknown_key(root: type[BaseModel], loc: tuple[str | int, ...]) -> str:
+    """"unknown key" for the key at ``loc``, with the nearest keys of its table when one is close (#37):
+    `unknown key (did you mean concurrency?)` for `concurency`."""
+    import difflib
+
+    model: type[BaseModel] | None = root
+    keyed = False  # the part before was a table of named entries (rules.<check>): this part is such a name
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None or keyed:
+            keyed = False
+            continue  # a list's item or a table's entry: the same model
+        info = model.model_fields.get(str(part))
+        model = _model_in(info.annotation) if info is not None else None
+        keyed = info is not None and _is_table(info.annotation)
+    if model is None or not loc:
+        return "unknown key"
+    names = [info.alias or name for name, info in model.model_fields.items()]
+    close = difflib.get_close_matches(str(loc[-1]), names, n=2, cutoff=0.6)
+    return f"unknown key (did you mean {' or '.join(close)}?)" if close else "unknown key"
+
+
+def validation_problems(exc: ValidationError,
+                        root: type[BaseModel] | None = None) -> list[tuple[tuple[str | int, ...], str]]:
     """(location, message) per problem, in words; a validator that checked a nested table and reported
     "sub.path: problem; ..." gives one problem per part, located under it."""
     out: list[tuple[tuple[str | int, ...], str]] = []
@@ -403,7 +442,7 @@ def validation_problems(exc: ValidationError) -> list[tuple[tuple[str | int, ...
         loc = tuple(err["loc"])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = unknown_key(root or RunConfig, loc)
         if err["type"] == "value_error" and msg.startswith("Value error, "):
             msg = msg.removeprefix("Value error, ")
             if _NESTED_PROBLEM.match(msg):
@@ -415,9 +454,9 @@ def validation_problems(exc: ValidationError) -> list[tuple[tuple[str | int, ...
     return out
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
+def format_validation_error(exc: ValidationError, source: str, root: type[BaseModel] | None = None) -> str:
     lines = [f"invalid run configuration ({source}):"]
-    for loc, msg in validation_problems(exc):
+    for loc, msg in validation_problems(exc, root):
         lines.append(f"  {'.'.join(str(p) for p in loc) or '(top level)'}: {msg}")
     return "\n".join(lines)
 

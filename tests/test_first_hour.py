@@ -20,6 +20,7 @@ from conftest import HTTP_TIMEOUT_S, cli_env, popen_cli, run_cli, wait_http_read
 from workerkit import wait_for
 
 from synthwatch.cli import COMMANDS
+from synthwatch.hints import program
 from synthwatch.store.db import open_engine
 
 
@@ -109,7 +110,7 @@ def refusing_server() -> Iterator[str]:
     srv.server_close()
 
 
-@pytest.mark.parametrize("case", ["missing_v1", "wrong_model", "dead", "auth"])
+@pytest.mark.parametrize("case", ["missing_v1", "wrong_model", "dead", "auth", "refused_key"])
 def test_run_checks_the_endpoint_before_creating_anything(case: str, tmp_path: Path, sim: Any, prompts: Any,
                                                          refusing_server: str) -> None:
     url = sim(seed=1)
@@ -121,9 +122,14 @@ def test_run_checks_the_endpoint_before_creating_anything(case: str, tmp_path: P
         "dead": ("http://127.0.0.1:9/v1", "m", "cannot reach http://127.0.0.1:9/v1"),
         "auth": (refusing_server, "m", "answered 401 '{\"error\": \"invalid api key: sk-***\"}': the server wants an "
                  "API key it accepts; put it in an environment variable and name it with --api-key-env NAME"),
+        # a key was given, in the variable --api-key-env names, and refused: that is what the line says (#37)
+        "refused_key": (refusing_server, "m", "the server refused the key in $MY_KEY; check that the variable holds "
+                        "a key this server accepts"),
     }[case]
     db = tmp_path / "pre.db"
-    proc = run_cli("run", "--dataset", str(prompts(3)), "--base-url", base, "--model", model, "--db", str(db))
+    key = ["--api-key-env", "MY_KEY"] if case == "refused_key" else []
+    proc = run_cli("run", "--dataset", str(prompts(3)), "--base-url", base, "--model", model, "--db", str(db), *key,
+                   env=cli_env(MY_KEY="sk-not-accepted-0123456789"))
     assert proc.returncode == 2
     line = _one_error_line(proc, "run")
     assert line.startswith("synthwatch run: error: preflight: ") and expect in line, line
@@ -147,7 +153,7 @@ def test_probe_recommends_each_setting_as_flag_and_toml_key(sim: Any) -> None:
     assert "--request-token-ids (request_token_ids = true)" in settings, settings
     assert '--reasoning-mode reasoning ([reasoning] mode = "reasoning")' in settings, settings
     run_with = next(ln for ln in proc.stdout.splitlines() if ln.startswith("run with:"))
-    assert f"synthwatch run --base-url {url} --model sim-reasoner" in run_with
+    assert f"{program()} run --base-url {url} --model sim-reasoner" in run_with
     assert "--request-token-ids" in run_with and "--reasoning-mode reasoning" in run_with
 
 
@@ -248,7 +254,7 @@ def test_export_without_token_ids_names_the_run_flag(tmp_path: Path, sim: Any, p
                    "--name", "plain", "--quiet").returncode == 0
     proc = run_cli("export", "plain", "--db", str(db), "--for", "speculators", "--out", str(tmp_path / "o.jsonl"))
     assert proc.returncode == 2
-    assert "`synthwatch run --request-token-ids` (request_token_ids = true)" in _one_error_line(proc, "export")
+    assert f"`{program()} run --request-token-ids` (request_token_ids = true)" in _one_error_line(proc, "export")
 
 
 # ------------------------------------------------------------------------------------------ the dashboard link
@@ -264,7 +270,7 @@ def test_links_use_the_dashboards_real_address(tmp_path: Path, sim: Any, prompts
            "--name", "linked", "--quiet")
     none = run_cli(*cmd)
     assert none.returncode == 0, none.stderr
-    assert f"dashboard: none running; start one with `synthwatch serve --db {db}`, then open its /runs/1" \
+    assert f"dashboard: none running; start one with `{program()} serve --db {db}`, then open its /runs/1" \
         in none.stderr
     assert ":8000" not in none.stderr
     port = _free_port()
@@ -308,12 +314,14 @@ def test_exit_on_pause_exits_4_and_leaves_the_run_paused(tmp_path: Path, sim: An
     # the alarm holds the run (a plain resume is refused): the line names it and how to go on
     assert paused[0].startswith("story PAUSED (alarm #1 field_mismatch: Reasoning is in a field this run does not "
                                 "read"), paused[0]
-    assert (f"resume from another terminal: fix the cause, or acknowledge and go on: synthwatch control story --db "
-            f"{db} resume --ack --for-records N") in paused[0]
+    sw = program()  # `synthwatch` when PATH finds this installation, else its path (tests/test_hints.py)
+    assert (f"resume from another terminal: fix the cause, or acknowledge and go on: {sw} control story resume --ack "
+            f"--for-records 100 --db {db}") in paused[0]
     assert "dashboard: none running; start one with" in paused[0]
     assert _runs(db)[0][2] == "paused"
-    assert proc.stderr.rstrip().endswith("acknowledge and resume with `synthwatch control story resume --ack "
-                                         "--for-records N`, then run again (`synthwatch run --name story`)")
+    assert proc.stderr.rstrip().endswith(f"acknowledge and resume with `{sw} control story resume --ack "
+                                         f"--for-records 100 --db {db}`, then run again (`{sw} run --name story "
+                                         f"--db {db}`)")
 
 
 # ~60 s on a loaded machine: a run and four commands from "another terminal" (fix, two rederives, resume), each

@@ -12,6 +12,7 @@ place that must still name the bad records, and that accepting or repairing them
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -237,7 +238,9 @@ def test_cli_names_refuses_and_accepts(engine: Any, db_path: Path, sim: Any, pro
     item = _item(engine, run_id)
     db = str(db_path)
     shown = run_cli("checks", "--db", db, "cli", check=True).stdout
-    assert f"#{item['id']} {item['text']}" in shown and "--accept ITEM_ID" in shown
+    assert f"#{item['id']} {item['text']}" in shown
+    accept = re.search(rf"cli --accept (\d+) --reason why --db {re.escape(db)}$", shown, flags=re.M)
+    assert accept and f"  #{accept.group(1)} " in shown, shown  # one of the items listed, its id filled in (#37)
 
     out = tmp_path / "out.jsonl"
     refused = run_cli("export", "--db", db, "cli", "--format", "raw", "--out", str(out))

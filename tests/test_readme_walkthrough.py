@@ -130,8 +130,13 @@ def test_quick_start_demo_as_written_ends_with_what_it_kept(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
-    m = re.fullmatch(r"synthwatch demo: stopped: (\d+) records kept in (\S+) \(see them again: synthwatch serve "
-                     r"--db \S+\)", last)
+    m = re.fullmatch(r"synthwatch demo: stopped: (\d+) records kept in (\S+) \(see them again: (\S+ serve "
+                     r"--db \S+)\)", last)
     assert m and int(m.group(1)) > 0 and Path(m.group(2)) == tmp_path / "demo" / "demo.db", last
+    # the hint works pasted into a new shell in the folder where it was printed (#37): its first word is found
+    from test_hints import assert_filled, assert_found
+
+    assert_found(m.group(3), tmp_path)
+    assert_filled(m.group(3))
     ids = dict(re.findall(r"run (demo-\w+)-\d+: http://127\.0\.0\.1:\d+/runs/(\d+)", proc.stdout))
     assert ids == {"demo-healthy": "1", "demo-drift": "2"}, proc.stdout  # the same ids at every launch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import logging
@@ -23,14 +24,17 @@ TEMPLATES_DIR = PACKAGE / "templates"
 STATIC_DIR = PACKAGE / "static"
 
 
-def make_templates() -> Jinja2Templates:
+def make_templates(db_url: str | None = None) -> Jinja2Templates:
     templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
     # autoescape is on for .html (Starlette's default); model text is never marked safe
     env = templates.env
     env.autoescape = True
+    from ..hints import command
     from . import filters
 
     filters.install(env)
+    # every command a page prints (#37): {{ hint("control", "resume", run=run.name) }}, with this database
+    env.globals["hint"] = functools.partial(command, db=db_url)
     return templates
 
 

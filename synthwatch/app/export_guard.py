@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from ..hints import command as hint
 from ..quality import open_items as items_mod
 from ..quality.alarms import TRANSPORT_RULES
 from .words import check_label, plural
@@ -63,8 +64,10 @@ class OpenAlarms:
         head = (f"run {self.run_name!r} has {' and '.join(what)}{state}; "
                 "an export now includes the records they name unless the selection leaves them out:")
         url = (self.alarms[0]["repair_url"] if self.alarms else f"/runs/{self.run_id}/repair#repair")
-        fix = (f"Repair them first (synthwatch rederive / rerun, docs/repair.md; or the dashboard's {url}), flag"
-               f" them bad, accept an open problem (synthwatch checks {self.run_name!r} --accept ID --reason ...),"
+        accept = (f" accept an open problem ({hint('checks', '--accept', self.items[0]['id'], '--reason', 'why', run=self.run_name)}),"
+                  if self.items else "")
+        fix = (f"Repair them first (rederive / rerun, docs/repair.md; or the dashboard's {url}), flag"
+               f" them bad,{accept}"
                f" or export anyway with {CONFIRM_FLAG}." if cli else
                "Repair them first, flag them bad or accept them on the run page, or tick \"export anyway\".")
         return "\n".join([head, *(f"  - {line}" for line in self.lines()), fix])

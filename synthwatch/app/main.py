@@ -51,7 +51,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
     app.state.read_engine = make_engine(url, readonly=True, pool_size=10)
     app.state.write_engine = make_engine(url, pool_size=2)
     app.state.export_jobs = ExportJobs(app.state.read_engine, app.state.write_engine, exports_dir(url))
-    app.state.templates = make_templates()
+    app.state.templates = make_templates(url)
     app.mount("/static", StaticFiles(directory=str(STATIC_DIR)), name="static")
     security.install(app, auth_token=settings.auth_token, loopback_only=security.is_loopback(settings.host))
     app.add_middleware(security.BodyLimit, limit=settings.max_request_body_bytes)  # outside the others: first

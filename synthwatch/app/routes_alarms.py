@@ -86,7 +86,7 @@ def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
     overrides = list_overrides(conn, run_id)
     cfg = _config(run)
     rules = _rules(cfg)
-    alarms = [render_alarm(a, cfg, rules) for a in banner_alarms(conn, run_id)]
+    alarms = [render_alarm(a, cfg, rules, run_name=run["name"], conn=conn) for a in banner_alarms(conn, run_id)]
     for a in alarms:  # "Apply the likely fix": only where the alarm's evidence pins the fix down
         a["one_step_fix"] = proposal(a, cfg, str(run.get("kind") or "generate")) is not None
     hold = []

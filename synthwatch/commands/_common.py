@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -78,8 +77,9 @@ def positive_float(value: str) -> float:
 
 
 def dashboard_hint(db: str | None) -> str:
-    where = f" --db {db}" if db else (" --db $SYNTHWATCH_DB" if os.environ.get("SYNTHWATCH_DB") else "")
-    return f"synthwatch serve{where}"
+    from ..hints import command
+
+    return command("serve", db=db)
 
 
 def open_run(db: str | None, ref: str) -> tuple[Any, dict[str, Any]]:

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ..cli import CliError
+from ..hints import command as hint
 from ._common import add_db_arg, open_run
 
 
@@ -135,8 +136,8 @@ def handle(a: argparse.Namespace) -> int:
             ex = f"{ex} {r['n_error']} errors".strip()
         print(f"{r['check_name']:<26} {win:>18} {whole:>20}  {ex}", file=out)
     if pending:
-        print(f"\n{pending} records wait for their extended checks (pending); `synthwatch checks {run['name']!r}"
-              " --pending` checks them now", file=out)
+        print(f"\n{pending} records wait for their extended checks (pending); "
+              f"`{hint('checks', '--pending', run=run['name'], db=a.db)}` checks them now", file=out)
     if entry_points:
         print("\nuser checks installed (entry points, group synthwatch.checks; use one with [[checks.user]] name = "
               "...):", file=out)
@@ -162,8 +163,8 @@ def handle(a: argparse.Namespace) -> int:
         print(f"\n{len(items)} open item{'' if len(items) == 1 else 's'} (records an alarm left failing):", file=out)
         for it in items:
             print(f"  #{it['id']} {it['text']}", file=out)
-        print(f"  close one by repairing its records (synthwatch rederive / rerun), flagging them bad, or: synthwatch"
-              f" checks {run['name']!r} --accept ITEM_ID --reason \"why\"", file=out)
+        print("  close one by repairing its records (rederive / rerun, docs/repair.md), flagging them bad, or: "
+              f"{hint('checks', '--accept', items[0]['id'], '--reason', 'why', run=run['name'], db=a.db)}", file=out)
     else:
         print("no open items", file=out)
     return 0

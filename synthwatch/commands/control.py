@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..cli import CliError
+from ..hints import command as hint
 from ._common import add_db_arg
 
 ACTIONS = {"pause": "pause", "resume": "resume", "stop": "stop", "stop-now": "stop_now", "cap": "cap",
@@ -40,7 +41,7 @@ def handle(args: argparse.Namespace) -> int:
 
     action = ACTIONS[args.action]
     if action in ("cap", "concurrency") and args.value is None:
-        raise CliError(f"{args.action} needs a value, e.g. `synthwatch control {args.run} {args.action} 100`")
+        raise CliError(f"{args.action} needs a value, e.g. `{hint('control', args.action, 100, run=args.run, db=args.db)}`")
     if action not in ("cap", "concurrency") and args.value is not None:
         raise CliError(f"{args.action} takes no value (got {args.value!r})")
     if args.in_flight is not None and action != "pause":

@@ -25,6 +25,7 @@ from typing import Any
 from .. import outbound
 from ..cli import CliError
 from ..outbound import OutboundError, fetch, run_sync, session
+from ..hints import command as hint
 from ._common import positive_float, positive_int
 
 DEMO_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "demo_prompts.jsonl"
@@ -254,7 +255,7 @@ def handle(args: argparse.Namespace) -> int:
     kept = _records_kept(engine, run_ids)
     engine.dispose()
     print(f"synthwatch demo: stopped: {kept} records kept in {db_path} "
-          f"(see them again: synthwatch serve --db {db_path})", flush=True)
+          f"(see them again: {hint('serve', db=str(db_path))})", flush=True)
     return 0
 
 

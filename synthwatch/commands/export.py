@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g = p.add_argument_group("tokens")
     g.add_argument("--tokenizer", help="tokenizer folder or cached name (default: the run's)")
     g.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4' (default: the run's)")
-    g.add_argument("--trust-remote-code", action="store_true", default=None)
+    g.add_argument("--trust-remote-code", action="store_true", default=None, help='let the tokenizer run its own code')
     g.add_argument("--retokenize", action="store_true",
                    help="re-tokenize even when the server's token ids are stored")
     g.add_argument("--template-drops-past-reasoning", action="store_true",

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import sys
 
 import orjson
 
 from ..cli import CliError
+from ..hints import command as hint
 from ..probe import PROBE_MAX_TOKENS, PROBE_OWN_KEYS
 from ._common import json_object_flag, positive_float, positive_int
 
@@ -28,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the API key")
     p.add_argument("--tokenizer", help="tokenizer folder, cached name or 'deepseek-v4' (checks the template)")
     p.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4'")
-    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--trust-remote-code", action="store_true", help='let the tokenizer run its own code')
     p.add_argument("--max-tokens", type=positive_int, default=PROBE_MAX_TOKENS,
                    help=f"max_tokens of each probe request (default {PROBE_MAX_TOKENS}: a reasoning model thinks "
                    "first; at 512 it was cut before any content)")
@@ -68,7 +70,7 @@ def handle(args: argparse.Namespace) -> int:
     # does not serve is named with the server's words and the fix (a bare "answered 404" was all it said)
     try:
         check_endpoint(args.base_url, args.model, headers={"authorization": f"Bearer {key}"} if key else None,
-                       timeout_s=args.timeout)
+                       timeout_s=args.timeout, key_env=args.api_key_env)
     except PreflightError as exc:
         raise CliError(str(exc)) from None
     try:
@@ -113,9 +115,14 @@ def handle(args: argparse.Namespace) -> int:
     print("settings:   " + (", ".join(f"{flag} ({toml})" for flag, toml in flags) or "the defaults"))
     for note in notes:
         print(f"            {note}")
-    command = f"synthwatch run --base-url {args.base_url} --model {args.model}"
-    command += "".join(f" {flag}" for flag, _ in flags if flag.startswith("--"))
-    print(f"run with:   {command} --dataset FILE")
+    words = ["run", "--base-url", args.base_url, "--model", args.model]
+    words += [w for flag, _ in flags if flag.startswith("--") for w in shlex.split(flag)]
+    if args.api_key_env:
+        words += ["--api-key-env", args.api_key_env]
+    if args.extra_body is not None:
+        words += ["--extra-body", args.extra_body]
+    # the dataset is the one word left to the person: FILE (every other value is the probe's own)
+    print(f"run with:   {hint(*words, with_db=False)} --dataset FILE")
     print(report.verdict)
     return 0 if report.ready else 1
 

@@ -18,7 +18,8 @@ class Progress:
     STATE_EVERY_S = 2.0
 
     def __init__(self, name: str, *, json_lines: bool, quiet: bool, engine: Any = None, run_id: int | None = None,
-                 resume_hint: str = "", dashboard: str = "", exit_on_pause: bool = False) -> None:
+                 resume_hint: str = "", ack_hint: str = "", dashboard: str = "",
+                 exit_on_pause: bool = False) -> None:
         self.name = name
         self.json_lines = json_lines
         self.quiet = quiet
@@ -27,6 +28,7 @@ class Progress:
         self.engine = engine
         self.run_id = run_id
         self.resume_hint = resume_hint
+        self.ack_hint = ack_hint or resume_hint
         self.dashboard = dashboard
         self.exit_on_pause = exit_on_pause
         self.exited_paused = False
@@ -63,7 +65,7 @@ class Progress:
             # an alarm holds the run (the claim's gate): a plain resume is refused, so the way on is to fix the cause
             # or to acknowledge it for a number of records
             why = note.split(". Acknowledge and resume")[0].removeprefix("paused by ")
-            hint = f"fix the cause, or acknowledge and go on: {self.resume_hint} --ack --for-records N"
+            hint = f"fix the cause, or acknowledge and go on: {self.ack_hint}"
         else:
             why = (self._db.get("alarm") or self._db.get("status_message")
                    or "paused from the dashboard or `synthwatch control`")
@@ -88,7 +90,10 @@ class Progress:
         rps, tps = s.rates()
         n_ok = ctl.get("n_ok", 0) or 0
         cap = ctl.get("cap")
-        target = cap if cap is not None else (n_ok + (ctl.get("n_pending") or 0) + (ctl.get("n_in_flight") or 0))
+        # what the run can still reach: its ok records, the pending and those in flight; a cap above that is not the
+        # target (`ok 0/10000` for 200 prompts counted to a number the dataset cannot reach, #37)
+        reachable = n_ok + (ctl.get("n_pending") or 0) + (ctl.get("n_in_flight") or 0)
+        target = min(cap, reachable) if cap is not None else reachable
         finished = s.ok + s.errors + s.timeouts
         eta_s = (target - n_ok) / rps if rps > 0 and target > n_ok else None
         er = db.get("empty_reasoning")

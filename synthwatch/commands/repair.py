@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl
 
 from ..capture.reasoning import MODES as REASONING_MODES
 from ..cli import CliError
+from ..hints import command as hint
 from ._common import add_db_arg, add_flag, json_object_flag, open_run, positive_float, positive_int
 
 
@@ -26,27 +27,38 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_db_arg(p)
     p.add_argument("run", help="run name or id")
     g = p.add_argument_group("reading settings")
-    g.add_argument("--reasoning-mode", choices=REASONING_MODES)
+    g.add_argument("--reasoning-mode", choices=REASONING_MODES,
+                   help='where the server puts the reasoning (reasoning.mode)')
     # each flag is named after the TOML key it sets (the old names still work: commands/_common.py add_flag)
-    add_flag(g, "--reasoning-think-open", "--think-open", dest="think_open")
-    add_flag(g, "--reasoning-think-close", "--think-close", dest="think_close")
-    add_flag(g, "--reasoning-prefilled-open", "--prefilled-think", dest="prefilled", action="store_true", default=None)
-    add_flag(g, "--no-reasoning-prefilled-open", "--no-prefilled-think", dest="prefilled", action="store_false")
-    add_flag(g, "--reasoning-expect", "--expect-reasoning", dest="expect", action="store_true", default=None)
-    add_flag(g, "--no-reasoning-expect", "--no-expect-reasoning", dest="expect", action="store_false")
+    add_flag(g, "--reasoning-think-open", "--think-open", dest="think_open",
+             help='the tag that opens inline reasoning (reasoning.think_open)')
+    add_flag(g, "--reasoning-think-close", "--think-close", dest="think_close",
+             help='the tag that closes inline reasoning (reasoning.think_close)')
+    add_flag(g, "--reasoning-prefilled-open", "--prefilled-think", dest="prefilled", action="store_true", default=None,
+             help='the template prefills the opening tag (reasoning.prefilled_open = true)')
+    add_flag(g, "--no-reasoning-prefilled-open", "--no-prefilled-think", dest="prefilled", action="store_false",
+             help='reasoning.prefilled_open = false')
+    add_flag(g, "--reasoning-expect", "--expect-reasoning", dest="expect", action="store_true", default=None,
+             help='the model reasons: empty reasoning is a failure (reasoning.expect = true)')
+    add_flag(g, "--no-reasoning-expect", "--no-expect-reasoning", dest="expect", action="store_false",
+             help='the model does not reason (reasoning.expect = false)')
     g = p.add_argument_group("generation settings")
-    g.add_argument("--model")
+    g.add_argument("--model", help='the served model name (model)')
     g.add_argument("--base-url", action="append", help="replaces the run's endpoints; repeat for several")
-    g.add_argument("--api-key-env")
-    g.add_argument("--max-tokens", type=positive_int)
-    g.add_argument("--temperature", type=float)
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--seed", type=int)
+    g.add_argument("--api-key-env", help="environment variable holding the API key of --base-url's endpoints")
+    g.add_argument("--max-tokens", type=positive_int, help='sampling.max_tokens')
+    g.add_argument("--temperature", type=float, help='sampling.temperature')
+    g.add_argument("--top-p", type=float, help='sampling.top_p')
+    g.add_argument("--seed", type=int, help='sampling.seed')
     g.add_argument("--extra-body", help="JSON object: replaces sampling.extra_body")
-    add_flag(g, "--timeouts-connect-s", "--connect-timeout-s", dest="connect_timeout_s", type=positive_float)
-    add_flag(g, "--timeouts-total-s", "--timeout-s", dest="timeout_s", type=positive_float)
-    add_flag(g, "--timeouts-idle-s", "--idle-timeout-s", dest="idle_timeout_s", type=positive_float)
-    add_flag(g, "--retries-max-attempts", "--max-attempts", dest="max_attempts", type=positive_int)
+    add_flag(g, "--timeouts-connect-s", "--connect-timeout-s", dest="connect_timeout_s", type=positive_float,
+             help='seconds to connect (timeouts.connect_s)')
+    add_flag(g, "--timeouts-total-s", "--timeout-s", dest="timeout_s", type=positive_float,
+             help='seconds a request may take in all (timeouts.total_s)')
+    add_flag(g, "--timeouts-idle-s", "--idle-timeout-s", dest="idle_timeout_s", type=positive_float,
+             help='seconds without a byte before a timeout (timeouts.idle_s)')
+    add_flag(g, "--retries-max-attempts", "--max-attempts", dest="max_attempts", type=positive_int,
+             help='attempts per record (retries.max_attempts)')
     p.add_argument("--set", action="append", metavar="KEY=JSON", default=[],
                    help="any setting by dotted key, value as JSON (or a bare string), e.g. sampling.stop='[\"END\"]'")
     p.add_argument("--reason", help="why (kept with the version and in the audit log)")
@@ -76,14 +88,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        "(or a re-run not generated yet) changed their earlier output back; nothing is deleted.")
     add_db_arg(r)
     r.add_argument("run", help="run name or id")
-    r.add_argument("--undo", type=int, metavar="REPAIR_ID")
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--undo", type=int, metavar="REPAIR_ID",
+                   help='undo this repair (its records get their earlier results back)')
+    r.add_argument("--json", action="store_true", help='print JSON')
     r.set_defaults(func=handle_repairs)
 
     v = sub.add_parser("versions", help="a run's config versions with their changes and record counts")
     add_db_arg(v)
     v.add_argument("run", help="run name or id")
-    v.add_argument("--json", action="store_true")
+    v.add_argument("--json", action="store_true", help='print JSON')
     v.set_defaults(func=handle_versions)
 
     a = sub.add_parser("autopause", help="turn a check's auto-pause off (with a reason) or back on for a run",
@@ -149,8 +162,9 @@ def handle_fix(a: argparse.Namespace) -> int:
         for line in lines([c]):
             print(f"  {c['kind']:10} {line}", file=out)
     if any(c["kind"] == "reading" for c in res["changes"]):
-        print(f"stored records keep their answers until re-derived: synthwatch rederive {run['name']!r} --check "
-              "CHECK (or --alarm ID)", file=out)
+        print("stored records keep their answers until re-derived: "
+              f"`{hint('rederive', '--check', 'field_mismatch', run=run['name'], db=a.db)}` (or another --check, or "
+              "--alarm ID)", file=out)
     return 0
 
 
@@ -205,13 +219,13 @@ def handle_repair(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(res, default=str), file=out)
     elif a.verb == "rederive":
-        print(f"re-derived {res['changed']:,} records (repair #{res['repair_id']}; undo: synthwatch repairs "
-              f"{run['name']!r} --undo {res['repair_id']})", file=out)
+        print(f"re-derived {res['changed']:,} records (repair #{res['repair_id']}; undo: "
+              f"{hint('repairs', '--undo', res['repair_id'], run=run['name'], db=a.db)})", file=out)
     elif res.get("repair_id") is None:  # the records changed between the preview and now
         print(res["message"], file=out)
     else:
         print(f"re-runs: {res['queued']:,} queued (repair #{res['repair_id']}); they are generated when the run "
-              f"runs: synthwatch run --name {run['name']!r}", file=out)
+              f"runs: {hint('run', '--name', run['name'], db=a.db)}", file=out)
     return 0
 
 

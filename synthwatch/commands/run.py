@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any, NoReturn
 
 from ..capture.reasoning import MODES as REASONING_MODES
 from ..cli import CliError
 from ..config import DatasetConfig
+from ..hints import command as hint
 from ..sources.load import RunLoadError, prepare_run
 from ._common import (
     OLD_FLAGS,
@@ -26,6 +29,9 @@ from ._common import (
     positive_int,
 )
 from .progress import Progress
+
+ACK_RECORDS = 100
+"""The number of records a printed acknowledgement suggests (a check's default window: #37)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -57,11 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g = p.add_argument_group("endpoints and requests")
     g.add_argument("--base-url", action="append", help="OpenAI-compatible base URL; repeat for several")
     g.add_argument("--api-key-env", help="name of the environment variable holding the API key")
-    g.add_argument("--model")
+    g.add_argument("--model", help='the served model name (model)')
     for side, what in (("in", "prompt"), ("out", "completion")):  # named as the TOML keys they set
         g.add_argument(f"--price-{side}-per-mtok", type=float, metavar="PRICE", help=f"price per million {what} "
                        f"tokens of every endpoint (endpoints[].price_{side}_per_mtok): the cost view")
-    g.add_argument("--no-stream", dest="stream", action="store_false", default=None)
+    g.add_argument("--no-stream", dest="stream", action="store_false", default=None,
+                   help='send non-streamed requests (stream = false)')
     g.add_argument("--concurrency", type=concurrency_arg, metavar="N|auto",
                    help="requests in flight; 'auto' tunes it to the servers (autotune in docs/configuration.md)")
     add_flag(g, "--autotune-min", "--concurrency-min", type=positive_int, help="--concurrency auto: fewest in flight")
@@ -71,9 +78,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--samples-per-prompt", type=positive_int, metavar="K",
                    help="K answers per prompt, each its own record and request with a distinct seed (--seed or 0, "
                    "plus the sample index); pass@k on the dashboard, export --select per prompt (docs/samples.md)")
-    g.add_argument("--max-tokens", type=positive_int)
-    g.add_argument("--temperature", type=float)
-    g.add_argument("--top-p", type=float)
+    g.add_argument("--max-tokens", type=positive_int, help='max_tokens of each request (sampling.max_tokens)')
+    g.add_argument("--temperature", type=float, help='sampling temperature (sampling.temperature)')
+    g.add_argument("--top-p", type=float, help='nucleus sampling top_p (sampling.top_p)')
     g.add_argument("--seed", type=int, help="sampling seed sent with each request")
     g.add_argument("--stop", action="append", help="stop string; repeat for several")
     g.add_argument("--extra-body", help='JSON merged into each request, e.g. \'{"chat_template_kwargs": {...}}\'')
@@ -95,14 +102,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="after the first SIGTERM or SIGINT, how long in-flight requests may take to finish before they"
                    " are interrupted and their records go back to pending (default 10; a second signal stops at once)")
     g = p.add_argument_group("reasoning and tokenizer")
-    g.add_argument("--reasoning-mode", choices=REASONING_MODES)
+    g.add_argument("--reasoning-mode", choices=REASONING_MODES,
+                   help='where the server puts the reasoning; auto looks everywhere (reasoning.mode)')
     add_flag(g, "--no-reasoning-expect", "--no-expect-reasoning", dest="reasoning_expect", action="store_false",
              default=None, help="the model does not reason: empty reasoning is not a defect")
     add_flag(g, "--reasoning-prefilled-open", "--prefilled-think", "--prefilled-open", action="store_true",
              default=None, help="the chat template already opens the think block in the prompt")
     g.add_argument("--tokenizer", help="tokenizer folder or cached name ('deepseek-v4' is shipped)")
     g.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4'")
-    g.add_argument("--trust-remote-code", action="store_true", default=None)
+    g.add_argument("--trust-remote-code", action="store_true", default=None,
+                   help='let the tokenizer run its own code (tokenizer.trust_remote_code)')
     g.add_argument("--no-preflight", dest="preflight", action="store_false",
                    help="skip the endpoint check before the run starts (GET /models: reachable, key accepted, "
                    "model served); for an endpoint that is not up yet")
@@ -348,6 +357,7 @@ def handle(a: argparse.Namespace) -> int:
     fresh = None if a.join else resolve_config(a, None, toml, required=not a.name)
     if fresh is not None:
         check_before_writing(fresh, dataset=True, preflight=a.preflight)
+    new_file = _new_sqlite_file(a.db)
     try:
         engine = open_engine(a.db)
     except DatabaseError as exc:
@@ -389,16 +399,18 @@ def handle(a: argparse.Namespace) -> int:
         try:
             run_id, resumed = prepare_run(engine, config)
         except RunLoadError as exc:
+            _forget_new_file(engine, new_file)  # a refused dataset leaves no database behind (#37)
             raise CliError(str(exc)) from None
     out = sys.stderr
     verb = "joining" if a.join else ("resuming" if resumed else "starting")
     print(f"{verb} run {config.name!r} (id {run_id}) in {safe_url(str(engine.url))}", file=out)
     link = run_link(engine, run_id, dashboard_hint(a.db))
     print(link, file=out)
-    db_flag = f" --db {a.db}" if a.db else ""
     progress = Progress(config.name, json_lines=a.log_json, quiet=a.quiet, engine=engine, run_id=run_id,
-                        resume_hint=f"synthwatch control {config.name}{db_flag} resume", dashboard=link,
-                        exit_on_pause=a.exit_on_pause)
+                        resume_hint=hint("control", "resume", run=config.name, db=a.db),
+                        ack_hint=hint("control", "resume", "--ack", "--for-records", ACK_RECORDS, run=config.name,
+                                      db=a.db),
+                        dashboard=link, exit_on_pause=a.exit_on_pause)
     from ..quality.checks import ChecksConfigError
     from ..quality.live import writer_hooks
 
@@ -446,8 +458,11 @@ def handle(a: argparse.Namespace) -> int:
         message = (row.get("status_message") or "").replace("control RUN ", f"control {config.name} ")
         if progress.exited_paused and final == "stopped":
             final = "paused"
-            message = _keep_paused(engine, run_id, row, config.name)
+            message = _keep_paused(engine, run_id, row, config.name, a.db)
         head = final
+        # the counts are said once: "completed: 3 ok, … — all prompts processed" (the stored message repeats them
+        # for the pages, which do not print them beside it; #37)
+        message = re.sub(r"^(all prompts processed): \d+ ok, \d+ errors, \d+ timeouts$", r"\1", message)
         if final == "completed" and message.startswith("completed with "):
             head, _, rest = message.partition(" (")
             message = rest.rstrip(")")
@@ -460,6 +475,27 @@ def handle(a: argparse.Namespace) -> int:
     finally:
         if main_thread and not a.program:  # the program keeps ignoring it until entry() takes over
             signal.signal(signal.SIGINT, previous)
+
+
+def _new_sqlite_file(db: str | None) -> Path | None:
+    """The SQLite file this command is about to create (None: it exists already, or the database is a server)."""
+    from ..store.db import DatabaseError, resolve_url
+    from ..store.fresh import sqlite_path
+
+    try:
+        path = sqlite_path(resolve_url(db))
+    except DatabaseError:
+        return None
+    return Path(path) if path is not None and not Path(path).exists() else None
+
+
+def _forget_new_file(engine: Any, path: Path | None) -> None:
+    """Remove the database this command created, when nothing was written to it but the schema."""
+    engine.dispose()
+    if path is None:
+        return
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
 
 
 def _start_judge(engine: Any, run_id: int, config: Any, out: Any) -> Any:
@@ -487,7 +523,7 @@ def _find(engine: Any, name: str) -> int | None:
     return found
 
 
-def _keep_paused(engine: Any, run_id: int, row: dict[str, Any], name: str) -> str:
+def _keep_paused(engine: Any, run_id: int, row: dict[str, Any], name: str, db: str | None) -> str:
     """--exit-on-pause: this worker left a paused run; the run stays paused (its status said "stopped" when this
     was its last worker), so that `synthwatch control RUN resume` and the dashboard's resume still apply."""
     from ..store.queue import pause_reason, set_status, write_begin
@@ -497,11 +533,11 @@ def _keep_paused(engine: Any, run_id: int, row: dict[str, Any], name: str) -> st
     if reason:  # an alarm holds the run: a plain resume would be refused
         why = reason.split(". Acknowledge and resume")[0]
         message = (f"{why}; the worker exited (--exit-on-pause): fix the cause, or acknowledge and resume with "
-                   f"`synthwatch control {name} resume --ack --for-records N`, then run again "
-                   f"(`synthwatch run --name {name}`)")
+                   f"`{hint('control', 'resume', '--ack', '--for-records', ACK_RECORDS, run=name, db=db)}`, then run "
+                   f"again (`{hint('run', '--name', name, db=db)}`)")
     else:
-        message = (f"paused; the worker exited (--exit-on-pause): resume with `synthwatch control {name} resume`, "
-                   f"then run again (`synthwatch run --name {name}`)")
+        message = (f"paused; the worker exited (--exit-on-pause): resume with `{hint('control', 'resume', run=name, db=db)}`"
+                   f", then run again (`{hint('run', '--name', name, db=db)}`)")
     if row.get("status") == "stopped":
         with engine.connect() as conn, write_begin(conn):
             set_status(conn, run_id, "paused", message)

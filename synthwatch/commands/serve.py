@@ -15,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="serve the dashboard (default http://127.0.0.1:8000)")
     add_db_arg(p)
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1; others need --auth-token)")
-    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--port", type=int, default=None,
+                   help='port to listen on (default 8000, or $SYNTHWATCH_PORT; 0: a free one)')
     p.add_argument("--auth-token", default=None,
                    help="require this token on every page and API call (or set SYNTHWATCH_AUTH_TOKEN)")
     p.add_argument("--insecure", action="store_true",
@@ -48,10 +49,6 @@ def handle(args: argparse.Namespace) -> int:
     from ..store.db import DatabaseError
 
     settings = build_settings(args)
-    try:
-        app = create_app(settings.db, settings)
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from None
     import socket
 
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
@@ -65,6 +62,12 @@ def handle(args: argparse.Namespace) -> int:
         sock.close()
         raise CliError(f"cannot listen on {settings.host}:{settings.port}: {getattr(exc, 'strerror', None) or exc}"
                        " (another dashboard running? choose another --port)") from None
+    # the port first, then the database: a busy port left a new, migrated database behind (#37)
+    try:
+        app = create_app(settings.db, settings)
+    except DatabaseError as exc:
+        sock.close()
+        raise CliError(str(exc)) from None
     # listening before the address is printed: uvicorn starts the app (lifespan) before it listens, and a
     # browser or script that follows the printed link at once was refused meanwhile; the kernel now holds
     # early connections until the app answers them

@@ -12,8 +12,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = sub.add_parser("simulate", help="serve a simulated vLLM-shaped endpoint (/v1/chat/completions)",
                        description="Serves until Ctrl-C (exit code 0). A port that is taken: exit code 2.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--host", default="127.0.0.1", help='address to listen on (default 127.0.0.1)')
+    p.add_argument("--port", type=int, default=8001, help='port to listen on (default 8001)')
     simulator.add_arguments(p)
     p.set_defaults(func=handle)
 

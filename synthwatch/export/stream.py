@@ -26,6 +26,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from ..capture.turns import history_reasoning_of
+from ..hints import command as hint
 from ..store import queue as store
 from . import unwritten
 from .plan import (
@@ -434,7 +435,7 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
                 manifest.setdefault("warnings", []).append(
                     f"{pending['records']} ok records have no verdict yet from the extended checks "
                     f"({', '.join(pending['checks'])}); their ids are in the manifest's pending_checks "
-                    "(`synthwatch checks RUN --pending` checks them)")
+                    f"(`{hint('checks', '--pending', run=plan.run['name'], with_db=False)}` checks them)")
         if fmt in TEXT_FORMATS:
             manifest["template_adds_unwritten_tokens"] = unwritten.manifest_part(fmt, added, added_rows)
             if added_rows:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..capture import tool_calls
+from ..hints import command as hint
 from .plan import R_NO_IDS, R_TOKENIZE, ExportError, ExportOptions, ExportPlan, Skip, record_id
 
 R_TOOL_CALL_IDS = "tool_call_without_server_ids"
@@ -44,7 +45,8 @@ def tokens_tokenizer(
         raise ExportError(
             "a tokens export needs token ids: this run did not ask the server for them and has no tokenizer "
             "configured; give --tokenizer (and --chat-template if it has none), or generate with "
-            "`synthwatch run --request-token-ids` (request_token_ids = true) so that the server's exact ids are kept"
+            f"`{hint('run', '--request-token-ids', with_db=False)}` (request_token_ids = true) so that the server's exact "
+            "ids are kept"
         )
     spec = TokenizerSpec(str(name), chat_template=template, trust_remote_code=trust, think_open=think_open,
                          think_close=think_close)

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from ..check_catalog import DEFAULT_RULES, Rule
+from ..hints import command as hint
 from ..redact import redact
 
 SERVER_SAID_CHARS = 300  # the server's own error text, bounded (it is untrusted and may be large)
@@ -60,9 +61,25 @@ def current_mode(config: dict[str, Any]) -> str:
     return str(mode) if mode else "auto"
 
 
-def render(alarm: dict[str, Any], config: dict[str, Any], rules: dict[str, Rule] | None = None) -> dict[str, Any]:
+def hint_ctx(run_name: str | None, conn: Any = None) -> dict[str, Any]:
+    """What the commands in an alarm's fix fill in (#37): the run's name and the database ``conn`` is on."""
+    out: dict[str, Any] = {"run_name": run_name}
+    if conn is not None:
+        out["db"] = conn.engine.url.render_as_string(hide_password=True)
+    return out
+
+
+def _cmd(ctx: dict[str, Any], *words: object) -> str:
+    """A command of an alarm's fix, with the run and the database filled in when ctx knows them."""
+    name = ctx.get("run_name")
+    return hint(*words, run=str(name) if name else "RUN", db=ctx.get("db"))
+
+
+def render(alarm: dict[str, Any], config: dict[str, Any], rules: dict[str, Rule] | None = None, *,
+           run_name: str | None = None, conn: Any = None) -> dict[str, Any]:
     """The alarm with its message and fix computed from its evidence and the run's current settings, and the
-    text of when its rule pauses. Rows without evidence (made before it was kept) keep their stored words."""
+    text of when its rule pauses. Rows without evidence (made before it was kept) keep their stored words.
+    ``run_name`` and ``conn`` fill the commands of its fix (hint_ctx)."""
     rule = (rules or DEFAULT_RULES).get(alarm["rule"]) or DEFAULT_RULES.get(alarm["rule"])
     out = dict(alarm)
     if rule is None:
@@ -70,7 +87,7 @@ def render(alarm: dict[str, Any], config: dict[str, Any], rules: dict[str, Rule]
     out["pause_text"] = pause_text(rule)
     ev = evidence(alarm)
     if ev.get("ctx") is not None:
-        ctx = {**ev["ctx"], "current_mode": current_mode(config)}
+        ctx = {**ev["ctx"], "current_mode": current_mode(config), **hint_ctx(run_name, conn)}
         w = ev.get("counts") or [0, 0, 0, 0]
         out["message"], fix = describe(rule, int(w[0]), int(w[1]), int(w[2]), int(w[3]), ctx)
         out["fix"] = fix or out.get("fix")
@@ -108,7 +125,7 @@ def _describe(rule: Rule, fail: int, total: int, run_fail: int, run_total: int, 
         now = ctx.get("current_mode") or made or "auto"
         mode = made or ("another field" if fields and (now == "auto" or now in fields) else now)
         rederive = ("re-derive the affected records: their reasoning is in the raw unread field, so no new request "
-                    "is needed (`synthwatch rederive RUN --check field_mismatch`).")
+                    f"is needed (`{_cmd(ctx, 'rederive', '--check', 'field_mismatch')}`).")
         if fields and now != mode and (now == "auto" or now in fields):
             # the settings were fixed after these records were made: the fix left is the re-derive, never
             # "set the mode to what it already is"
@@ -122,10 +139,10 @@ def _describe(rule: Rule, fail: int, total: int, run_fail: int, run_total: int, 
         target = targets[0]
         if target == now:  # no evidence of the field: never propose the value the run already has
             return msg, ("Open the example record to see which raw field holds the reasoning, set reasoning.mode to "
-                         "it (Settings & repairs, or `synthwatch fix RUN --reasoning-mode FIELD`), then " + rederive)
+                         "it (Settings & repairs, or `" + _cmd(ctx, "fix", "--reasoning-mode", "FIELD") + "`), then " + rederive)
         other = "" if target == "auto" or now == "auto" else " (or \"auto\")"
-        fix = (f"Set reasoning.mode = \"{target}\"{other}: Settings & repairs, or `synthwatch fix RUN "
-               f"--reasoning-mode {target}`. Then " + rederive)
+        fix = (f"Set reasoning.mode = \"{target}\"{other}: Settings & repairs, or "
+               f"`{_cmd(ctx, 'fix', '--reasoning-mode', target)}`. Then " + rederive)
         return msg, fix
     if name == "empty_reasoning":
         return (f"{share}{whole} have no reasoning although the run expects it.",
@@ -200,5 +217,5 @@ def _describe(rule: Rule, fail: int, total: int, run_fail: int, run_total: int, 
         why = why if len(why) <= SERVER_SAID_CHARS else why[: SERVER_SAID_CHARS - 1] + "…"
         return (f"{share}{whole} failed the {name} check" + (f"; latest: {why}" if why else "") + ".",
                 "Open the example record: its verdicts show each check's reason. Fix the prompts or the generation "
-                "settings, or change the check (then `synthwatch checks RUN --recompute` checks the run again).")
+                "settings, or change the check (then `" + _cmd(ctx, "checks", "--recompute") + "` checks the run again).")
     return f"{share}{whole} failed the {name} check.", ""

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection, Engine
 from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride, extended_rule
 from ..store import queue as store
 from ..store.dashboards import dashboard_url
-from .alarm_text import describe, server_said
+from .alarm_text import describe, hint_ctx, server_said
 from .verdicts import configured_checks
 
 log = logging.getLogger("synthwatch.alarms")
@@ -231,7 +231,8 @@ class AlarmKeeper:
             if name == "field_mismatch" and not ctx.get("fields") and example is not None:
                 ctx = {"fields": self._example_fields(conn, example)} if cur is None else ctx
             keep = name == "field_mismatch" and not ctx.get("fields")
-            message, fix = describe(rule, fail, total, n_fail, n_total, ctx)
+            message, fix = describe(rule, fail, total, n_fail, n_total,
+                                    {**ctx, **hint_ctx(self.run_name, conn)})
             ev = None if keep else orjson.dumps(
                 {"ctx": {k: v for k, v in ctx.items() if isinstance(v, (str, int, float, list)) or v is None},
                  "counts": [fail, total, n_fail, n_total]}).decode()

@@ -51,7 +51,7 @@ def parse_settings(raw: dict[str, Any] | None, source: str = "run config") -> Ch
     try:
         return CheckSettings.model_validate(raw or {})
     except ValidationError as exc:
-        msg = format_validation_error(exc, source).replace("\n  ", "\n  checks.")
+        msg = format_validation_error(exc, source, CheckSettings).replace("\n  ", "\n  checks.")
         raise ChecksConfigError(msg) from None
 
 

@@ -31,6 +31,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import CheckSettings, Rule
+from ..hints import command as hint
 from ..store import queue as store
 from . import verdicts as vd
 from .alarms import AlarmKeeper, rules_for
@@ -188,8 +189,8 @@ class ExtendedRunner:
                     left = len(ids) - i
                     self.counts["unqueued"] += left
                     log.warning("run %d: %d records not queued for their extended checks (the checks are %s): they "
-                                "stay pending until the run's next start or `synthwatch checks RUN --pending`",
-                                self.run_id, left, "stopped" if not self.alive else "behind")
+                                "stay pending until the run's next start or `%s`", self.run_id, left,
+                                "stopped" if not self.alive else "behind", hint("checks", "--pending", run=str(self.run_id)))
                     return queued
             queued += 1
             self.counts["submitted"] += 1
@@ -212,7 +213,7 @@ class ExtendedRunner:
         left = self.q.qsize()
         if left:
             log.warning("run %d: %d records left without their extended checks (pending): the next start of the "
-                        "run or `synthwatch checks RUN --pending` checks them", self.run_id, left)
+                        "run or `%s` checks them", self.run_id, left, hint("checks", "--pending", run=str(self.run_id)))
 
     def drain(self) -> None:
         """Wait until every queued record has its verdicts written (recheck)."""

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..capture.turns import load as load_turns
 from ..check_catalog import BIT, CHECK_INFO, CHECK_NAMES, CheckSettings
+from ..hints import command as hint
 from ..store import queue as store
 from . import open_items, verdicts
 from .alarms import AlarmKeeper, effective_rules, rules_for
@@ -47,7 +48,7 @@ def save_settings(engine: Engine, run_id: int, raw: dict[str, Any], actor: str =
             # an off switch for the run's protection is its own action, with a reason on the record
             raise ChecksConfigError(
                 f"turning auto-pause off ({', '.join(dropped)}) is a separate action with a reason: "
-                f"`synthwatch autopause RUN {dropped[0]} off --reason ...`, the run page's alarm banner, or "
+                f"`{hint('autopause', dropped[0], 'off', '--reason', 'why', run=str(run_id))}`, the run page's alarm banner, or "
                 f"POST /api/runs/{run_id}/autopause")
         new_checks = settings.model_dump(mode="json", exclude_defaults=True)
         if cfg.get("checks") != new_checks:

@@ -147,13 +147,19 @@ def _migration_lock(url: str) -> Iterator[None]:
         yield
         return
     path = url.split("sqlite:///", 1)[-1]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path + ".migrate-lock", "a+b") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    folder = Path(path).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    # the lock is on the database's folder, not on a file of its own: a lock file was left beside every database
+    # (#37), and removing it after use would let a waiting process and a new one lock two different files
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def safe_url(url: str) -> str:

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import BIT, DEFAULT_RULES
 from ..config import RunConfig
+from ..hints import command as hint
 from .models import RECORD_STATUSES
 
 CONTROL_ACTIONS = ("pause", "resume", "stop", "stop_now", "cap", "concurrency")
@@ -268,7 +269,7 @@ def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, a
             claimed = int(row[2] or 0) - int(row[3] or 0)
             blocked, _left = alarm_gate(conn, run_id, claimed, now(), reopen=False)
             if blocked and snooze is None:
-                raise AlarmOpen(resume_refusal(blocked), blocked)
+                raise AlarmOpen(resume_refusal(blocked, ack_hint(conn, run_id, blocked)), blocked)
             if blocked and snooze is not None:
                 sets["acknowledged"] = _acknowledge_blocking(conn, run_id, blocked, claimed, snooze, actor)
         assign = ", ".join(f"{k} = :{k}" for k in sets if k != "acknowledged")
@@ -368,10 +369,19 @@ def _alarm_names(blocked: list[dict[str, Any]]) -> str:
     return "; ".join(f"alarm #{a['id']} {a['rule']} ({a['title']})" for a in blocked)
 
 
-def resume_refusal(blocked: list[dict[str, Any]]) -> str:
+def ack_hint(conn: Connection, run_id: int, blocked: list[dict[str, Any]]) -> str:
+    """The command that acknowledges the alarms holding this run and resumes it (#37): the run's name, this
+    database and a number of records (the first alarm's window: after as many new records it may fire again)."""
+    name = conn.execute(text("SELECT name FROM run WHERE id = :r"), {"r": run_id}).scalar()
+    rule = DEFAULT_RULES.get(blocked[0]["rule"]) if blocked else None
+    return hint("control", "resume", "--ack", "--for-records", rule.window if rule else 100,
+                run=str(name if name is not None else run_id), db=conn.engine.url.render_as_string(hide_password=True))
+
+
+def resume_refusal(blocked: list[dict[str, Any]], ack: str) -> str:
     return (f"not resumed: {_alarm_names(blocked)} paused this run and is still open. Resuming would pause it "
             "again before the next record. Acknowledge it in the same action, for a number of records or minutes "
-            "(`synthwatch control RUN resume --ack --for-records 100`, the dashboard's \"Acknowledge and resume\","
+            f"(`{ack}`, the dashboard's \"Acknowledge and resume\","
             " or the API's ack_records / ack_minutes), or fix the cause first (Settings & repairs).")
 
 
@@ -430,7 +440,7 @@ def pause_reason(conn: Connection, run_id: int) -> tuple[str, tuple[str, ...]]:
     rule = DEFAULT_RULES.get(a["rule"])
     title = a["title"] or (rule.title if rule else a["rule"])
     return (f"paused by alarm #{a['id']} {a['rule']}: {title}{more}{said}. Acknowledge and resume to go on"
-            " (synthwatch control RUN resume --ack --for-records N), or fix the cause",
+            f" ({ack_hint(conn, run_id, blocked)}), or fix the cause",
             tuple(sorted({b["rule"] for b in blocked})))
 
 

@@ -31,6 +31,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from ..config import ConfigError, RunConfig, build_config, deep_merge
+from ..hints import command as hint
 from . import queue as store
 
 READING_KEYS = ("reasoning",)
@@ -213,7 +214,9 @@ def changed_config(old: dict[str, Any], changes: dict[str, Any], run_kind: str) 
             raise VersionError(f"{key}: a run's dataset and its turns setting are fixed when it is loaded; start"
                                " a new run to change them")
         if kind == "control":
-            raise VersionError(f"{key}: change it with the run's controls (synthwatch control RUN {key} N)")
+            value = patch[key] if isinstance(patch[key], int) and not isinstance(patch[key], bool) else "N"
+            raise VersionError(f"{key}: change it with the run's controls "
+                               f"({hint('control', key, value, run=str(old.get('name') or 'RUN'))})")
         if key == "name":
             raise VersionError("name: a run's name cannot change")
     merged = deep_merge(old, patch)
@@ -258,8 +261,8 @@ def _validate_reading(cfg: dict[str, Any]) -> None:
     try:
         ReasoningConfig.model_validate(cfg.get("reasoning") or {})
     except ValidationError as exc:
-        raise VersionError(format_validation_error(exc, "settings change").replace("\n  ", "\n  reasoning."),
-                           [(("reasoning", *loc), msg) for loc, msg in validation_problems(exc)]) from None
+        raise VersionError(format_validation_error(exc, "settings change", ReasoningConfig).replace("\n  ", "\n  reasoning."),
+                           [(("reasoning", *loc), msg) for loc, msg in validation_problems(exc, ReasoningConfig)]) from None
 
 
 # ------------------------------------------------------------------------------------------ resume

@@ -43,17 +43,20 @@ def _quote(text: str) -> str:
 
 def check_endpoint(base_url: str, model: str, *, headers: dict[str, str] | None = None,
                    verify: ssl.SSLContext | bool = True, timeout_s: float = 10.0, proxy: str | None = None,
-                   proxy_headers: dict[str, str] | None = None) -> EndpointFacts:
-    """Raise PreflightError unless ``base_url`` answers ``/models`` and lists ``model``.
+                   proxy_headers: dict[str, str] | None = None, key_env: str | None = None) -> EndpointFacts:
+    """Raise PreflightError unless ``base_url`` answers ``/models`` and lists ``model``. ``key_env``: the variable
+    the key in ``headers`` came from, named when the server refuses it.
 
     Asked through the outbound client (synthwatch/outbound.py), as the run's own requests are: the same header
     values, TLS settings and proxy, no redirect followed, no ~/.netrc read, ``timeout_s`` for each request in all
     (connect, headers and body), at most MAX_MODELS_BYTES of a reply read (decoded)."""
-    return run_sync(_check_endpoint(base_url, model, headers or {}, verify, timeout_s, proxy, proxy_headers))
+    return run_sync(_check_endpoint(base_url, model, headers or {}, verify, timeout_s, proxy, proxy_headers,
+                                    key_env))
 
 
 async def _check_endpoint(base_url: str, model: str, headers: dict[str, str], verify: ssl.SSLContext | bool,
-                          timeout_s: float, proxy: str | None, proxy_headers: dict[str, str] | None) -> EndpointFacts:
+                          timeout_s: float, proxy: str | None, proxy_headers: dict[str, str] | None,
+                          key_env: str | None = None) -> EndpointFacts:
     base = base_url.rstrip("/")
     async with session("preflight", headers=headers, ssl=verify) as client:
 
@@ -82,6 +85,11 @@ async def _check_endpoint(base_url: str, model: str, headers: dict[str, str], ve
                     f"GET {base}/models answered 404 {_quote(body)}, but {base}/v1/models answers: the base "
                     f"URL misses /v1; use --base-url {base}/v1 (base_url = \"{base}/v1\")")
     if status in (401, 403):
+        if any(k.lower() == "authorization" for k in headers):  # a key was given and refused: not "give one" (#37)
+            where = f"the key in ${key_env}" if key_env else "the API key given"
+            raise PreflightError(
+                f"GET {base}/models answered {status} {_quote(body)}: the server refused {where}; check "
+                f"that {'the variable' if key_env else 'it'} holds a key this server accepts")
         raise PreflightError(
             f"GET {base}/models answered {status} {_quote(body)}: the server wants an API key "
             f"it accepts; put it in an environment variable and name it with --api-key-env NAME "
@@ -118,8 +126,10 @@ def check_run_endpoints(config: Any, timeout_s: float = 10.0) -> None:
     pool = EndpointPool(config.endpoints, config.pool)
     for ep in pool.endpoints:
         auth = {k: v for k, v in ep.headers.items() if k.lower() not in ("content-type", "accept")}
+        key_env = next((e.api_key_env or e.headers_env.get("Authorization") or e.headers_env.get("authorization")
+                        for e in config.endpoints if e.base_url.rstrip("/") == ep.base_url.rstrip("/")), None)
         check_endpoint(ep.base_url, config.model, headers=auth, verify=ep.ssl, timeout_s=timeout_s, proxy=ep.proxy,
-                       proxy_headers=ep.proxy_headers)
+                       proxy_headers=ep.proxy_headers, key_env=key_env)
 
 
 @register("preflight", "the run's preflight: GET /models before a run is created (workers/preflight.py)", 6.0)
