@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from aiohttp import web
-from conftest import cli_env, run_cli
+from conftest import HTTP_TIMEOUT_S, cli_env, run_cli
 from sqlalchemy import text
 from workerkit import run_row
 
@@ -93,7 +94,8 @@ def test_an_unimportable_user_check_refuses_the_run_before_its_first_request(fun
         assert conn.execute(text("SELECT COUNT(*) FROM run")).scalar() == 0
 
 
-def test_a_resume_and_a_recompute_refuse_a_user_check_that_no_longer_imports(tmp_path, sim, db_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_resume_and_a_recompute_refuse_a_user_check_that_no_longer_imports(tmp_path, sim, db_path,  # type: ignore[no-untyped-def]
+                                                                           live_app) -> None:
     """The run was made with a check that imports; the module then disappears (a new venv, another host): the
     resume, `checks --recompute/--pending/--retry-errors` and `import` into it refuse, naming the check."""
     pkg = user_module(tmp_path / "pkg")
@@ -110,6 +112,15 @@ def test_a_resume_and_a_recompute_refuse_a_user_check_that_no_longer_imports(tmp
         assert res.returncode == 2, (flag, res.stderr)
         assert "user check 'mine': cannot import swtest_broken:fine" in res.stderr and "nothing was re-checked" in \
             res.stderr, (flag, res.stderr)
+    # the dashboard's recompute (the checks page's button, the API) is refused the same way, naming the check
+    srv = live_app()
+    run_id = run_row(open_engine(str(db_path)), "broken")["id"]
+    api = httpx.post(f"{srv.url}/api/runs/{run_id}/checks/recompute", timeout=HTTP_TIMEOUT_S)
+    assert api.status_code == 409 and "user check 'mine': cannot import swtest_broken:fine" in api.json()["detail"]
+    form = httpx.post(f"{srv.url}/runs/{run_id}/checks/recompute", timeout=HTTP_TIMEOUT_S,
+                      headers={"Origin": srv.url})
+    assert form.status_code == 409, form.text
+    assert "user check &#39;mine&#39;" in form.text or "user check 'mine'" in form.text
 
 
 def test_import_into_a_run_with_an_unimportable_user_check_is_refused(tmp_path, db_path) -> None:  # type: ignore[no-untyped-def]
