@@ -115,6 +115,9 @@ class ExportPlan:
     extra: dict[str, Any] = field(default_factory=dict)
     select_check: str | None = None
     """The check the selection reads, resolved (None: every sample is exported)."""
+    snapshot_at: float | None = None
+    """The cut (#35): only ok records finished at or before this time (epoch seconds, fixed when the export was
+    prepared) are read; None reads every ok record (a plan made by hand)."""
 
 
 class Skip(Exception):

@@ -108,11 +108,17 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
         if out in (db_file, Path(f"{db_file}-wal"), Path(f"{db_file}-shm"), Path(f"{db_file}-journal")):
             raise ExportError(f"output {out} is the database itself; choose another file name")
 
+    # the snapshot (#35): the ok records finished by now are the export's; one that finishes (or fails a check)
+    # while a long export runs is not read
+    cut = time.time()
     with engine.connect() as conn:
         try:
             run = store.run_row(conn, run_ref)
         except store.NotFound as exc:
             raise ExportError(str(exc)) from None
+        in_snapshot = int(conn.execute(text(
+            f"SELECT COUNT(*) FROM record WHERE run_id = :r AND status = 'ok' AND {SNAPSHOT_SQL}"),
+            {"r": run["id"], "cut": cut}).scalar() or 0)
         status_counts = {
             str(s): int(n)
             for s, n in conn.execute(
@@ -166,8 +172,8 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
         run=run, config=strip_secrets(config), options=options, out=out, parquet=parquet, checks=checks,
         check_bits={n: bits[n] for n in checks if n not in DEFAULT_CHECKS}, expects_reasoning=expects,
         think_open=think_open, think_close=think_close, server_ids=server_ids, tokenizer=lt,
-        tokenizer_info=tok_info, status_counts=status_counts, total=status_counts.get("ok", 0), db_url=db_url,
-        select_check=select_check,
+        tokenizer_info=tok_info, status_counts=status_counts, total=in_snapshot, db_url=db_url,
+        select_check=select_check, snapshot_at=cut,
     )
 
 
@@ -318,30 +324,42 @@ def _row_source(fmt: str, row: Mapping[str, Any]) -> str | None:
 # ------------------------------------------------------------------------------------------ reading
 
 
-def iter_ok_pages(
-    engine: Engine, run_id: int, columns: str, page_size: int = PAGE_SIZE
-) -> Iterator[list[dict[str, Any]]]:
-    """The run's ok records in id order, one page at a time (keyset pagination: bounded memory).
+# a record in an export's snapshot: finished at or before the cut (a record stored without a finish time counts)
+SNAPSHOT_SQL = "(finished_at IS NULL OR finished_at <= :cut)"
 
-    Each page is its own short read transaction, so a long export never pins the SQLite WAL.
+
+def iter_ok_pages(
+    engine: Engine, run_id: int, columns: str, page_size: int = PAGE_SIZE, finished_before: float | None = None
+) -> Iterator[list[dict[str, Any]]]:
+    """The run's ok records in id order, one page at a time (keyset pagination: bounded memory); with
+    ``finished_before``, only those finished at or before that time (the export's snapshot, #35).
+
+    Each page is its own short read transaction, so a long export never pins the SQLite WAL: the cut, not a
+    transaction, keeps the pages to the records that were finished when the export started.
     """
     last = 0
-    sql = f"SELECT {columns} FROM record WHERE run_id = :r AND status = 'ok' AND id > :last ORDER BY id LIMIT :n"
+    cut = f" AND {SNAPSHOT_SQL}" if finished_before is not None else ""
+    sql = (f"SELECT {columns} FROM record WHERE run_id = :r AND status = 'ok'{cut} AND id > :last ORDER BY id"
+           " LIMIT :n")
     stmt = text(sql)
-    raw_sql = sql.replace(":r", "?").replace(":last", "?").replace(":n", "?")
+    raw_sql = sql.replace(":r", "?").replace(":cut", "?").replace(":last", "?").replace(":n", "?")
+    args: tuple[Any, ...] = (run_id, finished_before) if finished_before is not None else (run_id,)
     while True:
         with engine.connect() as conn:
             if conn.dialect.name == "sqlite":
                 # The DB-API cursor directly: SQLAlchemy's row processing costs as much as the query here.
                 cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
                 try:
-                    cur.execute(raw_sql, (run_id, last, page_size))
+                    cur.execute(raw_sql, (*args, last, page_size))
                     keys = [d[0] for d in cur.description]
                     rows = [dict(zip(keys, r, strict=True)) for r in cur.fetchall()]
                 finally:
                     cur.close()
             else:
-                result = conn.execute(stmt, {"r": run_id, "last": last, "n": page_size})
+                params: dict[str, Any] = {"r": run_id, "last": last, "n": page_size}
+                if finished_before is not None:
+                    params["cut"] = finished_before
+                result = conn.execute(stmt, params)
                 keys = list(result.keys())
                 rows = [dict(zip(keys, r, strict=True)) for r in result.fetchall()]
         if not rows:
@@ -384,9 +402,11 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
             from .select import SELECT_COLS, select
 
             selection = select(engine, plan.run, plan.options.select, plan.select_check,
-                               iter_ok_pages(engine, int(plan.run["id"]), SELECT_COLS, plan.options.page_size),
+                               iter_ok_pages(engine, int(plan.run["id"]), SELECT_COLS, plan.options.page_size,
+                                             plan.snapshot_at),
                                lambda r: exclusion_reason(r, plan))
-        for page in iter_ok_pages(engine, int(plan.run["id"]), _columns(fmt), plan.options.page_size):
+        for page in iter_ok_pages(engine, int(plan.run["id"]), _columns(fmt), plan.options.page_size,
+                                  plan.snapshot_at):
             rows = []
             for stored in page:
                 conversations += bool(stored.get("turns_json"))
