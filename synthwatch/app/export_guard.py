@@ -81,17 +81,16 @@ def left_out_by(select: str | None, check: str | None) -> tuple[str, ...]:
 
 
 def left_out_for(options: Any, select_check: str | None, *, expects_reasoning: bool) -> tuple[str, ...]:
-    """Every check whose failing records an export leaves out by itself, so that its alarm and open items do not
-    hold it (#35): the per-prompt selection's check (left_out_by), each ``--exclude-check`` (a record failing it
-    has its bit in check_flags, which is what the exclusion reads; an open item's records are those), and the
-    default exclusions' own checks (empty reasoning while the run expects reasoning, truncated). A check the
-    export does not leave out entirely is not listed."""
+    """Every check whose failing records an export is told to leave out, so that its alarm and open items do not
+    hold it (#35): the per-prompt selection's check (left_out_by) and each ``--exclude-check`` (a record failing
+    it has its bit in check_flags, which is what the exclusion reads; an open item's records are those). Only
+    checks the person named: the default exclusions, which drop empty reasoning as a matter of course, never
+    lift an alarm by themselves. A check the export does not leave out entirely is not listed."""
     from ..export.plan import DEFAULT_CHECKS, check_bit_map
 
     bits = check_bit_map()
     out = list(left_out_by(options.select, select_check))
-    named = [n.strip() for n in options.exclude_checks if n.strip()]
-    for name in [*named, *(DEFAULT_CHECKS if options.default_exclusions else ())]:
+    for name in (n.strip() for n in options.exclude_checks if n.strip()):
         if name == "empty_reasoning" and not expects_reasoning:
             continue  # not applied: the run does not expect reasoning (export/stream.exclusion_reason)
         if (name in bits or name in DEFAULT_CHECKS) and name not in out:
