@@ -300,3 +300,21 @@ def test_a_judge_still_failing_on_retry_leaves_a_new_error(tmp_path, sim, db_pat
     res = run_cli("judge", "judged", "--db", str(db_path), "--retry-errors", check=True)
     assert "retried 3 error verdicts; 3 still error" in res.stdout  # once each: the command ends
     assert all(v == ["error", "error"] for v in _verdict_rows(db_path, "judge").values())
+
+
+def test_the_dashboards_start_validation_names_an_unimportable_user_check(tmp_path, engine) -> None:  # type: ignore[no-untyped-def]
+    """The start form's validation (launch.validate: every problem, each beside its field, as a 400) refuses a
+    configuration whose user check the worker it would start cannot import, naming it (#35)."""
+    from synthwatch.app import launch
+    from synthwatch.settings import Settings
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    ds = prompts(data_dir / "p.jsonl", 2)
+    settings = Settings(db=str(tmp_path / "x.db"), launch_dataset_dirs=str(data_dir))
+    base = {"dataset": {"path": str(ds)}, "endpoints": [{"base_url": "http://127.0.0.1:9/v1"}], "model": "m"}
+    launch.validate(dict(base), engine, settings=settings, base_dir=tmp_path)  # without the check: fine
+    with pytest.raises(launch.LaunchError) as refused:
+        launch.validate({**base, "checks": {"user": [{"name": "mine", "function": "swtest_nowhere:check"}]}},
+                        engine, settings=settings, base_dir=tmp_path)
+    assert "user check 'mine': cannot import swtest_nowhere:check" in str(refused.value)
