@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from array import array
+from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,9 +118,10 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
             run = store.run_row(conn, run_ref)
         except store.NotFound as exc:
             raise ExportError(str(exc)) from None
-        in_snapshot = int(conn.execute(text(
-            f"SELECT COUNT(*) FROM record WHERE run_id = :r AND status = 'ok' AND {SNAPSHOT_SQL}"),
-            {"r": run["id"], "cut": cut}).scalar() or 0)
+        # the ok records as one statement sees them now (8 bytes each): one finished before the cut but written
+        # after this read (a writer's batch still in flight) is not in the export either
+        in_snapshot = array("q", conn.execute(text(
+            "SELECT id FROM record WHERE run_id = :r AND status = 'ok' ORDER BY id"), {"r": run["id"]}).scalars())
         status_counts = {
             str(s): int(n)
             for s, n in conn.execute(
@@ -172,8 +175,8 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
         run=run, config=strip_secrets(config), options=options, out=out, parquet=parquet, checks=checks,
         check_bits={n: bits[n] for n in checks if n not in DEFAULT_CHECKS}, expects_reasoning=expects,
         think_open=think_open, think_close=think_close, server_ids=server_ids, tokenizer=lt,
-        tokenizer_info=tok_info, status_counts=status_counts, total=in_snapshot, db_url=db_url,
-        select_check=select_check, snapshot_at=cut,
+        tokenizer_info=tok_info, status_counts=status_counts, total=len(in_snapshot), db_url=db_url,
+        select_check=select_check, snapshot_at=cut, snapshot_ids=in_snapshot,
     )
 
 
@@ -328,11 +331,19 @@ def _row_source(fmt: str, row: Mapping[str, Any]) -> str | None:
 SNAPSHOT_SQL = "(finished_at IS NULL OR finished_at <= :cut)"
 
 
+def in_ids(ids: Sequence[int], record_id: int) -> bool:
+    """record_id is one of the sorted ``ids``."""
+    i = bisect_left(ids, record_id)
+    return i < len(ids) and ids[i] == record_id
+
+
 def iter_ok_pages(
-    engine: Engine, run_id: int, columns: str, page_size: int = PAGE_SIZE, finished_before: float | None = None
+    engine: Engine, run_id: int, columns: str, page_size: int = PAGE_SIZE, finished_before: float | None = None,
+    only_ids: Sequence[int] | None = None,
 ) -> Iterator[list[dict[str, Any]]]:
     """The run's ok records in id order, one page at a time (keyset pagination: bounded memory); with
-    ``finished_before``, only those finished at or before that time (the export's snapshot, #35).
+    ``finished_before``, only those finished at or before that time, and with ``only_ids`` (sorted) only those
+    among them: the export's snapshot (#35).
 
     Each page is its own short read transaction, so a long export never pins the SQLite WAL: the cut, not a
     transaction, keeps the pages to the records that were finished when the export started.
@@ -364,7 +375,7 @@ def iter_ok_pages(
                 rows = [dict(zip(keys, r, strict=True)) for r in result.fetchall()]
         if not rows:
             return
-        yield rows
+        yield rows if only_ids is None else [r for r in rows if in_ids(only_ids, int(r["id"]))]
         last = rows[-1]["id"]
         if len(rows) < page_size:
             return
@@ -403,10 +414,10 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
 
             selection = select(engine, plan.run, plan.options.select, plan.select_check,
                                iter_ok_pages(engine, int(plan.run["id"]), SELECT_COLS, plan.options.page_size,
-                                             plan.snapshot_at),
+                                             plan.snapshot_at, plan.snapshot_ids),
                                lambda r: exclusion_reason(r, plan))
         for page in iter_ok_pages(engine, int(plan.run["id"]), _columns(fmt), plan.options.page_size,
-                                  plan.snapshot_at):
+                                  plan.snapshot_at, plan.snapshot_ids):
             rows = []
             for stored in page:
                 conversations += bool(stored.get("turns_json"))
