@@ -28,8 +28,9 @@ def _finished(engine: Any, run_id: int) -> dict[int, float]:
             "SELECT id, finished_at FROM record WHERE run_id = :r AND status = 'ok'"), {"r": run_id})}
 
 
-def test_records_finished_after_the_export_started_are_not_in_it(engine: Any, sim: Any, prompts: Any,
+def test_records_finished_after_the_export_started_are_not_in_it(any_engine: Any, sim: Any, prompts: Any,
                                                                   tmp_path: Path) -> None:
+    engine = any_engine  # SQLite and PostgreSQL
     url = sim(seed=31, tokens_per_s=80, reasoning_tokens="8-16", content_tokens="4-8")
     config = make_config(url, prompts(400), concurrency=4, name="growing")
     bg = CheckedBackground(engine, config).start()
