@@ -152,3 +152,21 @@ def test_an_import_with_leaked_text_alarms_and_shows_on_the_pages(tmp_path: Path
     assert page.status_code == 200 and "Template tokens written as text" in page.text
     api = httpx.get(f"{srv.url}/api/runs/{run_id}/alarms", timeout=HTTP_TIMEOUT_S).json()
     assert any(a["rule"] == "template_tokens_in_text" for a in api["alarms"])
+
+
+def test_a_local_tokenizers_special_tokens_and_template_markers_count(tmp_path: Path) -> None:
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps({"added_tokens": [
+        {"id": 1, "content": "<|my_turn_end|>", "special": True}, {"id": 2, "content": "<s>", "special": True}]}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "added_tokens_decoder": {"3": {"content": "<my_role_start>", "special": True}},
+        "eos_token": "<|my_eos|>", "chat_template": "{{ '<|my_header|>' + m }}"}))
+    tok = {"name_or_path": str(folder)}
+    markers = run_markers(tok)
+    assert {"<|my_turn_end|>", "<my_role_start>", "<|my_eos|>", "<|my_header|>"} <= markers
+    assert "<s>" not in markers  # an HTML tag's shape: never a marker (strikethrough in an answer)
+    for leak in ("<|my_turn_end|>", "<my_role_start>", "<|my_header|>"):
+        assert fired(f"4{leak}", tokenizer=tok) == {"template_tokens_in_text"}
+        assert fired(f"4{leak}") == set()
+    assert fired("an <s>old</s> price", tokenizer=tok) == set()

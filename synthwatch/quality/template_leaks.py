@@ -73,6 +73,23 @@ def shipped_markers() -> frozenset[str]:
     return frozenset(found)
 
 
+MAX_FILE_BYTES = 64 * 1024 * 1024  # a tokenizer.json of a 200k vocabulary is ~10 MB; a bigger file is not read
+
+
+def _read(path: str | Path) -> str | None:
+    """A tokenizer or template file's text, or None (logged) when it cannot be read or is too big to be one."""
+    p = Path(path).expanduser()
+    try:
+        if not p.is_file() or p.stat().st_size > MAX_FILE_BYTES:
+            log.warning("template_tokens_in_text: %s is not read (not a file, or over %d MB)", p.name,
+                        MAX_FILE_BYTES >> 20)
+            return None
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("template_tokens_in_text: %s not read: %s", p.name, exc)
+        return None
+
+
 def _marker_like(s: str) -> bool:
     return bool(BAR_MARKER.fullmatch(s) or _OTHER_SHAPE.match(s))
 
@@ -91,10 +108,13 @@ def tokenizer_markers(name_or_path: str, chat_template: str | None = None) -> fr
                     "applies", exc)
         files = {}
     for name, path in files.items():
+        raw = _read(path)
         try:
-            data: Any = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            log.warning("template_tokens_in_text: %s not read: %s", path, exc)
+            data: Any = json.loads(raw) if raw is not None else None
+        except ValueError as exc:
+            log.warning("template_tokens_in_text: %s not read: %s", name, exc)
+            continue
+        if not isinstance(data, dict):
             continue
         if name == "tokenizer.json":
             found |= {t.get("content", "") for t in data.get("added_tokens") or [] if isinstance(t, dict)}
@@ -106,11 +126,9 @@ def tokenizer_markers(name_or_path: str, chat_template: str | None = None) -> fr
                 found.add(tok.get("content", "") if isinstance(tok, dict) else tok if isinstance(tok, str) else "")
             if isinstance(data.get("chat_template"), str):
                 found |= markers_in(data["chat_template"])
-    if chat_template and Path(chat_template).expanduser().is_file():
-        try:
-            found |= markers_in(Path(chat_template).expanduser().read_text(encoding="utf-8"))
-        except OSError as exc:
-            log.warning("template_tokens_in_text: %s not read: %s", chat_template, exc)
+    template = _read(chat_template) if chat_template and Path(chat_template).expanduser().is_file() else None
+    if template is not None:
+        found |= markers_in(template)
     return frozenset(m for m in found if isinstance(m, str) and _marker_like(m))
 
 
