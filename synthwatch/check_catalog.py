@@ -41,6 +41,7 @@ CHECK_NAMES: tuple[str, ...] = (
     "server_drift",
     "timeout",
     "error",
+    "template_tokens_in_text",
 )
 BIT: dict[str, int] = {name: 1 << i for i, name in enumerate(CHECK_NAMES)}
 
@@ -50,7 +51,7 @@ CHECK_INFO: dict[str, str] = {
     "both_empty_with_tokens": "content and reasoning both empty while usage.completion_tokens > 0 (not a tool call)",
     "truncated": "finish_reason = length",
     "truncated_in_reasoning": "finish_reason = length and no content: cut before the reasoning closed",
-    "think_tags_in_content": "the run's think open/close tag is inside the content",
+    "think_tags_in_content": "the run's think open/close tag is inside the content, emitted (not in a code span or quoted)",
     "field_mismatch": "no reasoning stored while the raw response holds it in a field (or inline tags) the run did not "
                       "read",
     "reasoning_tokens_no_text": "usage reports reasoning_tokens > 0 but the reasoning text is empty",
@@ -62,6 +63,8 @@ CHECK_INFO: dict[str, str] = {
     "server_drift": "model or system_fingerprint differs from the previous record's of the same endpoint",
     "timeout": "the record finished as a timeout (share of all finished records)",
     "error": "the record finished as an error (share of all finished records)",
+    "template_tokens_in_text": "a chat template's control text (<｜end▁of▁sentence｜>, <|im_end|>, <|eot_id|>, the run's "
+                               "tokenizer's special tokens) written as text in the content or reasoning",
 }
 # checks whose denominator is every finished record; the others count ok records only
 ALL_STATUS_CHECKS = frozenset({"timeout", "error"})
@@ -109,6 +112,7 @@ DEFAULT_RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("truncated", "Cut at max_tokens", 100, 0.10, 20, severity="warning"),
     Rule("truncated_in_reasoning", "Truncated before the reasoning ended", 100, 0.05, 20),
     Rule("think_tags_in_content", "Think tags left inside the content", 100, 0.02, 20),
+    Rule("template_tokens_in_text", "Template tokens written as text", 100, 0.02, 20),
     Rule("repetition", "Repetitive / looping text", 100, 0.05, 20, severity="warning"),
     Rule("duplicate_output", "Duplicate outputs across records", 100, 0.05, 20, severity="warning"),
     Rule("token_count_mismatch", "Token count disagrees with the server's usage", 20, 0.20, 5,

@@ -36,6 +36,7 @@ FLOORS: dict[str, tuple[float, float]] = {  # check: (precision, recall)
     "server_drift": (1.0, 1.0),
     "timeout": (1.0, 1.0),
     "error": (1.0, 1.0),
+    "template_tokens_in_text": (1.0, 1.0),
 }
 
 
@@ -52,7 +53,9 @@ def test_the_corpus_covers_every_check_and_its_near_misses(results) -> None:  # 
     # the failure modes and near-misses the issue names
     for name in ("model-sampled-close-tag", "model-sampled-open-tag", "reasoning-mentions-tags",
                  "short-answer-no-reasoning", "reading-mode-mismatch", "inline-think-read-as-field",
-                 "truncated-in-reasoning", "truncated-in-content", "duplicate-output", "answer-quotes-close-tag"):
+                 "truncated-in-reasoning", "truncated-in-content", "duplicate-output", "answer-quotes-close-tag",
+                 "leaked-template-tokens", "leaked-template-tokens-in-reasoning", "answer-discusses-markers-in-code",
+                 "leaked-tokenizer-special-token"):
         assert name in scenarios, name
     scores = check_corpus.score(results)
     for name in CHECK_NAMES:

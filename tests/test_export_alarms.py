@@ -22,6 +22,7 @@ from workerkit import make_config, run_row, wait_for
 
 from synthwatch.app.export_guard import open_alarms
 from synthwatch.app.words import check_label
+from synthwatch.check_catalog import BIT
 from synthwatch.export.stream import manifest_path
 from synthwatch.store import queue as store
 
@@ -134,3 +135,33 @@ def test_the_export_page_in_a_browser(paused_by_alarm: int, engine: Any, live_ap
     page.locator('[data-testid="alarm-repair-link"]').click()
     page.wait_for_url(f"**/runs/{run_id}/repair?alarm=*")
     assert page.locator('[data-testid="select-alarm"] option:checked').inner_text().startswith("#")
+
+
+def test_a_selection_leaving_out_every_failing_record_needs_no_yes(paused_by_alarm: int, engine: Any, db_path: Path,
+                                                                    tmp_path: Path, live_app: Any) -> None:
+    """#35: `--exclude-check field_mismatch` leaves out every record the open alarm and its open item name, so the
+    guard holds without --allow-open-alarms; a selection that keeps any of them is still refused."""
+    run_id = paused_by_alarm
+    n_fail = _failing(engine, run_id)
+    out = tmp_path / "clean.jsonl"
+    # keeps them: another check excluded, and the default exclusions off (empty reasoning would be exported)
+    for extra in (["--exclude-check", "repetition"], ["--no-default-exclusions", "--exclude-check", "truncated"]):
+        r = run_cli("export", "alarmed", "--format", "raw", "--out", str(out), "--db", str(db_path), "--quiet", *extra)
+        assert r.returncode == 2 and "field_mismatch" in r.stderr and "--allow-open-alarms" in r.stderr, (extra, r)
+        assert not out.exists()
+    r = run_cli("export", "alarmed", "--format", "raw", "--out", str(out), "--db", str(db_path), "--quiet",
+                "--no-default-exclusions", "--exclude-check", "field_mismatch")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "warning: exporting with open alarms" not in r.stderr
+    manifest = json.loads(manifest_path(out).read_text())
+    assert manifest["confirmed_with_open_alarms"] is False and manifest["confirmed_by"] is None
+    assert manifest["counts"]["excluded"].get("check:field_mismatch") == n_fail
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert not [row["id"] for row in rows if int(row["check_flags"] or 0) & BIT["field_mismatch"]]
+    # the dashboard's API holds the same rule
+    srv = live_app()
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        kept = c.post(f"/api/runs/{run_id}/exports", json={"format": "raw", "exclude_checks": ["repetition"]})
+        assert kept.status_code == 409 and kept.json()["confirm"] == "allow_open_alarms"
+        left = c.post(f"/api/runs/{run_id}/exports", json={"format": "raw", "exclude_checks": ["field_mismatch"]})
+        assert left.status_code == 202, left.text

@@ -83,6 +83,24 @@ def left_out_by(select: str | None, check: str | None) -> tuple[str, ...]:
     return (check,) if check and select in ("passing", "first-passing") else ()
 
 
+def left_out_for(options: Any, select_check: str | None, *, expects_reasoning: bool) -> tuple[str, ...]:
+    """Every check whose failing records an export is told to leave out, so that its alarm and open items do not
+    hold it (#35): the per-prompt selection's check (left_out_by) and each ``--exclude-check`` (a record failing
+    it has its bit in check_flags, which is what the exclusion reads; an open item's records are those). Only
+    checks the person named: the default exclusions, which drop empty reasoning as a matter of course, never
+    lift an alarm by themselves. A check the export does not leave out entirely is not listed."""
+    from ..export.plan import DEFAULT_CHECKS, check_bit_map
+
+    bits = check_bit_map()
+    out = list(left_out_by(options.select, select_check))
+    for name in (n.strip() for n in options.exclude_checks if n.strip()):
+        if name == "empty_reasoning" and not expects_reasoning:
+            continue  # not applied: the run does not expect reasoning (export/stream.exclusion_reason)
+        if (name in bits or name in DEFAULT_CHECKS) and name not in out:
+            out.append(name)
+    return tuple(out)
+
+
 def open_alarms(conn: Connection, run_id: int, *, left_out: tuple[str, ...] = ()) -> OpenAlarms | None:
     """The run's open (active) data-quality alarms, most failing records first, and its open items; None when
     there are none of either (a guard holding only transport items names them but does not block). ``left_out``:

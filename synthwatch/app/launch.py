@@ -310,6 +310,12 @@ def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None
         errs.add_validation(exc.problems, form_field, skip=[p.field for p in errs.problems if p.field])
         if not exc.problems:
             errs.add(None, "configuration", str(exc))
+    if config is not None and config.checks:
+        from ..quality.user_checks import loadable_error
+
+        why = loadable_error(config.checks)  # the worker this starts would refuse it (#35): said here, as a 400
+        if why is not None:
+            errs.add(None, "checks", why)
     if config is not None and any(ep.headers_env for ep in config.endpoints):
         errs.add("endpoints", "endpoints", "extra headers cannot be set from the dashboard")
     if config is not None and not config.name and not errs:

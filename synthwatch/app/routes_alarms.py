@@ -294,6 +294,14 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
     return RedirectResponse(f"/runs/{run_id}/checks?saved=1", status_code=303)
 
 
+def _unloadable(run: dict[str, Any]) -> str | None:
+    """A user check of the run that this process cannot import: a recompute here is refused, naming it (#35)."""
+    from ..quality.user_checks import loadable_error
+
+    why = loadable_error(_config(run).get("checks"))
+    return None if why is None else f"{why}; nothing was re-checked"
+
+
 def start_recompute(engine: Engine, run_id: int) -> bool:
     """Start a recompute in a background thread; False when one is already running for this run."""
     with _recompute_lock:
@@ -321,7 +329,9 @@ def start_recompute(engine: Engine, run_id: int) -> bool:
 
 @router.post("/runs/{run_id}/checks/recompute", include_in_schema=False)
 def recompute_form(run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
-    _run(conn, run_id)
+    why = _unloadable(_run(conn, run_id))
+    if why is not None:
+        raise HTTPException(409, why)
     start_recompute(engine, run_id)
     return RedirectResponse(f"/runs/{run_id}/checks", status_code=303)
 
@@ -398,7 +408,9 @@ async def api_settings(request: Request, run_id: int, engine: WriteEngine, conn:
 @router.post("/api/runs/{run_id}/checks/recompute", tags=["alarms"], status_code=202)
 def api_recompute(run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
     """Re-run every check on the run's records with its current settings (background; poll /checks)."""
-    _run(conn, run_id)
+    why = _unloadable(_run(conn, run_id))
+    if why is not None:
+        return JSONResponse({"detail": why}, status_code=409)
     started = start_recompute(engine, run_id)
     return JSONResponse({"run_id": run_id, "started": started,
                          "detail": "recompute started" if started else "a recompute is already running"},

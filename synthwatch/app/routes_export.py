@@ -32,7 +32,7 @@ from ..export.select import SELECT_MODES
 from ..quality import passk
 from ..store import queue as store
 from .deps import render
-from .export_guard import CONFIRM_FIELD, OpenAlarms, left_out_by, manifest_items, open_alarms
+from .export_guard import CONFIRM_FIELD, OpenAlarms, left_out_for, manifest_items, open_alarms
 
 router = APIRouter()
 log = logging.getLogger("synthwatch.export")
@@ -172,11 +172,16 @@ def start_export(request: Request, run_id: int, values: dict[str, Any], actor: s
         select = str(values.get("select") or "all")
         check = str(values.get("select_check") or "").strip() or passk.verifier_check(
             orjson.loads(run.get("config_json") or "{}"))
-        guard = open_alarms(conn, run_id, left_out=left_out_by(select, check))
+        jobs = _jobs(request)
+        out = jobs.out_path(run["name"], str(values.get("format") or ""), bool(values.get("parquet")))
+        # a selection that leaves out every failing record of an alarm's check needs no yes for it (#35); the yes
+        # itself is judged below, by the guard
+        selection = _options_from({k: v for k, v in values.items() if k != CONFIRM_FIELD}, out)
+        expects = bool(run["expects_reasoning"]) if run.get("expects_reasoning") is not None else True
+        guard = open_alarms(conn, run_id, left_out=left_out_for(selection, check if select != "all" else None,
+                                                                  expects_reasoning=expects))
     if guard is not None and guard.blocking and values.get(CONFIRM_FIELD) is not True:
         raise OpenAlarmsError(guard)
-    jobs = _jobs(request)
-    out = jobs.out_path(run["name"], str(values.get("format") or ""), bool(values.get("parquet")))
     options = _options_from(values, out)
     if guard is not None:  # the manifest names what was open and who exported anyway (#26)
         options = dataclasses.replace(options, open_items=manifest_items(guard.items),

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from sqlalchemy import text
+
 from ..cli import CliError
 from ..hints import command as hint
 from ._common import add_db_arg, open_run
@@ -28,6 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--pending", action="store_true",
                    help="run the extended checks on the records still waiting for a verdict (a worker stopped before "
                         "its checks drained, or a check added to a finished run)")
+    p.add_argument("--retry-errors", action="store_true",
+                   help="run each extended check again on the records whose verdict in force is its 'error' (it "
+                        "raised, overran its budget or could not be loaded), and on those only; the error stays in the "
+                        "history (the judge's errors: synthwatch judge RUN --retry-errors)")
     p.add_argument("--ack", type=int, metavar="ALARM_ID",
                    help="acknowledge (snooze) an alarm: until its check fails again, or with --for-records / "
                         "--for-minutes for that long; prints what it snoozed and until when")
@@ -96,6 +102,16 @@ def handle(a: argparse.Namespace) -> int:
         print(f"{'already acknowledged' if acked['already'] else 'acknowledged'}: alarm #{acked['id']}"
               f" {acked['rule']} ({acked['title']}){state}; snoozed {acked['until']}", file=sys.stderr)
     summary: dict[str, Any] | None = None
+    if a.recompute or a.pending or a.retry_errors:
+        from ..quality.user_checks import loadable_error
+
+        with engine.connect() as conn:  # the settings as they are now (--config above may have changed them)
+            cfg = json.loads(conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": run_id}).scalar()
+                             or "{}")
+            conn.rollback()
+        why = loadable_error(cfg.get("checks"))
+        if why is not None:  # before a record is read: not an 'error' verdict on every one of them (#35)
+            raise CliError(f"{why}; nothing was re-checked")
     if a.recompute:
         try:
             summary = recompute(engine, run_id)
@@ -109,6 +125,14 @@ def handle(a: argparse.Namespace) -> int:
         extended = recheck(engine, run_id, all_records=bool(a.recompute))
         if extended["records"] or a.pending:
             print(f"extended checks: {extended['records']} records checked", file=sys.stderr)
+    retried = None
+    if a.retry_errors:
+        from ..quality.extended import retry_errors
+
+        retried = retry_errors(engine, run_id)
+        done = ", ".join(f"{n} {k}" for n, k in retried["retried"].items()) or "none had an error verdict"
+        left = sum(retried["still_error"].values())
+        print(f"retried errored verdicts: {done}" + (f"; {left} still error" if left else ""), file=sys.stderr)
     items = _open_items(engine, run, a, out)
     from ..quality.user_checks import installed_entry_points
     from ..quality.verdicts import pending_count
@@ -121,7 +145,7 @@ def handle(a: argparse.Namespace) -> int:
         pending = pending_count(conn, run_id)
     if a.json:
         json.dump({"run_id": run_id, "checks": rates, "alarms": alarms, "snoozed": snoozed, "acknowledged": acked,
-                   "open_items": items, "recompute": summary, "extended": extended, "pending_checks": pending,
+                   "open_items": items, "recompute": summary, "extended": extended, "retried": retried, "pending_checks": pending,
                    "entry_points": entry_points}, out, indent=1)
         out.write("\n")
         return 0

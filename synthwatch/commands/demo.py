@@ -24,8 +24,8 @@ from typing import Any
 
 from .. import outbound
 from ..cli import CliError
-from ..outbound import OutboundError, fetch, run_sync, session
 from ..hints import command as hint
+from ..outbound import OutboundError, fetch, run_sync, session
 from ._common import positive_float, positive_int
 
 DEMO_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "demo_prompts.jsonl"

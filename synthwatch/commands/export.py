@@ -118,7 +118,7 @@ def _clock(seconds: float) -> str:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..app.export_guard import left_out_by, manifest_items, open_alarms
+    from ..app.export_guard import left_out_for, manifest_items, open_alarms
     from ..export.plan import ExportError, ExportOptions
     from ..export.stream import manifest_path, prepare_export, run_export, sqlite_path
     from ..store.db import DatabaseError, is_sqlite, open_engine, resolve_url
@@ -156,7 +156,8 @@ def handle(args: argparse.Namespace) -> int:
         except ExportError as exc:
             raise CliError(str(exc)) from None
         with engine.connect() as conn:
-            guard = open_alarms(conn, int(plan.run["id"]), left_out=left_out_by(args.select, plan.select_check))
+            guard = open_alarms(conn, int(plan.run["id"]), left_out=left_out_for(
+                plan.options, plan.select_check, expects_reasoning=plan.expects_reasoning))
         if guard is not None and guard.blocking and not args.allow_open_alarms:
             raise CliError(guard.message(cli=True))
         if guard is not None:

@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_db_arg(p)
     p.add_argument("run", help="run name or id")
     p.add_argument("--config", help="TOML file with a [judge] table (docs/checks.md)")
+    p.add_argument("--retry-errors", action="store_true",
+                   help="judge again only the records whose judge verdict in force is an error (the judge answered "
+                        "prose or bad JSON, failed or hung); the error stays in the history")
     p.add_argument("--max-s", type=float, default=3600, help="stop after this many seconds (default 3600)")
     p.set_defaults(func=handle)
 
@@ -61,7 +64,7 @@ def handle(a: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         print(f"run {run['name']!r}: config version {version} (judge settings)", file=sys.stderr)
     try:
-        runner = JudgeRunner(engine, int(run["id"]), cfg, run_name=run["name"])
+        runner = JudgeRunner(engine, int(run["id"]), cfg, run_name=run["name"], retry_errors=a.retry_errors)
     except MissingApiKey as exc:
         raise CliError(f"judge: {exc}") from None
     stop = threading.Event()
@@ -73,6 +76,13 @@ def handle(a: argparse.Namespace) -> int:
 
         u: Any = conn.execute(text("SELECT requests, n_pass, n_fail, n_error, prompt_tokens, completion_tokens"
                                    " FROM judge_usage WHERE run_id = :r"), {"r": run["id"]}).first()
+    if a.retry_errors:
+        with engine.connect() as conn:
+            from ..quality.extended import errored_ids
+
+            left = len(errored_ids(conn, int(run["id"]), "judge"))
+            conn.rollback()
+        print(f"judge {cfg.model}: retried {len(runner.retried)} error verdicts; {left} still error")
     print(f"judge {cfg.model}: {n} verdicts in {time.monotonic() - t0:.1f} s"
           + (f"; in all {u[1]} good, {u[2]} bad, {u[3]} errors; {u[0]} requests, {u[4]:,} prompt and {u[5]:,}"
              " completion tokens (apart from the run's)" if u else ""))

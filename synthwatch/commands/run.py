@@ -294,6 +294,7 @@ def check_before_writing(config: Any, *, dataset: bool, preflight: bool) -> None
     from ..workers.endpoints import EndpointPool, MissingApiKey
     from ..workers.preflight import PreflightError, check_run_endpoints
 
+    refuse_unloadable_checks(config.checks)
     if dataset:
         path = Path(config.dataset.path).expanduser()
         if not path.exists():
@@ -310,6 +311,16 @@ def check_before_writing(config: Any, *, dataset: bool, preflight: bool) -> None
         raise CliError(f"{exc} (--api-key-env NAME, or api_key_env under [[endpoints]])") from None
     except PreflightError as exc:
         raise CliError(f"preflight: {exc} (--no-preflight skips this check)") from None
+
+
+def refuse_unloadable_checks(raw_checks: Any) -> None:
+    """A user check that cannot be imported refuses the run before its first request (#35): exit 2, one line
+    naming the check and why, rather than an 'error' verdict on every record of a run that ends "completed"."""
+    from ..quality.user_checks import loadable_error
+
+    why = loadable_error(raw_checks)
+    if why is not None:
+        raise CliError(f"{why} (fix it, or remove it from [[checks.user]])")
 
 
 def _resume_settings(engine: Any, a: argparse.Namespace, run: dict[str, Any], config: Any) -> None:
@@ -387,6 +398,7 @@ def handle(a: argparse.Namespace) -> int:
         # resume (or join): the run's current config version, with what the flags and --config file change
         config = resolve_config(a, json.loads(existing["config_json"]), toml)
         config.name = existing["name"]
+        refuse_unloadable_checks(config.checks)  # the run's stored checks, and those --config adds
         if fresh is None:
             check_before_writing(config, dataset=False, preflight=a.preflight)
         run_id, resumed = existing["id"], True

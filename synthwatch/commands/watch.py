@@ -151,6 +151,18 @@ class Reporter:
                   file=sys.stderr)
 
 
+def _run_checks(engine: Any, name: str, config: Any) -> None:
+    """An existing run keeps the check settings stored with it (a `synthwatch checks RUN --config` since it was
+    created); a user check among them that cannot be imported refuses the command before anything is read (#35)."""
+    from ..sources.watch import stored_checks
+    from .run import refuse_unloadable_checks
+
+    stored = stored_checks(engine, name)
+    if stored is not None:
+        config.checks = stored
+    refuse_unloadable_checks(config.checks)
+
+
 def _hooks(engine: Any, run_id: int, config: Any, quiet: bool) -> list[Any]:
     from ..config import ConfigError
     from ..sources.watch import check_hooks
@@ -201,6 +213,7 @@ def handle_watch(a: argparse.Namespace) -> int:
     engine = _engine(a)
     config = watch_config(name, path, model=model, expect_reasoning=a.expect_reasoning,
                           reasoning_mode=a.reasoning_mode)
+    _run_checks(engine, name, config)
     try:
         run_id, existed = open_run(engine, name, config, status_message=f"watching {path}")
     except WatchError as exc:
@@ -304,6 +317,7 @@ def handle_import(a: argparse.Namespace) -> int:
     engine = _engine(a)
     config = watch_config(name, str(files[0].resolve()), model=model, expect_reasoning=a.expect_reasoning,
                           reasoning_mode=a.reasoning_mode)
+    _run_checks(engine, name, config)
     try:
         run_id, existed = open_run(engine, name, config, status_message=f"importing {len(files)} file(s)")
     except WatchError as exc:

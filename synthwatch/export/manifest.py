@@ -99,6 +99,15 @@ def build_manifest(plan: ExportPlan, scanned: int, exported: int, excluded: Coun
             "excluded": dict(sorted(excluded.items())),
             "excluded_total": sum(excluded.values()),
         },
+        # the cut (#35): the export read the ok records finished by the time it started, none finished since
+        "snapshot": None if plan.snapshot_at is None else {
+            "finished_before": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(plan.snapshot_at))
+                               + f".{int(plan.snapshot_at % 1 * 1000):03d}Z",
+            "finished_before_epoch_s": plan.snapshot_at,
+            "ok_records": plan.total,
+            "note": "only ok records finished at or before this time were read; records finished (or re-run) while "
+                    "the export ran are not in it, whatever their checks say",
+        },
         # what was still open when the export started, and who chose to export anyway (#26)
         "open_items": list(opts.open_items),
         "confirmed_with_open_alarms": opts.confirmed_by is not None,

@@ -5,7 +5,7 @@ written, why a record is left out, and the small helpers every format uses."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,6 +115,11 @@ class ExportPlan:
     extra: dict[str, Any] = field(default_factory=dict)
     select_check: str | None = None
     """The check the selection reads, resolved (None: every sample is exported)."""
+    snapshot_at: float | None = None
+    """The cut (#35): only ok records finished at or before this time (epoch seconds, fixed when the export was
+    prepared) are read; None reads every ok record (a plan made by hand)."""
+    snapshot_ids: Sequence[int] | None = None
+    """With snapshot_at: the ids (sorted) of the run's ok records as the export saw them when it was prepared."""
 
 
 class Skip(Exception):

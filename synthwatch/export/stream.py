@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from array import array
+from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,11 +111,18 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
         if out in (db_file, Path(f"{db_file}-wal"), Path(f"{db_file}-shm"), Path(f"{db_file}-journal")):
             raise ExportError(f"output {out} is the database itself; choose another file name")
 
+    # the snapshot (#35): the ok records finished by now are the export's; one that finishes (or fails a check)
+    # while a long export runs is not read
+    cut = time.time()
     with engine.connect() as conn:
         try:
             run = store.run_row(conn, run_ref)
         except store.NotFound as exc:
             raise ExportError(str(exc)) from None
+        # the ok records as one statement sees them now (8 bytes each): one finished before the cut but written
+        # after this read (a writer's batch still in flight) is not in the export either
+        in_snapshot = array("q", conn.execute(text(
+            "SELECT id FROM record WHERE run_id = :r AND status = 'ok' ORDER BY id"), {"r": run["id"]}).scalars())
         status_counts = {
             str(s): int(n)
             for s, n in conn.execute(
@@ -167,8 +176,8 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
         run=run, config=strip_secrets(config), options=options, out=out, parquet=parquet, checks=checks,
         check_bits={n: bits[n] for n in checks if n not in DEFAULT_CHECKS}, expects_reasoning=expects,
         think_open=think_open, think_close=think_close, server_ids=server_ids, tokenizer=lt,
-        tokenizer_info=tok_info, status_counts=status_counts, total=status_counts.get("ok", 0), db_url=db_url,
-        select_check=select_check,
+        tokenizer_info=tok_info, status_counts=status_counts, total=len(in_snapshot), db_url=db_url,
+        select_check=select_check, snapshot_at=cut, snapshot_ids=in_snapshot,
     )
 
 
@@ -319,35 +328,55 @@ def _row_source(fmt: str, row: Mapping[str, Any]) -> str | None:
 # ------------------------------------------------------------------------------------------ reading
 
 
-def iter_ok_pages(
-    engine: Engine, run_id: int, columns: str, page_size: int = PAGE_SIZE
-) -> Iterator[list[dict[str, Any]]]:
-    """The run's ok records in id order, one page at a time (keyset pagination: bounded memory).
+# a record in an export's snapshot: finished at or before the cut (a record stored without a finish time counts)
+SNAPSHOT_SQL = "(finished_at IS NULL OR finished_at <= :cut)"
 
-    Each page is its own short read transaction, so a long export never pins the SQLite WAL.
+
+def in_ids(ids: Sequence[int], record_id: int) -> bool:
+    """record_id is one of the sorted ``ids``."""
+    i = bisect_left(ids, record_id)
+    return i < len(ids) and ids[i] == record_id
+
+
+def iter_ok_pages(
+    engine: Engine, run_id: int, columns: str, page_size: int = PAGE_SIZE, finished_before: float | None = None,
+    only_ids: Sequence[int] | None = None,
+) -> Iterator[list[dict[str, Any]]]:
+    """The run's ok records in id order, one page at a time (keyset pagination: bounded memory); with
+    ``finished_before``, only those finished at or before that time, and with ``only_ids`` (sorted) only those
+    among them: the export's snapshot (#35).
+
+    Each page is its own short read transaction, so a long export never pins the SQLite WAL: the cut, not a
+    transaction, keeps the pages to the records that were finished when the export started.
     """
     last = 0
-    sql = f"SELECT {columns} FROM record WHERE run_id = :r AND status = 'ok' AND id > :last ORDER BY id LIMIT :n"
+    cut = f" AND {SNAPSHOT_SQL}" if finished_before is not None else ""
+    sql = (f"SELECT {columns} FROM record WHERE run_id = :r AND status = 'ok'{cut} AND id > :last ORDER BY id"
+           " LIMIT :n")
     stmt = text(sql)
-    raw_sql = sql.replace(":r", "?").replace(":last", "?").replace(":n", "?")
+    raw_sql = sql.replace(":r", "?").replace(":cut", "?").replace(":last", "?").replace(":n", "?")
+    args: tuple[Any, ...] = (run_id, finished_before) if finished_before is not None else (run_id,)
     while True:
         with engine.connect() as conn:
             if conn.dialect.name == "sqlite":
                 # The DB-API cursor directly: SQLAlchemy's row processing costs as much as the query here.
                 cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
                 try:
-                    cur.execute(raw_sql, (run_id, last, page_size))
+                    cur.execute(raw_sql, (*args, last, page_size))
                     keys = [d[0] for d in cur.description]
                     rows = [dict(zip(keys, r, strict=True)) for r in cur.fetchall()]
                 finally:
                     cur.close()
             else:
-                result = conn.execute(stmt, {"r": run_id, "last": last, "n": page_size})
+                params: dict[str, Any] = {"r": run_id, "last": last, "n": page_size}
+                if finished_before is not None:
+                    params["cut"] = finished_before
+                result = conn.execute(stmt, params)
                 keys = list(result.keys())
                 rows = [dict(zip(keys, r, strict=True)) for r in result.fetchall()]
         if not rows:
             return
-        yield rows
+        yield rows if only_ids is None else [r for r in rows if in_ids(only_ids, int(r["id"]))]
         last = rows[-1]["id"]
         if len(rows) < page_size:
             return
@@ -385,9 +414,11 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
             from .select import SELECT_COLS, select
 
             selection = select(engine, plan.run, plan.options.select, plan.select_check,
-                               iter_ok_pages(engine, int(plan.run["id"]), SELECT_COLS, plan.options.page_size),
+                               iter_ok_pages(engine, int(plan.run["id"]), SELECT_COLS, plan.options.page_size,
+                                             plan.snapshot_at, plan.snapshot_ids),
                                lambda r: exclusion_reason(r, plan))
-        for page in iter_ok_pages(engine, int(plan.run["id"]), _columns(fmt), plan.options.page_size):
+        for page in iter_ok_pages(engine, int(plan.run["id"]), _columns(fmt), plan.options.page_size,
+                                  plan.snapshot_at, plan.snapshot_ids):
             rows = []
             for stored in page:
                 conversations += bool(stored.get("turns_json"))

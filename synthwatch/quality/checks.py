@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from ..capture.token_count import completion_count, reasoning_count
 from ..check_catalog import BIT, CHECK_NAMES, CheckSettings
 from ..config import ConfigError, format_validation_error
+from .template_leaks import MarkerFinder, find_tags, run_markers
 
 log = logging.getLogger("synthwatch.checks")
 
@@ -200,6 +201,8 @@ class RecordChecker:
                 self.enabled |= BIT[name]
         self.canaries = {c.prompt.strip(): c.answer for c in s.canary.prompts} if s.canary.every_n else {}
         self.tags = tuple(t for t in (ctx.think_open, ctx.think_close) if t)
+        self.markers = MarkerFinder(run_markers(ctx.tokenizer, exclude=self.tags)) if BIT[
+            "template_tokens_in_text"] & self.enabled else None
 
     def remember(self, record_id: int, reasoning: str, content: str) -> None:
         if len(reasoning) + len(content) >= self.ctx.settings.duplicate_min_chars:
@@ -241,9 +244,20 @@ class RecordChecker:
             if c_empty and not r_empty:
                 failed |= BIT["truncated_in_reasoning"]
         # a one-character scan (memchr) first: searching a long text for a whole tag costs ~20x more
+        # a tag the model emitted: one in a code span or quoted is discussed (an answer about reasoning formats)
         if self.tags and c and any(t[0] in c and t in c for t in self.tags):
-            failed |= BIT["think_tags_in_content"]
-            det["think_tags_in_content"] = {"tags": [t for t in self.tags if t in c]}
+            tags = find_tags(c, self.tags)
+            if tags:
+                failed |= BIT["think_tags_in_content"]
+                det["think_tags_in_content"] = {"tags": tags}
+        if self.markers is not None:
+            applied |= BIT["template_tokens_in_text"]
+            for name, t in (("content", c), ("reasoning", r)):
+                leaked = self.markers.find(t)
+                if leaked:
+                    failed |= BIT["template_tokens_in_text"]
+                    det["template_tokens_in_text"] = {"field": name, "tokens": leaked}
+                    break
         # A mismatch is reasoning the run did not store: a record whose read field holds reasoning never counts,
         # whatever else the response carries (a `</think>` the model sampled in its content, OpenRouter's
         # reasoning_details summary next to its reasoning). The alarm's advice (read `inline`, read another
@@ -307,7 +321,7 @@ class RecordChecker:
 
 
 _OK_BITS = sum(BIT[n] for n in ("empty_content", "both_empty_with_tokens", "truncated", "truncated_in_reasoning",
-                                 "think_tags_in_content", "field_mismatch", "repetition"))
+                                 "think_tags_in_content", "field_mismatch", "repetition", "template_tokens_in_text"))
 
 
 def applied_bits(status: str, reasoning_tokens: Any, expects: bool) -> int:

@@ -493,3 +493,52 @@ def recheck(engine: Engine, run_id: int, *, all_records: bool = False) -> dict[s
     runner.close(0)
     counts = runner.recount()
     return {"records": len(ids), "seconds": round(time.time() - t0, 3), "checks": counts, **runner.stats()}
+
+
+def errored_ids(session: Any, run_id: int, check_name: str) -> list[int]:
+    """Ok records of a run whose verdict in force for a check is 'error' (a check that raised, overran its budget,
+    or could not be loaded; a judge that answered no verdict)."""
+    return [r[0] for r in session.execute(text(
+        "SELECT v.record_id FROM check_verdict v JOIN record r ON r.id = v.record_id AND r.status = 'ok'"
+        " WHERE v.run_id = :r AND v.check_name = :c AND v.state = 'error' AND NOT EXISTS (SELECT 1 FROM check_verdict"
+        " w WHERE w.record_id = v.record_id AND w.check_name = v.check_name AND w.id > v.id) ORDER BY v.record_id"),
+        {"r": run_id, "c": check_name})]
+
+
+def _only(settings: CheckSettings, name: str) -> CheckSettings:
+    """The run's settings with one pool check left (its rule and the run's other settings kept)."""
+    return settings.model_copy(update={
+        "verifiers": [v for v in settings.verifiers if v.check_name == name],
+        "user": [u for u in settings.user if u.check_name == name],
+        "rule": [r for r in settings.rule if r.check_name == name],
+        "language": settings.language.model_copy(update={"enabled": settings.language.enabled and name == "language"}),
+        "near_duplicate": settings.near_duplicate.model_copy(update={"enabled": False}),
+    })
+
+
+def retry_errors(engine: Engine, run_id: int) -> dict[str, Any]:
+    """`synthwatch checks RUN --retry-errors` (#35): each extended check runs again on the records whose verdict in
+    force is its 'error', and on those only; the new verdict is appended (the error stays in the history). A
+    near-duplicate verdict depends on every other record: `--recompute` checks it again, not this."""
+    with engine.connect() as conn:
+        row = store.run_row(conn, run_id)
+        cfg = orjson.loads(row["config_json"] or "{}") or {}
+        settings = CheckSettings.model_validate(cfg.get("checks") or {})
+        todo = {n: errored_ids(conn, run_id, n) for n in settings.extended_names() if n != "near_duplicate"}
+        conn.rollback()
+    t0 = time.time()
+    retried: dict[str, int] = {}
+    for name, ids in todo.items():
+        if not ids:
+            continue
+        runner = ExtendedRunner(engine, run_id, row["name"], _only(settings, name), live=False)
+        runner.start(backlog=False)
+        runner.submit(ids)
+        runner.drain()
+        runner.close(0)
+        runner.recount()
+        retried[name] = len(ids)
+    with engine.connect() as conn:
+        still = {n: len(errored_ids(conn, run_id, n)) for n in retried}
+        conn.rollback()
+    return {"retried": retried, "still_error": still, "seconds": round(time.time() - t0, 3)}

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
+from ..check_catalog import CheckSettings
 from ..check_extended import ENTRY_POINT_GROUP, LanguageSettings, RuleCheckSettings, UserCheckSettings
 from .checks import RecordView
 from .verdicts import STATES, Verdict
@@ -47,6 +48,9 @@ def load_function(s: UserCheckSettings) -> Callable[..., Any]:
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as exc:
             raise UserCheckError(f"user check {s.name!r}: cannot import {s.function}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a module that raises as it imports (SyntaxError, RuntimeError...)
+            raise UserCheckError(f"user check {s.name!r}: importing {s.function} failed: "
+                                 f"{exc.__class__.__name__}: {exc}"[:500]) from None
     else:
         eps = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == s.name]
         if not eps:
@@ -60,6 +64,30 @@ def load_function(s: UserCheckSettings) -> Callable[..., Any]:
     if not callable(obj):
         raise UserCheckError(f"user check {s.name!r}: {s.function or s.name} is not callable")
     return obj  # type: ignore[no-any-return]
+
+
+def check_loadable(settings: CheckSettings | None) -> None:
+    """Every user check of a run's settings imports and is callable, or UserCheckError naming the first that does
+    not (#35): a run, an import or a recompute refuses to start rather than give every record an 'error' verdict.
+    The function is imported in this process, as the check processes will import it."""
+    for u in settings.user if settings is not None else ():
+        load_function(u)
+
+
+def loadable_error(raw_checks: Mapping[str, Any] | None) -> str | None:
+    """check_loadable on a raw `[checks]` table: the refusal's one line, or None (a table that does not validate is
+    left to the settings' own error)."""
+    if not raw_checks or not raw_checks.get("user"):
+        return None
+    try:
+        settings = CheckSettings.model_validate(dict(raw_checks))
+    except ValueError:
+        return None
+    try:
+        check_loadable(settings)
+    except UserCheckError as exc:
+        return str(exc)
+    return None
 
 
 def _takes_row(fn: Callable[..., Any]) -> bool:

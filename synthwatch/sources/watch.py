@@ -96,6 +96,18 @@ def watch_config(name: str, path: str, *, model: str | None = None, expect_reaso
     return RunConfig.model_validate(data)
 
 
+def stored_checks(engine: Engine, name: str) -> dict[str, Any] | None:
+    """The `[checks]` table stored with an existing run of this name (its settings may have changed since it was
+    created: `synthwatch checks RUN --config`), or None for a new run."""
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT config_json FROM run WHERE name = :n"), {"n": name}).first()
+        conn.rollback()
+    if row is None or not row[0]:
+        return None
+    checks = (orjson.loads(row[0]) or {}).get("checks")
+    return checks if isinstance(checks, dict) else None
+
+
 def check_hooks(engine: Engine, run_id: int, config: Any) -> list[WriterHook]:
     """The same data-quality hooks a generation run gets."""
     from ..quality.live import writer_hooks

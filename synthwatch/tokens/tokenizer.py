@@ -155,6 +155,20 @@ def _resolve_location(name: str) -> tuple[str, Path | None]:
     return name, None
 
 
+def tokenizer_files(name: str) -> dict[str, str]:
+    """{file name: local path} of a tokenizer's tokenizer.json and tokenizer_config.json (those it has), found the
+    way load_tokenizer finds the tokenizer (offline) but without loading it: reading its special tokens needs no
+    transformers. TokenizerError when the tokenizer cannot be found."""
+    target, folder = _resolve_location(name)
+    out: dict[str, str] = {}
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        path = str(folder / f) if folder is not None and (folder / f).is_file() else (
+            _cached_hub_file(target, f) if folder is None else None)
+        if path:
+            out[f] = path
+    return out
+
+
 def _remote_code_file(name: str, folder: Path | None) -> str | None:
     """The tokenizer's custom module file named in tokenizer_config.json's auto_map, if any."""
     config_path = (

@@ -137,8 +137,13 @@ class JudgeRunner:
     """Judges one run's records (see the module's words). ``run(stop)`` until ``stop`` is set; ``drain``: go on
     until nothing is left to judge (bounded by ``deadline``)."""
 
-    def __init__(self, engine: Engine, run_id: int, cfg: JudgeConfig, *, run_name: str = "") -> None:
+    def __init__(self, engine: Engine, run_id: int, cfg: JudgeConfig, *, run_name: str = "",
+                 retry_errors: bool = False) -> None:
         self.engine = engine
+        # retry_errors (`synthwatch judge RUN --retry-errors`): judge again, once each, only the records whose
+        # verdict in force is the judge's error; the error stays in the history
+        self.retry_errors = retry_errors
+        self.retried: set[int] = set()
         self.run_id = run_id
         self.cfg = cfg
         self.pool = EndpointPool([cfg.endpoint], EndpointPoolConfig())  # raises MissingApiKey at once
@@ -157,6 +162,8 @@ class JudgeRunner:
 
     def _candidates(self) -> tuple[bool, list[dict[str, Any]]]:
         """(whether any record past the cursor was looked at, the sampled ones of them still to judge)."""
+        if self.retry_errors:
+            return self._errored()
         with self.engine.connect() as conn:
             rows = [dict(r) for r in conn.execute(text(
                 # a verdict older than the record's output (a re-run replaced it) does not count: judged again
@@ -169,6 +176,23 @@ class JudgeRunner:
         if rows:
             self.after = int(rows[-1]["id"])
         return bool(rows), [r for r in rows if sampled(self.run_id, int(r["id"]), self.cfg.sample_fraction)]
+
+    def _errored(self) -> tuple[bool, list[dict[str, Any]]]:
+        """_candidates for retry_errors: the records past the cursor whose latest judge verdict is 'error', each
+        once in this runner's life (a judge still failing leaves its new error for another retry)."""
+        with self.engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(text(
+                "SELECT r.id, r.prompt_json, r.reasoning, r.content, r.row_json FROM check_verdict v JOIN record r"
+                " ON r.id = v.record_id WHERE v.run_id = :r AND v.check_name = :c AND v.state = 'error' AND r.status"
+                " = 'ok' AND r.id > :after AND NOT EXISTS (SELECT 1 FROM check_verdict w WHERE w.record_id ="
+                " v.record_id AND w.check_name = v.check_name AND w.id > v.id) ORDER BY r.id LIMIT :n"),
+                {"r": self.run_id, "after": self.after, "c": CHECK, "n": BATCH}).mappings()]
+            conn.rollback()
+        if rows:
+            self.after = int(rows[-1]["id"])
+        todo = [r for r in rows if int(r["id"]) not in self.retried]
+        self.retried.update(int(r["id"]) for r in todo)
+        return bool(rows), todo
 
     def _low_water(self) -> int | None:
         """The lowest id of a record of the run not finished yet: records below it that finished after the cursor

@@ -146,7 +146,6 @@ TAG_PROSE_QUOTED = [
     "In the raw output the reasoning ends at the token \"</think>\"; everything after it is the answer.",
     "Strip everything up to and including '</think>' to keep only the final answer.",
     "Use a regex such as `(.*?)</think>` to pull out the reasoning block.",
-    "The closing tag (</think>) is a single special token in the DeepSeek vocabulary.",
     "Search the string for `</think>`; if it is missing the model was cut off mid-thought.",
 ]
 TAG_PROSE_PAIRED = [
@@ -156,6 +155,7 @@ TAG_PROSE_PAIRED = [
     "A reply looks like <think>notes</think> followed by the answer, if no parser runs.",
 ]
 TAG_PROSE_BARE = [
+    "The closing tag (</think>) is a single special token in the DeepSeek vocabulary.",
     "The model keeps thinking until it emits </think> and then writes the visible answer.",
     "Everything before the </think> token is hidden from the user in most chat apps.",
 ]
@@ -412,8 +412,8 @@ def build() -> Corpus:  # noqa: PLR0915  (one scenario after the other reads bes
               question=q)
     for prose in TAG_PROSE_QUOTED:
         c.add(d, "answer-quotes-close-tag",
-              "no reasoning; the answer quotes `</think>` in prose (a question about reasoning models)",
-              ["think_tags_in_content"],
+              "no reasoning; the answer quotes `</think>` in a code span or between quotes (a question about "
+              "reasoning models): discussed, not emitted (#35)", [],
               response=completion({"content": prose, "reasoning": None}, completion_tokens=est_tokens(prose)),
               question="How do I separate a reasoning model's thoughts from its answer?")
     for prose in TAG_PROSE_PAIRED:
@@ -580,7 +580,98 @@ def build() -> Corpus:  # noqa: PLR0915  (one scenario after the other reads bes
         q, ans = SHORT[i + 5]
         c.add(j, "r1-template-no-reasoning", "a record without reasoning under the R1 template", ["empty_reasoning"],
               response=completion({"content": ans, "reasoning": None}, completion_tokens=-1), question=q)
+    # ---- K: template text written as text (#35): leaked control tokens, and answers that discuss them
+    k = c.run("template-text", mode="reasoning",
+              story="vLLM with skip_special_tokens off, a model running past its end of turn, and answers about chat "
+                    "formats that quote the markers")
+    for i, text in enumerate(LEAKS):
+        q, r, ans = qra(i + 2)
+        content = text.format(ans=ans)
+        c.add(k, "leaked-template-tokens", "a chat template's control text printed into the answer (special tokens "
+              "detokenized, or the model ran on into the next turn)", ["template_tokens_in_text"],
+              response=completion({"content": content, "reasoning": r}, completion_tokens=est_tokens(r, content)),
+              question=q)
+    for i, text in enumerate(REASONING_LEAKS):
+        q, r, ans = qra(i + 9)
+        reasoning = text.format(r=r)
+        c.add(k, "leaked-template-tokens-in-reasoning", "control text inside the reasoning", ["template_tokens_in_text"],
+              response=completion({"content": ans, "reasoning": reasoning}, completion_tokens=est_tokens(reasoning, ans)),
+              question=q)
+    for q, r, ans in DISCUSSIONS:
+        c.add(k, "answer-discusses-markers-in-code", "an answer about chat formats: the markers (think tags, ChatML, "
+              "Llama 3, DeepSeek) in code spans, fenced blocks or quotes; discussed, not emitted", [],
+              response=completion({"content": ans, "reasoning": r}, completion_tokens=est_tokens(r, ans)), question=q)
+    for q, r, ans in MARKER_NEAR_MISSES:
+        c.add(k, "operators-like-markers", "text with `<|`-like operators that are no template's markers", [],
+              response=completion({"content": ans, "reasoning": r}, completion_tokens=est_tokens(r, ans)), question=q)
+    kt = c.run("template-text-tokenizer", mode="reasoning",
+               tokenizer={"name_or_path": DEEPSEEK_V4, "chat_template": DEEPSEEK_V4},
+               story="the deepseek-v4 tokenizer configured: its own special tokens count, beyond the built-in list")
+    for i, tok in enumerate(["<|place_holder_mm_span_0021|>", "<｜end_of_query｜>", "<|place_holder_mm_span_0300|>"]):
+        q, r, ans = qra(i + 4)
+        content = f"{ans}{tok}"
+        c.add(kt, "leaked-tokenizer-special-token", "a special token only this run's tokenizer has, printed as text",
+              ["template_tokens_in_text"], response=completion({"content": content, "reasoning": r},
+                                                               completion_tokens=-1), question=q)
+    for i in range(5):
+        q, r, ans = qra(i + 8)
+        c.add(kt, "tokenizer-run-healthy", "a healthy record of the tokenizer run", [],
+              response=completion({"content": ans, "reasoning": r}, completion_tokens=-1), question=q)
     return c
+
+
+# control text printed into answers (#35): DeepSeek, ChatML/Qwen, Llama 3, Kimi, gpt-oss, Gemma, Phi
+LEAKS = [
+    "{ans}<｜end▁of▁sentence｜>",
+    "{ans}<|im_end|>\n<|im_start|>user\nThanks! Can you explain it again?<|im_end|>\n<|im_start|>assistant\nSure.",
+    "{ans}<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nthanks",
+    "{ans}<|im_end|><|im_user|>user<|im_middle|>And the next one?",
+    "{ans}<|endoftext|>",
+    "{ans}<|end|><|start|>assistant<|channel|>final<|message|>{ans}",
+    "{ans}<end_of_turn>\n<start_of_turn>user\nok",
+    "<｜Assistant｜>{ans}",
+    "{ans}\n<|user|>\nWhat about 18 * 23?<|end|>",
+    "{ans}<｜end▁of▁sentence｜><｜User｜>Next question",
+]
+REASONING_LEAKS = [
+    "{r}<|im_end|>\n<|im_start|>assistant\n",
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{r}",
+    "{r}<｜tool▁calls▁begin｜>",
+]
+DISCUSSIONS = [
+    ("How does ChatML mark turns?", "The user asks about ChatML. I will show the markers in a code block.",
+     "ChatML wraps each turn like this:\n\n```\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!"
+     "<|im_end|>\n```\n\nThe model stops when it writes `<|im_end|>`."),
+    ("What ends a Llama 3 turn?", "Llama 3 uses header tokens and eot_id.",
+     "Each message ends with `<|eot_id|>`, and the role sits between `<|start_header_id|>` and "
+     "`<|end_header_id|>`."),
+    ("How do I strip DeepSeek's end token?", "They want to remove the EOS string from decoded text.",
+     "Decode with skip_special_tokens=True, or remove it yourself:\n\n```python\ntext = text.replace("
+     "\"<｜end▁of▁sentence｜>\", \"\")\n```"),
+    ("How do I split R1's reasoning from its answer?", "A regex on the closing tag works.",
+     "Split on the closing tag:\n\n```python\nreasoning, answer = text.split(\"</think>\", 1)\n```\n\nIf "
+     "there is no `</think>`, the model was cut off."),
+    ("What does the template prefill?", "The template writes the opening think tag.",
+     "The template prefills \"<think>\" after the assistant header, so the model only writes the closing "
+     "'</think>' before its answer."),
+    ("Which token stops Qwen?", "Qwen uses ChatML's end marker.",
+     "Qwen stops at \u201c<|im_end|>\u201d (and sometimes \u201c<|endoftext|>\u201d); add them to stop if your "
+     "server does not."),
+    ("Show Kimi's turn format.", "Kimi uses im_user, im_assistant and im_middle.",
+     "Kimi K2 writes `<|im_user|>user<|im_middle|>question<|im_end|>` and then "
+     "`<|im_assistant|>assistant<|im_middle|>` before the answer."),
+    ("Why is my model printing tags?", "Probably the reasoning parser is off.",
+     "When no reasoning parser runs, the raw text keeps `<think>` and `</think>`; turn the parser on, or read the "
+     "reasoning inline."),
+]
+MARKER_NEAR_MISSES = [
+    ("What does <|> do in Haskell?", "It is the Alternative operator.",
+     "`<|>` picks the first parser that succeeds: p <|> q tries p, then q."),
+    ("Elm's pipe operators?", "Elm has |> and <|.",
+     "In Elm, x |> f applies f to x, and f <| x does the same the other way round."),
+    ("A table in Markdown?", "Pipes separate columns.",
+     "| a | b |\n|---|---|\n| <1 | >2 |"),
+]
 
 
 def fill_usage(c: Corpus) -> None:
