@@ -177,7 +177,7 @@ def _describe(rule: Rule, fail: int, total: int, run_fail: int, run_total: int, 
         return (f"{share}{whole} have a chat template's control text written as text{seen}.",
                 "The server printed special tokens (skip_special_tokens off), a template was applied twice, or the "
                 "model ran past its end of turn: check the server's settings and sampling.stop, then re-run these "
-                "records (`synthwatch rerun RUN --check template_tokens_in_text`) or keep them out of training.")
+                "records (`" + _cmd(ctx, "rerun", "--check", "template_tokens_in_text") + "`) or keep them out of training.")
     if name == "repetition":
         return (f"{share}{whole} end in repeated text (the model looped).",
                 "Raise the repetition/presence penalty or temperature, or lower max_tokens; drop these records.")
