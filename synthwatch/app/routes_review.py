@@ -151,16 +151,29 @@ def sample_api(request: Request, run_id: int, conn: ReadConn) -> Any:
 # -------------------------------------------------------------------------------------------- viewer
 
 
-def _text_block(value: str | None, ws: bool) -> dict[str, Any]:
-    segs = review_display.segments(value or "", whitespace=ws)
+def _text_block(value: str | None, ws: bool, more: dict[str, str] | None = None) -> dict[str, Any]:
+    """A field as the page shows it: its first window only (review.display.VIEW_WINDOW_CHARS, #34), the rest on
+    demand (``more``: the next-window fragment and the download of a record's own field)."""
+    n = len(value or "")
+    shown = review_display.window(value) if n > review_display.VIEW_WINDOW_CHARS else value
+    segs = review_display.segments(shown or "", whitespace=ws)
+    partial = n > len(shown or "")
     return {
-        "empty": review_display.emptiness(value),
+        "empty": None if partial else review_display.emptiness(value),
         "segments": segs,
         # a long text in blocks the browser lays out only as they scroll into view (#28 item 8)
-        "chunks": review_display.chunks(segs) if len(value or "") > review_display.TEXT_CHUNK_CHARS else None,
-        "chars": len(value or ""),
-        "invisible": review_display.count_invisible(value),
+        "chunks": review_display.chunks(segs) if len(shown or "") > review_display.TEXT_CHUNK_CHARS else None,
+        "chars": n,
+        "shown": len(shown or ""),
+        "more": more if partial else None,
+        "partial": partial,
+        "invisible": review_display.count_invisible(shown),
     }
+
+
+def _more(run_id: int, record_id: int, field: str, at: int) -> dict[str, str]:
+    base = f"/runs/{run_id}/records/{record_id}"
+    return {"next_url": f"{base}/text/{field}?at={at}", "download_url": f"{base}/download/{field}"}
 
 
 def _prompt_blocks(prompt_json: str, ws: bool) -> list[dict[str, Any]]:
@@ -295,13 +308,18 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         "check_names": list(review_filters.check_bits()),
         "prompt": _prompt_blocks(_last_turn_prompt(run, rec), ws),
         "turns": _turn_blocks(rec, ws),
-        "reasoning": _text_block(rec["reasoning"], ws),
-        "content": _text_block(rec["content"], ws),
+        "reasoning": _text_block(rec["reasoning"], ws,
+                                 _more(run["id"], rec["id"], "reasoning", review_display.VIEW_WINDOW_CHARS)),
+        "content": _text_block(rec["content"], ws,
+                               _more(run["id"], rec["id"], "content", review_display.VIEW_WINDOW_CHARS)),
         "tool_calls": _answer_tool_calls(rec, ws),
         "failed": review_filters.failed_checks(rec["check_flags"]),
         "verdicts": _extended_verdicts(conn, run, rec),
         "attempt_list": attempts if isinstance(attempts, list) else [],
-        "raw": review.raw_fields(rec),
+        "raw": review_display.window(raw := review.raw_fields(rec)),  # its first window, like every field
+        "raw_chars": len(raw),
+        "json_url": f"/api/runs/{run['id']}/records/{rec['id']}",
+        "window_chars": review_display.VIEW_WINDOW_CHARS,
         "in_set": in_set,
         "prev_url": f"/runs/{run['id']}/records/{prev_id}{filter_qs}" if prev_id else None,
         "next_url": f"/runs/{run['id']}/records/{next_id}{filter_qs}" if next_id else None,

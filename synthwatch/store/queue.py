@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import BIT, DEFAULT_RULES
 from ..config import RunConfig
+from . import rows
 from .models import RECORD_STATUSES
 
 CONTROL_ACTIONS = ("pause", "resume", "stop", "stop_now", "cap", "concurrency")
@@ -205,12 +206,9 @@ def set_status(conn: Connection, run_id: int, status: str, message: str | None =
 
 def add_event(conn: Connection, run_id: int, action: str, value: Any = None, actor: str = "cli",
               detail: str | None = None) -> None:
-    conn.execute(
-        text("INSERT INTO control_event (run_id, t, action, value, actor, detail)"
-             " VALUES (:r, :t, :a, :v, :actor, :d)"),
-        {"r": run_id, "t": now(), "a": action, "v": None if value is None else str(value), "actor": actor,
-         "d": detail},
-    )
+    # the audit log quotes people's and servers' words: through the store's one way in (store/rows.py)
+    rows.write(conn, "control_event", [{"r": run_id, "t": now(), "a": action, "v": None if value is None else value,
+                                         "actor": actor, "d": detail}])
 
 
 def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, actor: str = "ui",

@@ -40,6 +40,7 @@ from ..quality.alarms import AlarmKeeper
 from ..quality.judge_view import CHECK
 from ..redact import redact
 from ..store import queue as store
+from ..store import rows as store_rows
 from .client import Requester
 from .endpoints import EndpointPool
 
@@ -228,7 +229,20 @@ class JudgeRunner:
             return
         batch, self.pending = self.pending, []
         usage, self.usage = self.usage, Usage()
-        await asyncio.to_thread(self._write, batch, usage)
+        try:
+            await asyncio.to_thread(self._write, batch, usage)
+        except Exception as exc:  # noqa: BLE001 - the judge never stops on a write: each row is isolated (store/rows)
+            # what is left is transient (a locked file, a lost connection): kept, written with the next flush
+            log.warning("judge: writing %d verdicts failed (%s: %s); retried with the next batch", len(batch),
+                        type(exc).__name__, redact(str(exc))[:300])
+            if not store_rows.is_transient(exc):
+                return  # those records have no verdict: the next pass from the first record judges them again
+            self.pending[:0] = batch
+            self.usage.requests += usage.requests
+            self.usage.failed_attempts += usage.failed_attempts
+            self.usage.prompt_tokens += usage.prompt_tokens
+            self.usage.completion_tokens += usage.completion_tokens
+            await asyncio.sleep(IDLE_S)
 
     def _write(self, batch: list[vd.NewVerdict], usage: Usage) -> None:
         t = time.time()
