@@ -90,15 +90,19 @@ def clean_text(value: Any, limit: int, *, redacted: bool = True) -> str | None:
     return s if len(s) <= limit else s[: max(0, limit - 1)] + "…"
 
 
-def clean_int(value: Any) -> int | None:
-    """An integer a BIGINT column holds, else None (a bool stays a bool)."""
+INT32_MAX = 2**31 - 1
+
+
+def clean_int(value: Any, top: int = INT64_MAX) -> int | None:
+    """An integer the column holds (BIGINT by default; ``top=INT32_MAX`` for an INTEGER column), else None (a bool
+    stays a bool)."""
     if value is None or isinstance(value, bool):
         return value
     try:
         v = int(value)
     except (TypeError, ValueError, OverflowError):
         return None
-    return v if -INT64_MAX - 1 <= v <= INT64_MAX else None
+    return v if -top - 1 <= v <= top else None
 
 
 def clean_float(value: Any) -> float | None:
@@ -167,23 +171,30 @@ class Guard:
     table: str
     sql: str
     texts: Mapping[str, int]
-    ints: tuple[str, ...] = ()
+    ints: tuple[str, ...] = ()  # parameters of INTEGER columns (32-bit on PostgreSQL)
     floats: tuple[str, ...] = ()
     refused: Callable[[dict[str, Any], str], dict[str, Any] | None] | None = None
     writers: tuple[str, ...] = ()  # the modules that write it (documentation; tests list them)
+    # a valid row of this table for run ``r`` and record ``i`` (creating what it needs): what the property test
+    # writes drawn values into (tests/test_store_properties.py), so a table added here is fuzzed without new code
+    example: Callable[[Any, int, int], dict[str, Any]] | None = None
     plain: frozenset[str] = field(default_factory=frozenset)  # text parameters not redacted (none today)
+    not_null: tuple[str, ...] = ()  # parameters of NOT NULL columns: a missing value is stored as "" (or 0)
 
     def clean(self, row: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(row)
         for k, limit in self.texts.items():
             if k in out:
                 out[k] = clean_text(out[k], limit, redacted=k not in self.plain)
-        for k in self.ints:
+        for k in self.ints:  # INTEGER columns (32-bit on PostgreSQL)
             if k in out:
-                out[k] = clean_int(out[k])
+                out[k] = clean_int(out[k], INT32_MAX)
         for k in self.floats:
             if k in out:
                 out[k] = clean_float(out[k])
+        for k in self.not_null:
+            if out.get(k) is None:
+                out[k] = "" if k in self.texts else 0
         return out
 
 
@@ -209,34 +220,49 @@ def _alarm_refused(row: dict[str, Any], reason: str) -> dict[str, Any]:
     return {**row, "msg": reason[:MESSAGE_MAX], "fix": None, "ev": None}
 
 
+def _open_item_example(conn: Any, r: int, i: int) -> dict[str, Any]:
+    item = conn.execute(text(
+        "INSERT INTO open_item (run_id, check_name, state, opened_at, updated_at, n_records, n_excluded, n_queued,"
+        " n_peak) VALUES (:r, 'empty_reasoning', 'open', 1.0, 1.0, 1, 0, 0, 1) RETURNING id"), {"r": r}).scalar()
+    return {"t": 2.0, "a": "ui", "why": "a reason", "i": item}
+
+
 GUARDS: dict[str, Guard] = {g.table: g for g in (
     Guard("check_verdict",
           "INSERT INTO check_verdict (run_id, record_id, check_name, state, score, label, reason, cost_ms,"
           " created_at) VALUES (:r, :i, :c, :s, :sc, :l, :re, :ms, :t)",
           texts={"c": 200, "l": LABEL_MAX, "re": REASON_MAX}, floats=("sc", "ms"), refused=_verdict_refused,
+          not_null=("c",),
           writers=("quality/verdicts.py (append: user checks, verifiers, rules, language, near-duplicates)",
-                   "quality/extended.py", "workers/judge.py (the judge's verdicts)")),
+                   "quality/extended.py", "workers/judge.py (the judge's verdicts)"),
+          example=lambda c, r, i: {"r": r, "i": i, "c": "user:x", "s": "fail", "sc": 0.5, "l": "l", "re": "why",
+                                   "ms": 1.0, "t": 1.0}),
     Guard("error_event",
           "INSERT INTO error_event (run_id, t, record_id, endpoint, kind, status_code, final, message)"
           " VALUES (:r, :t, :rec, :ep, :k, :sc, :final, :msg)",
-          texts={"ep": 2000, "k": 200, "msg": MESSAGE_MAX}, ints=("sc",), refused=_event_refused,
-          writers=("workers/writer.py (each failed attempt)",)),
+          texts={"ep": 2000, "k": 200, "msg": MESSAGE_MAX}, ints=("sc",), refused=_event_refused, not_null=("k", "msg"),
+          writers=("workers/writer.py (each failed attempt)",),
+          example=lambda c, r, i: {"r": r, "t": 1.0, "rec": i, "ep": "http://x/v1", "k": "http_500", "sc": 500,
+                                   "final": True, "msg": "m"}),
     Guard("control_event",
           "INSERT INTO control_event (run_id, t, action, value, actor, detail) VALUES (:r, :t, :a, :v, :actor, :d)",
-          texts={"a": 200, "v": 2000, "actor": 200, "d": DETAIL_MAX}, refused=_audit_refused,
-          writers=("store/queue.py (add_event: the audit log of every control, repair, open item and alarm)",)),
+          texts={"a": 200, "v": 2000, "actor": 200, "d": DETAIL_MAX}, refused=_audit_refused, not_null=("a", "actor"),
+          writers=("store/queue.py (add_event: the audit log of every control, repair, open item and alarm)",),
+          example=lambda c, r, i: {"r": r, "t": 1.0, "a": "pause", "v": "1", "actor": "ui", "d": "d"}),
     Guard("alarm",
           "INSERT INTO alarm (run_id, rule, severity, title, message, fix, count, example_record_id, raised_at,"
           " updated_at, active, auto_paused, reraised_from, evidence_json) VALUES (:r, :rule, :sev, :title, :msg,"
           " :fix, :count, :ex, :t, :t, true, false, :prev, :ev) RETURNING id",
           texts={"rule": 200, "sev": 40, "title": 400, "msg": MESSAGE_MAX, "fix": MESSAGE_MAX, "ev": 20_000},
-          ints=("count",), refused=_alarm_refused,
-          writers=("quality/alarms.py (AlarmKeeper: a check's or the judge's alarm, with its evidence)",)),
+          ints=("count",), refused=_alarm_refused, not_null=("rule", "sev", "title", "msg", "count"),
+          writers=("quality/alarms.py (AlarmKeeper: a check's or the judge's alarm, with its evidence)",),
+          example=lambda c, r, i: {"r": r, "rule": "judge", "sev": "error", "title": "t", "msg": "m", "fix": "f",
+                                   "count": 1, "ex": i, "t": 1.0, "prev": None, "ev": "{}"}),
     Guard("open_item",
           "UPDATE open_item SET state = 'accepted', closed_at = :t, closed_by = :a, reason = :why, updated_at = :t"
           " WHERE id = :i",
           texts={"a": 200, "why": 2000},
-          writers=("quality/open_items.py (accept: the person's typed reason)",)),
+          writers=("quality/open_items.py (accept: the person's typed reason)",), example=_open_item_example),
 )}
 """Every guarded table, by name. ``record`` is guarded by workers/record_writes.py (RECORD_TEXT below)."""
 
@@ -317,6 +343,6 @@ def _one(conn: Any, stmt: Any, row: dict[str, Any], returning: bool) -> tuple[bo
         return False, exc
 
 
-__all__ = ["DETAIL_MAX", "GUARDS", "INT64_MAX", "LABEL_MAX", "MESSAGE_MAX", "NUL_STAND_IN", "REASON_MAX",
+__all__ = ["DETAIL_MAX", "GUARDS", "INT32_MAX", "INT64_MAX", "LABEL_MAX", "MESSAGE_MAX", "NUL_STAND_IN", "REASON_MAX",
            "RECORD_TEXT", "Guard", "clean", "clean_float", "clean_int", "clean_text", "error_message", "write",
            "is_transient", "storable_text", "value_class"]
