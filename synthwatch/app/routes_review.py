@@ -48,9 +48,9 @@ def run_or_404(conn: Any, run_id: int) -> dict[str, Any]:
     return run
 
 
-def record_or_404(conn: Any, run_id: int, record_id: int) -> dict[str, Any]:
+def record_or_404(conn: Any, run_id: int, record_id: int, window: int | None = None) -> dict[str, Any]:
     try:
-        return review.get_record(conn, run_id, record_id)
+        return review.get_record(conn, run_id, record_id, window)
     except review_filters.NotFound as exc:
         raise HTTPException(404, str(exc)) from None
 
@@ -151,10 +151,12 @@ def sample_api(request: Request, run_id: int, conn: ReadConn) -> Any:
 # -------------------------------------------------------------------------------------------- viewer
 
 
-def _text_block(value: str | None, ws: bool, more: dict[str, str] | None = None) -> dict[str, Any]:
+def _text_block(value: str | None, ws: bool, more: dict[str, str] | None = None,
+                chars: int | None = None) -> dict[str, Any]:
     """A field as the page shows it: its first window only (review.display.VIEW_WINDOW_CHARS, #34), the rest on
-    demand (``more``: the next-window fragment and the download of a record's own field)."""
-    n = len(value or "")
+    demand (``more``: the next-window fragment and the download of a record's own field). ``chars``: the field's
+    full length when ``value`` is already its window (read so by the database)."""
+    n = len(value or "") if chars is None else chars
     shown = review_display.window(value) if n > review_display.VIEW_WINDOW_CHARS else value
     segs = review_display.segments(shown or "", whitespace=ws)
     partial = n > len(shown or "")
@@ -309,14 +311,17 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         "prompt": _prompt_blocks(_last_turn_prompt(run, rec), ws),
         "turns": _turn_blocks(rec, ws),
         "reasoning": _text_block(rec["reasoning"], ws,
-                                 _more(run["id"], rec["id"], "reasoning", review_display.VIEW_WINDOW_CHARS)),
+                                 _more(run["id"], rec["id"], "reasoning", review_display.VIEW_WINDOW_CHARS),
+                                 rec.get("reasoning_chars")),
         "content": _text_block(rec["content"], ws,
-                               _more(run["id"], rec["id"], "content", review_display.VIEW_WINDOW_CHARS)),
+                               _more(run["id"], rec["id"], "content", review_display.VIEW_WINDOW_CHARS),
+                               rec.get("content_chars")),
         "tool_calls": _answer_tool_calls(rec, ws),
         "failed": review_filters.failed_checks(rec["check_flags"]),
         "verdicts": _extended_verdicts(conn, run, rec),
         "attempt_list": attempts if isinstance(attempts, list) else [],
-        "raw": review_display.window(raw := review.raw_fields(rec)),  # its first window, like every field
+        "raw": review_display.window(raw := review.raw_fields(
+            {k: v for k, v in rec.items() if k not in ("reasoning_chars", "content_chars")})),  # its first window
         "raw_chars": len(raw),
         "json_url": f"/api/runs/{run['id']}/records/{rec['id']}",
         "window_chars": review_display.VIEW_WINDOW_CHARS,
@@ -359,7 +364,7 @@ def _history(conn: Any, record_id: int) -> list[dict[str, Any]]:
 @router.get("/runs/{run_id}/records/{record_id:int}", include_in_schema=False)
 def viewer_page(request: Request, run_id: int, record_id: int, conn: ReadConn) -> Response:
     run = run_or_404(conn, run_id)
-    rec = record_or_404(conn, run_id, record_id)
+    rec = record_or_404(conn, run_id, record_id, review_display.VIEW_WINDOW_CHARS)
     response = render(request, "viewer.html", _viewer_context(request, conn, run, rec))
     response.headers["Cache-Control"] = "no-store"  # Back shows the verdict as it is now, not a cached page
     return response

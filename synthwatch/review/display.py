@@ -117,7 +117,7 @@ def chunks(segs: list[tuple[str, str]], size: int = TEXT_CHUNK_CHARS) -> list[li
     return out
 
 
-VIEW_WINDOW_CHARS = 262_144
+VIEW_WINDOW_CHARS = 1_048_576
 """The record page shows at most this many characters of one field (#34; docs/limits.md): a 60 MB answer renders its
 first window in well under a second; the rest is a "next" fragment away (the same size again) or downloaded whole."""
 
