@@ -77,7 +77,7 @@ def test_the_registry_names_every_table_and_an_example_row() -> None:
     print(f"store guards: {len(names)} tables ({', '.join(names)}), "
           f"{sum(len(g.texts) for g in rows.GUARDS.values())} text columns, written by "
           f"{sum(len(g.writers) for g in rows.GUARDS.values())} writers; records: workers/record_writes.py")
-    assert {"check_verdict", "error_event", "control_event", "alarm", "open_item"} <= set(names)
+    assert {"check_verdict", "error_event", "control_event", "alarm", "open_item", "run"} <= set(names)
     for g in rows.GUARDS.values():
         assert g.example is not None and g.writers, g.table
         params = set(re.findall(r"(?<!:):(\w+)", g.sql))
@@ -103,11 +103,11 @@ def test_any_value_through_any_guarded_writer_is_stored_without_secrets(run_and_
                     for k in (*g.ints, *g.floats):
                         row[k] = data.draw(numbers(), label=f"{g.table}.{k}")
                     batch.append(row)
-                before = conn.execute(text(f"SELECT count(*) FROM {g.table} WHERE run_id = :r"),
+                before = conn.execute(text(f"SELECT count(*) FROM {g.table} WHERE {g.run_column} = :r"),
                                       {"r": run_id}).scalar_one()
                 written = rows.write(conn, g.table, batch)  # no exception escapes
                 assert len(written) == n_rows, (g.table, written)  # no row lost
-                stored = conn.execute(text(f"SELECT * FROM {g.table} WHERE run_id = :r"), {"r": run_id}).all()
+                stored = conn.execute(text(f"SELECT * FROM {g.table} WHERE {g.run_column} = :r"), {"r": run_id}).all()
                 if g.sql.lstrip().upper().startswith("INSERT"):
                     assert len(stored) == before + n_rows, g.table
             for row in stored:

@@ -497,7 +497,8 @@ def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
             ids = orjson.loads(rec["token_ids_json"]) or {}
         except orjson.JSONDecodeError:
             ids = {}
-    size = len(rec.get("prompt_json") or "") + len(rec.get("reasoning") or "") + len(rec.get("content") or "")
+    size = (len(rec.get("prompt_json") or "") + rec.get("reasoning_chars", len(rec.get("reasoning") or ""))
+            + rec.get("content_chars", len(rec.get("content") or "")))
     if size > MAX_TOKEN_VIEW_CHARS:
         # tokenizing megabytes of model output on every request would tie up the dashboard for seconds
         ctx["error"] = (f"this record holds {size:,} characters; the token view renders records up to "
@@ -532,7 +533,7 @@ def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
 @router.get("/runs/{run_id}/records/{record_id:int}/tokens", include_in_schema=False)
 def tokens_page(request: Request, run_id: int, record_id: int, conn: ReadConn, hx: HX) -> Response:
     run = run_or_404(conn, run_id)
-    rec = record_or_404(conn, run_id, record_id)
+    rec = record_or_404(conn, run_id, record_id, MAX_TOKEN_VIEW_CHARS)  # a longer record is not drawn (#34)
     ctx = _tokens_context(request, conn, run, rec)
     return render(request, "_tokens.html" if hx else "tokens.html", ctx)
 
@@ -542,7 +543,7 @@ def tokens_api(request: Request, run_id: int, record_id: int, conn: ReadConn) ->
     """The record as training sees it: chips (id, text, piece, raw_bytes, kind, in_assistant, differs), totals,
     loss mask and integrity warnings; tokenizer from the run's config (or ?tokenizer=NAME_OR_PATH)."""
     run = run_or_404(conn, run_id)
-    rec = record_or_404(conn, run_id, record_id)
+    rec = record_or_404(conn, run_id, record_id, MAX_TOKEN_VIEW_CHARS)  # a longer record is not drawn (#34)
     ctx = _tokens_context(request, conn, run, rec)
     if ctx["r"] is None:
         detail = ctx["error"] or ("this run has no tokenizer configured: set [tokenizer] name_or_path in the run "

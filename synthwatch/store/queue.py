@@ -200,7 +200,8 @@ def set_status(conn: Connection, run_id: int, status: str, message: str | None =
         extra = ", finished_at = :t"
     conn.execute(
         text(f"UPDATE run SET status = :s, status_message = :m, updated_at = :t{extra} WHERE id = :r"),
-        {"s": status, "m": message, "t": t, "r": run_id},
+        # the message may quote a server (a failed run's last error): made storable and redacted (store/rows.py)
+        {"s": status, "m": rows.clean("run", {"m": message})["m"], "t": t, "r": run_id},
     )
 
 

@@ -180,6 +180,7 @@ class Guard:
     example: Callable[[Any, int, int], dict[str, Any]] | None = None
     plain: frozenset[str] = field(default_factory=frozenset)  # text parameters not redacted (none today)
     not_null: tuple[str, ...] = ()  # parameters of NOT NULL columns: a missing value is stored as "" (or 0)
+    run_column: str = "run_id"  # the column naming a row's run (tests read a run's rows back by it)
 
     def clean(self, row: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(row)
@@ -258,6 +259,11 @@ GUARDS: dict[str, Guard] = {g.table: g for g in (
           writers=("quality/alarms.py (AlarmKeeper: a check's or the judge's alarm, with its evidence)",),
           example=lambda c, r, i: {"r": r, "rule": "judge", "sev": "error", "title": "t", "msg": "m", "fix": "f",
                                    "count": 1, "ex": i, "t": 1.0, "prev": None, "ev": "{}"}),
+    Guard("run",
+          "UPDATE run SET status_message = :m, updated_at = :t WHERE id = :r",
+          texts={"m": MESSAGE_MAX}, run_column="id",
+          writers=("store/queue.py (set_status: a run's status message, e.g. its last error)",),
+          example=lambda c, r, i: {"m": "m", "t": 1.0, "r": r}),
     Guard("open_item",
           "UPDATE open_item SET state = 'accepted', closed_at = :t, closed_by = :a, reason = :why, updated_at = :t"
           " WHERE id = :i",
