@@ -119,3 +119,21 @@ def test_any_value_through_any_guarded_writer_is_stored_without_secrets(run_and_
                             assert form not in v, (g.table, form)
     finally:
         forget_secret(KEY)
+
+
+def test_the_full_text_prefix_is_the_migrations() -> None:
+    """store.rows.FTS_PREFIX_CHARS (documented in docs/limits.md) is what migration 0018_store indexes."""
+    import importlib.util
+    from pathlib import Path
+
+    import synthwatch
+
+    path = Path(synthwatch.__file__).parent / "migrations" / "versions" / "0018_store.py"
+    spec = importlib.util.spec_from_file_location("m0018", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.FTS_PREFIX_CHARS == rows.FTS_PREFIX_CHARS
+    assert f"left(coalesce(content, ''), {rows.FTS_PREFIX_CHARS})" in mod._function(mod.FTS_PREFIX_CHARS)
+    limits = (Path(synthwatch.__file__).parent.parent / "docs" / "limits.md").read_text()
+    assert f"the first {rows.FTS_PREFIX_CHARS:,} characters" in limits

@@ -12,6 +12,9 @@ at most 6 bytes of tsvector per character of text (a one-character word of a 3-b
 position count and position), so 3 x 40,000 characters stay under the limit whatever the text. The function keeps
 its name and arguments: the index expression and the queries of synthwatch.review.filters are unchanged, and
 the index is rebuilt over the new body. PostgreSQL only; SQLite's FTS5 index has no such limit.
+
+The downgrade restores the whole-text document; it fails (and changes nothing) while a record's text makes a
+tsvector over 1 MiB, which 0017 cannot index: nothing is deleted to make it pass.
 """
 
 from collections.abc import Sequence
