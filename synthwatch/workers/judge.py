@@ -232,11 +232,13 @@ class JudgeRunner:
         try:
             await asyncio.to_thread(self._write, batch, usage)
         except Exception as exc:  # noqa: BLE001 - the judge never stops on a write: each row is isolated (store/rows)
-            # what is left is transient (a locked file, a lost connection): kept, written with the next flush
-            log.warning("judge: writing %d verdicts failed (%s: %s); retried with the next batch", len(batch),
-                        type(exc).__name__, redact(str(exc))[:300])
-            if not store_rows.is_transient(exc):
-                return  # those records have no verdict: the next pass from the first record judges them again
+            # a transient error (a locked file, a lost connection): the batch is kept and written with the next flush
+            transient = store_rows.is_transient(exc)
+            log.warning("judge: writing %d verdicts failed (%s: %s); %s", len(batch), type(exc).__name__,
+                        redact(str(exc))[:300], "retried with the next batch" if transient else
+                        "those records have no judge verdict yet (the drain pass or `synthwatch judge RUN` asks again)")
+            if not transient:
+                return
             self.pending[:0] = batch
             self.usage.requests += usage.requests
             self.usage.failed_attempts += usage.failed_attempts
