@@ -16,10 +16,17 @@ HTML-escaped. Any mix of these forms matches, and so does a piece of at least :d
 characters at the start or at the end of a secret (what a server or a length limit leaves of a key cut
 short). A key shorter than :data:`MIN_SECRET_CHARS` cannot be redacted without redacting ordinary words,
 so it is refused at start-up (:func:`secret_problem`).
+
+A key may also come back encoded (#34): a server that puts a request's headers in a base64 token or a hex
+dump. Each secret's UTF-8 bytes are encoded once, when it is registered (:func:`encoded_forms`): base64
+(standard and URL-safe alphabets; the characters that depend on the key alone, at each of the three
+alignments the key can have inside a longer encoded string, so padding and neighbouring bytes do not
+matter) and hex (either case). Those forms are matched verbatim.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import re
@@ -29,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["FRAGMENT_CHARS", "MIN_SECRET_CHARS", "REDACTED", "RedactingFilter", "SecretError", "add_secret", "clip",
-           "forget_secret", "header_value_problem", "install_log_redaction", "redact", "secret_from_env",
+           "encoded_forms", "forget_secret", "header_value_problem", "install_log_redaction", "redact", "secret_from_env",
            "secret_problem"]
 
 REDACTED = "[redacted]"
@@ -147,6 +154,23 @@ def _forms(ch: str) -> set[str]:
     return forms
 
 
+def encoded_forms(value: str) -> set[str]:
+    """The base64 (standard and URL-safe, at each alignment) and hex (either case) forms of a secret's UTF-8 bytes.
+
+    For base64, the key's bytes are encoded after 0, 1 and 2 filler bytes, and only the characters whose six bits
+    all come from the key are kept: the same characters appear in the base64 of any longer text holding the key
+    at that alignment, whatever surrounds it, with or without padding."""
+    raw = value.encode("utf-8", "surrogatepass")
+    n = len(raw)
+    out = {raw.hex(), raw.hex().upper()}
+    for k in range(3):
+        enc = base64.b64encode(b"\0" * k + raw).decode("ascii")
+        core = enc[-(-8 * k // 6): (8 * (k + n)) // 6]
+        if len(core) >= MIN_SECRET_CHARS:
+            out |= {core, core.replace("+", "-").replace("/", "_")}
+    return out
+
+
 def _unit(forms: set[str]) -> re.Pattern[str]:
     return re.compile("(?:" + "|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)) + ")")
 
@@ -159,6 +183,7 @@ class _Secret:
     units: tuple[re.Pattern[str], ...]
     tail: re.Pattern[str]  # the last characters, each form mirrored, searched in the mirrored text
     tail_units: tuple[re.Pattern[str], ...]  # from the last character backwards, mirrored
+    encoded: re.Pattern[str] | None = None  # its base64 and hex forms (encoded_forms), matched verbatim
 
     @staticmethod
     def of(value: str) -> _Secret:
@@ -169,7 +194,9 @@ class _Secret:
         tail_units = tuple(_unit(f) for f in mirrored)
         head = re.compile("".join(u.pattern for u in units[:n]))
         tail = re.compile("".join(u.pattern for u in tail_units[:n]))
-        return _Secret(head, units, tail, tail_units)
+        forms = encoded_forms(value)
+        encoded = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True))) if forms else None
+        return _Secret(head, units, tail, tail_units, encoded)
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         out = _extend(text, self.head, self.units)
@@ -177,6 +204,8 @@ class _Secret:
             rev = text[::-1]
             n = len(text)
             out += [(n - e, n - s) for s, e in _extend(rev, self.tail, self.tail_units)]
+        if self.encoded is not None:
+            out += [m.span() for m in self.encoded.finditer(text)]
         return out
 
 

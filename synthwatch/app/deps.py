@@ -119,7 +119,8 @@ def lean(request: Request, response: Response) -> Response:
 def _gzip(request: Request, response: Response, body: bytes) -> Response:
     if len(body) < GZIP_MIN_BYTES or "gzip" not in request.headers.get("accept-encoding", ""):
         return response
-    packed = gzip.compress(body, compresslevel=6)
+    # a large page (a record's 1 Mi-character window, #34) at level 1: ~4x faster for a few % more bytes
+    packed = gzip.compress(body, compresslevel=6 if len(body) < 1 << 18 else 1)
     response.body = packed
     response.headers["Content-Encoding"] = "gzip"
     response.headers["Content-Length"] = str(len(packed))

@@ -65,6 +65,7 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
         routes_flags,
         routes_lengths,
         routes_open_items,
+        routes_record_text,
         routes_repair,
         routes_review,
         routes_runs,
@@ -74,7 +75,8 @@ def create_app(db: str | None = None, settings: Settings | None = None) -> FastA
     )
 
     for mod in (routes_runs, routes_review, routes_flags, routes_alarms, routes_repair, routes_export, routes_workers,
-                routes_server, routes_cost, routes_lengths, routes_open_items, routes_fix, routes_streams):
+                routes_server, routes_cost, routes_lengths, routes_open_items, routes_fix, routes_streams,
+                routes_record_text):
         app.include_router(mod.router)
 
     @app.get("/", include_in_schema=False)

@@ -48,9 +48,9 @@ def run_or_404(conn: Any, run_id: int) -> dict[str, Any]:
     return run
 
 
-def record_or_404(conn: Any, run_id: int, record_id: int) -> dict[str, Any]:
+def record_or_404(conn: Any, run_id: int, record_id: int, window: int | None = None) -> dict[str, Any]:
     try:
-        return review.get_record(conn, run_id, record_id)
+        return review.get_record(conn, run_id, record_id, window)
     except review_filters.NotFound as exc:
         raise HTTPException(404, str(exc)) from None
 
@@ -151,16 +151,31 @@ def sample_api(request: Request, run_id: int, conn: ReadConn) -> Any:
 # -------------------------------------------------------------------------------------------- viewer
 
 
-def _text_block(value: str | None, ws: bool) -> dict[str, Any]:
-    segs = review_display.segments(value or "", whitespace=ws)
+def _text_block(value: str | None, ws: bool, more: dict[str, str] | None = None,
+                chars: int | None = None) -> dict[str, Any]:
+    """A field as the page shows it: its first window only (review.display.VIEW_WINDOW_CHARS, #34), the rest on
+    demand (``more``: the next-window fragment and the download of a record's own field). ``chars``: the field's
+    full length when ``value`` is already its window (read so by the database)."""
+    n = len(value or "") if chars is None else chars
+    shown = review_display.window(value) if n > review_display.VIEW_WINDOW_CHARS else value
+    segs = review_display.segments(shown or "", whitespace=ws)
+    partial = n > len(shown or "")
     return {
-        "empty": review_display.emptiness(value),
+        "empty": None if partial else review_display.emptiness(value),
         "segments": segs,
         # a long text in blocks the browser lays out only as they scroll into view (#28 item 8)
-        "chunks": review_display.chunks(segs) if len(value or "") > review_display.TEXT_CHUNK_CHARS else None,
-        "chars": len(value or ""),
-        "invisible": review_display.count_invisible(value),
+        "chunks": review_display.chunks(segs) if len(shown or "") > review_display.TEXT_CHUNK_CHARS else None,
+        "chars": n,
+        "shown": len(shown or ""),
+        "more": more if partial else None,
+        "partial": partial,
+        "invisible": review_display.count_invisible(shown),
     }
+
+
+def _more(run_id: int, record_id: int, field: str, at: int) -> dict[str, str]:
+    base = f"/runs/{run_id}/records/{record_id}"
+    return {"next_url": f"{base}/text/{field}?at={at}", "download_url": f"{base}/download/{field}"}
 
 
 def _prompt_blocks(prompt_json: str, ws: bool) -> list[dict[str, Any]]:
@@ -295,13 +310,21 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         "check_names": list(review_filters.check_bits()),
         "prompt": _prompt_blocks(_last_turn_prompt(run, rec), ws),
         "turns": _turn_blocks(rec, ws),
-        "reasoning": _text_block(rec["reasoning"], ws),
-        "content": _text_block(rec["content"], ws),
+        "reasoning": _text_block(rec["reasoning"], ws,
+                                 _more(run["id"], rec["id"], "reasoning", review_display.VIEW_WINDOW_CHARS),
+                                 rec.get("reasoning_chars")),
+        "content": _text_block(rec["content"], ws,
+                               _more(run["id"], rec["id"], "content", review_display.VIEW_WINDOW_CHARS),
+                               rec.get("content_chars")),
         "tool_calls": _answer_tool_calls(rec, ws),
         "failed": review_filters.failed_checks(rec["check_flags"]),
         "verdicts": _extended_verdicts(conn, run, rec),
         "attempt_list": attempts if isinstance(attempts, list) else [],
-        "raw": review.raw_fields(rec),
+        "raw": review_display.window(raw := review.raw_fields(
+            {k: v for k, v in rec.items() if k not in ("reasoning_chars", "content_chars")})),  # its first window
+        "raw_chars": len(raw),
+        "json_url": f"/api/runs/{run['id']}/records/{rec['id']}",
+        "window_chars": review_display.VIEW_WINDOW_CHARS,
         "in_set": in_set,
         "prev_url": f"/runs/{run['id']}/records/{prev_id}{filter_qs}" if prev_id else None,
         "next_url": f"/runs/{run['id']}/records/{next_id}{filter_qs}" if next_id else None,
@@ -341,7 +364,7 @@ def _history(conn: Any, record_id: int) -> list[dict[str, Any]]:
 @router.get("/runs/{run_id}/records/{record_id:int}", include_in_schema=False)
 def viewer_page(request: Request, run_id: int, record_id: int, conn: ReadConn) -> Response:
     run = run_or_404(conn, run_id)
-    rec = record_or_404(conn, run_id, record_id)
+    rec = record_or_404(conn, run_id, record_id, review_display.VIEW_WINDOW_CHARS)
     response = render(request, "viewer.html", _viewer_context(request, conn, run, rec))
     response.headers["Cache-Control"] = "no-store"  # Back shows the verdict as it is now, not a cached page
     return response
@@ -474,7 +497,8 @@ def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
             ids = orjson.loads(rec["token_ids_json"]) or {}
         except orjson.JSONDecodeError:
             ids = {}
-    size = len(rec.get("prompt_json") or "") + len(rec.get("reasoning") or "") + len(rec.get("content") or "")
+    size = (len(rec.get("prompt_json") or "") + rec.get("reasoning_chars", len(rec.get("reasoning") or ""))
+            + rec.get("content_chars", len(rec.get("content") or "")))
     if size > MAX_TOKEN_VIEW_CHARS:
         # tokenizing megabytes of model output on every request would tie up the dashboard for seconds
         ctx["error"] = (f"this record holds {size:,} characters; the token view renders records up to "
@@ -509,7 +533,7 @@ def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
 @router.get("/runs/{run_id}/records/{record_id:int}/tokens", include_in_schema=False)
 def tokens_page(request: Request, run_id: int, record_id: int, conn: ReadConn, hx: HX) -> Response:
     run = run_or_404(conn, run_id)
-    rec = record_or_404(conn, run_id, record_id)
+    rec = record_or_404(conn, run_id, record_id, MAX_TOKEN_VIEW_CHARS)  # a longer record is not drawn (#34)
     ctx = _tokens_context(request, conn, run, rec)
     return render(request, "_tokens.html" if hx else "tokens.html", ctx)
 
@@ -519,7 +543,7 @@ def tokens_api(request: Request, run_id: int, record_id: int, conn: ReadConn) ->
     """The record as training sees it: chips (id, text, piece, raw_bytes, kind, in_assistant, differs), totals,
     loss mask and integrity warnings; tokenizer from the run's config (or ?tokenizer=NAME_OR_PATH)."""
     run = run_or_404(conn, run_id)
-    rec = record_or_404(conn, run_id, record_id)
+    rec = record_or_404(conn, run_id, record_id, MAX_TOKEN_VIEW_CHARS)  # a longer record is not drawn (#34)
     ctx = _tokens_context(request, conn, run, rec)
     if ctx["r"] is None:
         detail = ctx["error"] or ("this run has no tokenizer configured: set [tokenizer] name_or_path in the run "

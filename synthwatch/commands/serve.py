@@ -42,6 +42,10 @@ def build_settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return settings
 
 
+SERVE_GRACE_S = 10
+"""How long ``serve`` lets open requests finish after SIGTERM before it cancels them and exits (docs/limits.md)."""
+
+
 def handle(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -75,7 +79,10 @@ def handle(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]  # --port 0 picks a free port: print the real one
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     print(f"synthwatch dashboard on http://{host}:{port}/runs", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    # after SIGTERM or Ctrl-C, requests still running get SERVE_GRACE_S, then uvicorn cancels them and exits (#34);
+    # without a bound it waited for every open request, however long (a download, a long poll)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=SERVE_GRACE_S))
     # the CLI's links (synthwatch run, watch, alarms) find this dashboard through the database while it runs
     link_host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(settings.host, host)
     with contextlib.ExitStack() as stack:

@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride, extended_rule
 from ..store import queue as store
+from ..store import rows as store_rows
 from ..store.dashboards import dashboard_url
 from .alarm_text import describe, hint_ctx, server_said
 from .verdicts import configured_checks
@@ -249,14 +250,10 @@ class AlarmKeeper:
                 reraised_from, cur = cur.id, None
                 del self.active[name]
             if cur is None:
-                aid = int(conn.execute(
-                    text("INSERT INTO alarm (run_id, rule, severity, title, message, fix, count, example_record_id,"
-                         " raised_at, updated_at, active, auto_paused, reraised_from, evidence_json) VALUES (:r,"
-                         " :rule, :sev, :title, :msg, :fix, :count, :ex, :t, :t, true, false, :prev, :ev)"
-                         " RETURNING id"),
+                # its message and evidence may quote a check's or a judge's words: the store's one way in
+                aid = int(store_rows.write(conn, "alarm", [
                     {"r": self.run_id, "rule": name, "sev": rule.severity, "title": rule.title, "msg": message,
-                     "fix": fix, "count": count, "ex": example, "t": t, "prev": reraised_from, "ev": ev},
-                ).scalar_one())
+                     "fix": fix, "count": count, "ex": example, "t": t, "prev": reraised_from, "ev": ev}])[0])
                 cur = self.active[name] = ActiveAlarm(aid, count, False, message)
                 raised.append(name)
                 self._notify("alarm", rule, cur.id, message, fix, fail, total, n_fail, n_total, example)
@@ -270,8 +267,8 @@ class AlarmKeeper:
                     text("UPDATE alarm SET count = :count, message = :msg, fix = :fix, severity = :sev,"
                          " example_record_id = COALESCE(:ex, example_record_id), updated_at = :t,"
                          " evidence_json = :ev WHERE id = :i"),
-                    {"count": count, "msg": message, "fix": fix, "sev": rule.severity, "ex": example, "t": t,
-                     "ev": ev, "i": cur.id},
+                    store_rows.clean("alarm", {"count": count, "msg": message, "fix": fix, "sev": rule.severity,
+                                               "ex": example, "t": t, "ev": ev, "i": cur.id}),
                 )
                 cur.count, cur.message = count, message
             if pause and not cur.auto_paused:

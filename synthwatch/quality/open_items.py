@@ -31,6 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import BIT, CHECK_INFO
 from ..store import queue as store
+from ..store import rows as store_rows
 
 STATES = ("open", "repaired", "excluded", "accepted")
 # alarms about transport (errors, timeouts): their records are never exported, so an export names these items
@@ -343,8 +344,8 @@ def accept(engine: Engine, run_id: int, item_id: int, reason: str | None, *, act
         if row["state"] != "open":
             raise OpenItemError(f"open item {item_id} is already closed ({row['state']})")
         t = time.time()
-        conn.execute(text("UPDATE open_item SET state = 'accepted', closed_at = :t, closed_by = :a, reason = :why,"
-                          " updated_at = :t WHERE id = :i"), {"t": t, "a": actor, "why": why, "i": item_id})
+        store_rows.write(conn, "open_item", [{"t": t, "a": actor, "why": why, "i": item_id}])
+        why = store_rows.clean("open_item", {"why": why})["why"]
         item = {**dict(row), "state": "accepted", "closed_at": t, "closed_by": actor, "reason": why}
         store.add_event(conn, run_id, "accept_open_item", item_id, actor=actor,
                         detail=f"{describe(item)}: {why}"[:MAX_REASON_CHARS])

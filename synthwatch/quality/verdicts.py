@@ -28,13 +28,13 @@ import orjson
 from sqlalchemy import text
 
 from ..check_catalog import CheckSettings
-from ..redact import redact
+from ..store import rows as store_rows
 from .checks import RecordView
 
 STATES = ("pending", "pass", "fail", "error")
 FINAL_STATES = ("pass", "fail", "error")
-REASON_MAX = 500
-LABEL_MAX = 100
+REASON_MAX = store_rows.REASON_MAX
+LABEL_MAX = store_rows.LABEL_MAX
 
 
 def bound(s: Any, limit: int = REASON_MAX) -> str | None:
@@ -191,21 +191,15 @@ class NewVerdict:
     cost_ms: float | None = None
 
 
-_INSERT = text("INSERT INTO check_verdict (run_id, record_id, check_name, state, score, label, reason, cost_ms,"
-               " created_at) VALUES (:r, :i, :c, :s, :sc, :l, :re, :ms, :t)")
-
-
 def append(session: Any, verdicts: Iterable[NewVerdict], now: float | None = None) -> int:
-    """Append verdicts (reasons redacted and bounded, labels bounded); returns how many rows were written."""
+    """Append verdicts through the store's one way in (store/rows.py): label and reason redacted, bounded and made
+    storable; a verdict the database still refuses becomes that check's error verdict on its record, never a lost
+    batch. Returns how many rows were written."""
     t = time.time() if now is None else now
     rows = [{"r": v.run_id, "i": v.record_id, "c": v.check_name, "s": v.verdict.state,
-             "sc": v.verdict.score, "l": bound(v.verdict.label, LABEL_MAX),
-             # a reason may quote an exception of user code or a server's words: no registered secret is stored
-             "re": bound(redact(v.verdict.reason)) if v.verdict.reason else v.verdict.reason,
+             "sc": v.verdict.score, "l": v.verdict.label, "re": v.verdict.reason,
              "ms": v.cost_ms, "t": t} for v in verdicts]
-    if rows:
-        session.execute(_INSERT, rows)
-    return len(rows)
+    return len(store_rows.write(session, "check_verdict", rows)) if rows else 0
 
 
 def mark_pending(session: Any, run_id: int, record_ids: Sequence[int], checks: Sequence[str]) -> int:

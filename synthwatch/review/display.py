@@ -92,16 +92,19 @@ def chunks(segs: list[tuple[str, str]], size: int = TEXT_CHUNK_CHARS) -> list[li
     cur: list[tuple[str, str]] = []
     n = 0
     for kind, s in segs:
-        while kind == "t" and n + len(s) > size:
+        at = 0  # where the rest of s starts: cut by index, never by copying the rest (quadratic on a long text)
+        while kind == "t" and n + len(s) - at > size:
             room = size - n
-            cut = s.rfind("\n", 0, room) + 1  # after a line end within the room, else a hard cut at the room
+            cut = s.rfind("\n", at, at + room) + 1 - at  # after a line end within the room, else a hard cut
             if cut <= 0:
                 cut = room if room > 0 else 0
             if cut:
-                cur.append((kind, s[:cut]))
+                cur.append((kind, s[at:at + cut]))
             if cur:
                 out.append(cur)
-            cur, n, s = [], 0, s[cut:]
+            cur, n, at = [], 0, at + cut
+        if at:
+            s = s[at:]
         if not s:
             continue
         cur.append((kind, s))
@@ -112,3 +115,13 @@ def chunks(segs: list[tuple[str, str]], size: int = TEXT_CHUNK_CHARS) -> list[li
     if cur:
         out.append(cur)
     return out
+
+
+VIEW_WINDOW_CHARS = 1_048_576
+"""The record page shows at most this many characters of one field (#34; docs/limits.md): a 60 MB answer renders its
+first window in well under a second; the rest is a "next" fragment away (the same size again) or downloaded whole."""
+
+
+def window(value: str | None, at: int = 0, size: int = VIEW_WINDOW_CHARS) -> str:
+    """The characters of ``value`` shown from ``at``: at most ``size`` of them."""
+    return (value or "")[at: at + size]

@@ -454,12 +454,29 @@ def _sample_recent(conn: Connection, run_id: int, minutes: float, rng: random.Ra
 # ----------------------------------------------------------------------------------------- records
 
 
-def get_record(conn: Connection, run_id: int, record_id: int) -> dict[str, Any]:
-    row = conn.execute(text("SELECT * FROM record WHERE id = :i AND run_id = :r"),
+_WINDOWED = ("reasoning", "content")
+
+
+def get_record(conn: Connection, run_id: int, record_id: int, window: int | None = None) -> dict[str, Any]:
+    """A record's row. With ``window``, its reasoning and content are cut to their first ``window`` characters by the
+    database (the record page, #34: a 60 MB answer is not read whole), and ``reasoning_chars`` / ``content_chars``
+    hold their full lengths."""
+    cols = "*"
+    if window is not None:  # one character past the window says whether there is more (no length() of 60 MB)
+        names = [c for c in conn.execute(text("SELECT * FROM record WHERE false")).keys() if c not in _WINDOWED]
+        cols = ", ".join(names + [f"substr({c}, 1, {int(window) + 1}) AS {c}" for c in _WINDOWED])
+    row = conn.execute(text(f"SELECT {cols} FROM record WHERE id = :i AND run_id = :r"),
                        {"i": record_id, "r": run_id}).mappings().first()
     if row is None:
         raise NotFound(f"no record {record_id} in run {run_id}")
-    return dict(row)
+    out = dict(row)
+    if window is not None:
+        for c in _WINDOWED:
+            v = out[c]
+            out[f"{c}_chars"] = len(v or "")
+            if v is not None and len(v) > window:  # the stored length (the writer's), at least one past the window
+                out[c], out[f"{c}_chars"] = v[:window], max(int(out.get(f"{c}_len") or 0), window + 1)
+    return out
 
 
 def flag_history(conn: Connection, record_id: int) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from ..check_catalog import BIT, DEFAULT_RULES
 from ..config import RunConfig
 from ..hints import command as hint
+from . import rows
 from .models import RECORD_STATUSES
 
 CONTROL_ACTIONS = ("pause", "resume", "stop", "stop_now", "cap", "concurrency")
@@ -200,18 +201,16 @@ def set_status(conn: Connection, run_id: int, status: str, message: str | None =
         extra = ", finished_at = :t"
     conn.execute(
         text(f"UPDATE run SET status = :s, status_message = :m, updated_at = :t{extra} WHERE id = :r"),
-        {"s": status, "m": message, "t": t, "r": run_id},
+        # the message may quote a server (a failed run's last error): made storable and redacted (store/rows.py)
+        {"s": status, "m": rows.clean("run", {"m": message})["m"], "t": t, "r": run_id},
     )
 
 
 def add_event(conn: Connection, run_id: int, action: str, value: Any = None, actor: str = "cli",
               detail: str | None = None) -> None:
-    conn.execute(
-        text("INSERT INTO control_event (run_id, t, action, value, actor, detail)"
-             " VALUES (:r, :t, :a, :v, :actor, :d)"),
-        {"r": run_id, "t": now(), "a": action, "v": None if value is None else str(value), "actor": actor,
-         "d": detail},
-    )
+    # the audit log quotes people's and servers' words: through the store's one way in (store/rows.py)
+    rows.write(conn, "control_event", [{"r": run_id, "t": now(), "a": action, "v": None if value is None else value,
+                                         "actor": actor, "d": detail}])
 
 
 def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, actor: str = "ui",

@@ -41,6 +41,7 @@ from ..quality.alarms import AlarmKeeper
 from ..quality.judge_view import CHECK
 from ..redact import redact
 from ..store import queue as store
+from ..store import rows as store_rows
 from .client import Requester
 from .endpoints import EndpointPool
 
@@ -258,7 +259,22 @@ class JudgeRunner:
             return
         batch, self.pending = self.pending, []
         usage, self.usage = self.usage, Usage()
-        await asyncio.to_thread(self._write, batch, usage)
+        try:
+            await asyncio.to_thread(self._write, batch, usage)
+        except Exception as exc:  # noqa: BLE001 - the judge never stops on a write: each row is isolated (store/rows)
+            # a transient error (a locked file, a lost connection): the batch is kept and written with the next flush
+            transient = store_rows.is_transient(exc)
+            log.warning("judge: writing %d verdicts failed (%s: %s); %s", len(batch), type(exc).__name__,
+                        redact(str(exc))[:300], "retried with the next batch" if transient else
+                        "those records have no judge verdict yet (the drain pass or `synthwatch judge RUN` asks again)")
+            if not transient:
+                return
+            self.pending[:0] = batch
+            self.usage.requests += usage.requests
+            self.usage.failed_attempts += usage.failed_attempts
+            self.usage.prompt_tokens += usage.prompt_tokens
+            self.usage.completion_tokens += usage.completion_tokens
+            await asyncio.sleep(IDLE_S)
 
     def _write(self, batch: list[vd.NewVerdict], usage: Usage) -> None:
         t = time.time()

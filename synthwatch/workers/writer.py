@@ -28,6 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..store import queue as store
+from ..store import rows as store_rows
 from . import faults
 from .record_writes import FINAL_COLS, FINAL_UPDATE, RecordWrites
 from .refusals import describe_stall, is_transient, refusal_reason, refuse, storable_text, value_class
@@ -451,12 +452,8 @@ class Writer:
             events = [{"r": self.run_id, "t": f.t, "rec": f.record_id, "ep": f.endpoint, "k": f.kind,
                        "sc": f.status_code, "final": f.final, "msg": storable_text(f.message[:4000])}
                       for f in failures] + self.records.refused
-            if events:
-                if isolate:
-                    for ev in events:
-                        self._isolated(conn, "an error event", conn.execute, _EVENT_INSERT, ev)
-                else:
-                    conn.execute(_EVENT_INSERT, events)
+            if events:  # sanitised, redacted, each row isolated if the batch is refused (store/rows.py)
+                store_rows.write(conn, "error_event", events)
             if isolate:
                 self._isolated(conn, "the time series", self.series.write, conn, touched)
                 for hook in self.hooks:
@@ -550,10 +547,6 @@ class Writer:
 
 # a bench (bench/clients.py) times the worker's exact final UPDATE
 _FINAL_COLS, _FINAL_UPDATE = FINAL_COLS, FINAL_UPDATE
-_EVENT_INSERT = text(
-    "INSERT INTO error_event (run_id, t, record_id, endpoint, kind, status_code, final, message)"
-    " VALUES (:r, :t, :rec, :ep, :k, :sc, :final, :msg)"
-)
 _TURN_UPDATE = text(
     "UPDATE record SET turns_json = :j, turns_done = :d, attempts = :a, attempts_json = NULL, lease_until = :l"
     " WHERE id = :id AND status = 'in_flight' AND worker_id = :w"
