@@ -35,6 +35,7 @@ from sqlalchemy.engine import Engine
 
 from ..check_catalog import extended_rule
 from ..config import EndpointPoolConfig, JudgeConfig
+from ..hints import command as hint
 from ..outbound import register, run_sync
 from ..quality import verdicts as vd
 from ..quality.alarms import AlarmKeeper
@@ -146,6 +147,7 @@ class JudgeRunner:
         self.retry_errors = retry_errors
         self.retried: set[int] = set()
         self.run_id = run_id
+        self.run_name = run_name
         self.cfg = cfg
         self.pool = EndpointPool([cfg.endpoint], EndpointPoolConfig())  # raises MissingApiKey at once
         self.guided = cfg.guided != "none"
@@ -266,7 +268,9 @@ class JudgeRunner:
             transient = store_rows.is_transient(exc)
             log.warning("judge: writing %d verdicts failed (%s: %s); %s", len(batch), type(exc).__name__,
                         redact(str(exc))[:300], "retried with the next batch" if transient else
-                        "those records have no judge verdict yet (the drain pass or `synthwatch judge RUN` asks again)")
+                        "those records have no judge verdict yet (the drain pass or `"
+                        + hint("judge", run=self.run_name or "RUN",
+                               db=self.engine.url.render_as_string(hide_password=True)) + "` asks again)")
             if not transient:
                 return
             self.pending[:0] = batch
