@@ -334,6 +334,34 @@ def _resume_settings(engine: Any, a: argparse.Namespace, run: dict[str, Any], co
         config.concurrency = run["concurrency"]
 
 
+def _recheck_dashboard_changes(engine: Any, a: argparse.Namespace, run: dict[str, Any], config: Any,
+                               toml: dict[str, Any] | None) -> None:
+    """A resume acts only on what the operator's own configuration names or the dashboard may set (#34): a value a
+    dashboard change stored that the settings policy refuses (a key variable, extra headers, a TLS file outside the
+    dashboard's folders, an import path) stops the resume before any request, unless these flags name it again."""
+    from ..config import deep_merge
+    from ..settings import get_settings
+    from ..settings_policy import recheck_versions
+    from ..store.versions import history
+
+    with engine.connect() as conn:
+        versions = history(conn, run["id"])
+        conn.rollback()
+    flags = _flags_to_config(a)
+    key_env = flags.pop("_api_key_env", None)
+    flags.pop("_prices", None)
+    operator = deep_merge(toml or {}, flags)
+    if key_env:
+        operator["endpoints"] = [{"api_key_env": key_env} for _ in config.endpoints]
+    problems = recheck_versions(versions, config.snapshot(), get_settings(), operator)
+    if problems:
+        raise CliError(
+            f"run {run['name']!r}: a change made from the dashboard stored settings the dashboard may not set, and "
+            "this resume will not use them:\n" + "\n".join(f"  {k}: {why}" for k, why in problems)
+            + "\nIf you mean them, name them in your own --config and add --new-config-version; otherwise set "
+            "them back there the same way (docs/security.md, the settings policy).")
+
+
 def handle(a: argparse.Namespace) -> int:
     from ..sources.load import matching_runs, stable_name
     from ..store.dashboards import run_link
@@ -377,6 +405,7 @@ def handle(a: argparse.Namespace) -> int:
         # resume (or join): the run's current config version, with what the flags and --config file change
         config = resolve_config(a, json.loads(existing["config_json"]), toml)
         config.name = existing["name"]
+        _recheck_dashboard_changes(engine, a, existing, config, toml)
         if fresh is None:
             check_before_writing(config, dataset=False, preflight=a.preflight)
         run_id, resumed = existing["id"], True
