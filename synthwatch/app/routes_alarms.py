@@ -38,7 +38,14 @@ from ..quality.alarms import (
 from ..quality.checks import ChecksConfigError, parse_settings
 from ..quality.recompute import recompute, save_settings
 from ..repair.likely_fix import proposal
-from ..settings_policy import DASHBOARD_ACTORS, Context, PolicyError, check_change, operator_entry_points
+from ..settings_policy import (
+    DASHBOARD_ACTORS,
+    Context,
+    PolicyError,
+    check_change,
+    operator_entry_points,
+    recheck_versions,
+)
 from ..store import queue as store
 from ..store import versions
 from ..store.models import LIVE_STATUSES
@@ -315,9 +322,25 @@ def start_recompute(engine: Engine, run_id: int) -> bool:
     return True
 
 
+def recompute_refusal(request: Request, conn: Connection, run_id: int) -> str | None:
+    """Why a recompute may not run the run's checks in the dashboard: its stored settings hold something a dashboard
+    change brought in that the settings policy refuses (an import path, say), re-checked before anything runs."""
+    cur = versions.current(conn, run_id)[1]
+    history = versions.history(conn, run_id)
+    conn.rollback()
+    problems = recheck_versions(history, cur, request.app.state.settings)
+    if not problems:
+        return None
+    return ("the run's settings hold what the dashboard may not set (a dashboard change stored it): "
+            + "; ".join(f"{k}: {why}" for k, why in problems))
+
+
 @router.post("/runs/{run_id}/checks/recompute", include_in_schema=False)
-def recompute_form(run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
+def recompute_form(request: Request, run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
     _run(conn, run_id)
+    why = recompute_refusal(request, conn, run_id)
+    if why is not None:
+        raise HTTPException(409, why)
     start_recompute(engine, run_id)
     return RedirectResponse(f"/runs/{run_id}/checks", status_code=303)
 
@@ -395,9 +418,12 @@ async def api_settings(request: Request, run_id: int, engine: WriteEngine, conn:
 
 
 @router.post("/api/runs/{run_id}/checks/recompute", tags=["alarms"], status_code=202)
-def api_recompute(run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
+def api_recompute(request: Request, run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
     """Re-run every check on the run's records with its current settings (background; poll /checks)."""
     _run(conn, run_id)
+    why = recompute_refusal(request, conn, run_id)
+    if why is not None:
+        return JSONResponse({"detail": why}, status_code=409)
     started = start_recompute(engine, run_id)
     return JSONResponse({"run_id": run_id, "started": started,
                          "detail": "recompute started" if started else "a recompute is already running"},
