@@ -15,7 +15,8 @@ The worker re-checks what a dashboard change stored (:func:`recheck_versions`): 
 refuses to use a stored value that the dashboard could not set under this policy (a key variable, a TLS file, an
 import path), unless the operator's own flags or ``--config`` name it again.
 
-``python -m synthwatch.settings_policy`` prints the table of docs/security.md (``--write`` rewrites it there).
+``python -m synthwatch.settings_policy_doc`` prints the table of docs/security.md generated from this table
+(``--write`` rewrites it there; tests/test_docs.py checks the two agree).
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -75,8 +75,6 @@ ID_MAX = 2**63 - 1  # a record, alarm or run id: SQLite's and PostgreSQL's BIGIN
 INT64 = (-(2**63), 2**63 - 1)
 DASHBOARD_ACTORS = frozenset({"ui", "api"})  # config_version.actor of a change made from the dashboard or its API
 PACKAGED_TOKENIZERS = (DEEPSEEK_V4,)
-DOC_BEGIN = "<!-- settings-policy:begin (generated: python -m synthwatch.settings_policy --write) -->"
-DOC_END = "<!-- settings-policy:end -->"
 
 
 class PolicyError(ValueError):
@@ -429,14 +427,13 @@ POLICY: dict[type[BaseModel], dict[str, Rule]] = {
 # fields typed loosely in their model that hold a model (RunConfig.checks is validated as CheckSettings)
 FIELD_MODELS: dict[tuple[type[BaseModel], str], type[BaseModel]] = {(RunConfig, "checks"): CheckSettings}
 MAX_ITEMS = 100  # items of a list of tables (endpoints, user checks, rules ...), keys of a table of tables
-# lists of tables whose items must be distinct tables: an item equal to one the run has is kept as it is
 KEY_TEXT = _text(100, r"[A-Za-z0-9_.:-]+")  # a key of a table of tables (checks.rules."name")
 
 
 # ------------------------------------------------------------------------------------------ walking the types
 
 
-def _shape(model: type[BaseModel], name: str) -> tuple[str, type[BaseModel] | None, bool]:
+def shape(model: type[BaseModel], name: str) -> tuple[str, type[BaseModel] | None, bool]:
     """("model" | "list" | "dict" | "leaf", the nested model, may be null) of a field, from its annotation."""
     if (model, name) in FIELD_MODELS:
         return "model", FIELD_MODELS[(model, name)], False
@@ -456,7 +453,7 @@ def _shape(model: type[BaseModel], name: str) -> tuple[str, type[BaseModel] | No
     return "leaf", None, nullable
 
 
-def _join(path: str, key: str | int) -> str:
+def join_key(path: str, key: str | int) -> str:
     return f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
 
 
@@ -471,15 +468,15 @@ def _walk(model: type[BaseModel], value: Any, current: Any, path: str, ctx: Cont
     cur = current if isinstance(current, dict) else {}
     out = {}
     for key, v in value.items():
-        p = _join(path, str(key))
+        p = join_key(path, str(key))
         if key not in model.model_fields:
             ctx.problems.append((p, "unknown key"))
             continue
         if key in cur and cur[key] == v:
             out[key] = v  # not a change: what the run already has
             continue
-        shape, sub, nullable = _shape(model, key)
-        if shape == "leaf":
+        kind, sub, nullable = shape(model, key)
+        if kind == "leaf":
             rule = rules.get(key)
             if rule is None:
                 ctx.problems.append((p, "cannot be set from the dashboard"))
@@ -495,9 +492,9 @@ def _walk(model: type[BaseModel], value: Any, current: Any, path: str, ctx: Cont
         assert sub is not None
         if v is None and nullable:
             out[key] = None
-        elif shape == "model":
+        elif kind == "model":
             out[key] = _walk(sub, v, cur.get(key), p, ctx)
-        elif shape == "list":
+        elif kind == "list":
             out[key] = _walk_list(sub, v, cur.get(key), p, ctx)
         else:
             out[key] = _walk_dict(sub, v, cur.get(key), p, ctx)
@@ -514,7 +511,7 @@ def _walk_list(model: type[BaseModel], value: Any, current: Any, path: str, ctx:
         if item in cur:
             out.append(item)  # one of the run's own, unchanged
             continue
-        out.append(_walk(model, item, cur[i] if i < len(cur) else None, _join(path, i), ctx))
+        out.append(_walk(model, item, cur[i] if i < len(cur) else None, join_key(path, i), ctx))
     return out
 
 
@@ -525,7 +522,7 @@ def _walk_dict(model: type[BaseModel], value: Any, current: Any, path: str, ctx:
     cur = current if isinstance(current, dict) else {}
     out = {}
     for key, item in value.items():
-        p = _join(path, str(key))
+        p = join_key(path, str(key))
         try:
             KEY_TEXT.check(key, ctx)
         except Refused as exc:
@@ -607,50 +604,3 @@ def _still(config: dict[str, Any], key: str) -> bool:
 
 def _named_by(operator: dict[str, Any] | None, key: str, config: dict[str, Any]) -> bool:
     return operator is not None and _lookup(operator, key) is not None and _lookup(operator, key) == _lookup(config, key)
-
-
-# ------------------------------------------------------------------------------------------ the table of the docs
-
-
-def models_of(model: type[BaseModel] = RunConfig, path: str = "") -> Iterator[tuple[str, type[BaseModel], str]]:
-    """(dotted key, model, field) of every field reachable from ``model``; list items are ``key[]``, table
-    entries ``key.*``."""
-    for name in model.model_fields:
-        p = _join(path, name)
-        shape, sub, _ = _shape(model, name)
-        yield p, model, name
-        if sub is not None:
-            yield from models_of(sub, p + ("[]" if shape == "list" else ".*" if shape == "dict" else ""))
-
-
-def table() -> str:
-    """The policy as the Markdown table of docs/security.md."""
-    lines = ["| Key | From the dashboard |", "|---|---|"]
-    for key, model, name in models_of():
-        shape, sub, _ = _shape(model, name)
-        rule = POLICY.get(model, {}).get(name)
-        if sub is not None:
-            cell = ("the table's fields below" if sub in POLICY else "**never** (not in the policy)")
-        elif rule is None or model not in POLICY:
-            cell = "**never** (not in the policy)"
-        else:
-            cell = rule.describe.replace("|", "\\|")
-        lines.append(f"| `{key}` | {cell} |")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str]) -> int:
-    doc = Path(__file__).resolve().parent.parent / "docs" / "security.md"
-    if argv[1:] == ["--write"]:
-        text = doc.read_text(encoding="utf-8")
-        head, _, rest = text.partition(DOC_BEGIN)
-        _, _, tail = rest.partition(DOC_END)
-        doc.write_text(f"{head}{DOC_BEGIN}\n{table()}{DOC_END}{tail}", encoding="utf-8")
-        print(f"wrote the settings policy table to {doc}")  # noqa: T201
-        return 0
-    sys.stdout.write(table())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv))

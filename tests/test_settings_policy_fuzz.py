@@ -26,7 +26,8 @@ from workerkit import create, make_config
 
 from synthwatch.app.routes_runs import StartBody
 from synthwatch.settings import Settings
-from synthwatch.settings_policy import _shape, models_of, recheck_versions
+from synthwatch.settings_policy import recheck_versions, shape
+from synthwatch.settings_policy_doc import models_of
 from synthwatch.store import versions
 from synthwatch.store.db import open_engine
 
@@ -63,12 +64,12 @@ def from_annotation(ann: Any) -> st.SearchStrategy[Any]:
 
 
 def value_for(model: Any, name: str, depth: int = 0) -> st.SearchStrategy[Any]:
-    shape, sub, _ = _shape(model, name)
+    kind, sub, _ = shape(model, name)
     if sub is not None and depth < 2:
         table = patch_of(sub, depth + 1)
-        if shape == "list":
+        if kind == "list":
             return st.lists(table, max_size=2) | HOSTILE
-        if shape == "dict":
+        if kind == "dict":
             return st.dictionaries(st.sampled_from(["empty_reasoning", "truncated", "x y", "\x00"]), table,
                                    max_size=2) | HOSTILE
         return table | HOSTILE
@@ -203,7 +204,7 @@ def test_random_start_requests_never_start_what_the_policy_refuses(world: dict[s
 
 
 def test_coverage_of_the_schema_is_reported(capsys: Any) -> None:
-    leaves = [k for k, m, n in KEYS if _shape(m, n)[1] is None]
+    leaves = [k for k, m, n in KEYS if shape(m, n)[1] is None]
     with capsys.disabled():
         print(f"\nsettings policy fuzz: {len(KEYS)} keys ({len(leaves)} leaves) of the settings schema, "  # noqa: T201
               f"{len(START_FIELDS)} start-request fields, through {len(ROUTES)} routes: {', '.join(ROUTES)}")
