@@ -567,16 +567,20 @@ def recheck_versions(versions: list[tuple[str, dict[str, Any]]], config: dict[st
     operator's own flags and --config give now (a value they name again is theirs)."""
     own = [c for a, c in versions if a not in DASHBOARD_ACTORS] + ([operator] if operator else [])
     ctx = Context(settings, operator_entry_points=operator_entry_points(own))
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, Any]] = {}  # key -> (why, the refused value)
     prev: dict[str, Any] = {}
     for actor, cfg in versions:
         if actor in DASHBOARD_ACTORS:
             ctx.problems = []
             _walk(RunConfig, _changed(prev, cfg), prev, "", ctx)
             for key, why in ctx.problems:
-                seen.setdefault(key, why)
+                seen[key] = (why, _lookup(cfg, key))
+        else:  # the operator's own change (synthwatch fix, checks --config, a resume's new version) of such a key
+            for key in [k for k in seen if _lookup(prev, k) != _lookup(cfg, k)]:
+                del seen[key]
         prev = cfg
-    return [(k, why) for k, why in seen.items() if _still(config, k) and not _named_by(operator, k, config)]
+    return [(k, why) for k, (why, value) in seen.items()
+            if _present(value) and _lookup(config, k) == value and not _named_by(operator, k, config)]
 
 
 def _changed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -597,9 +601,8 @@ def _lookup(cfg: Any, key: str) -> Any:
     return node
 
 
-def _still(config: dict[str, Any], key: str) -> bool:
-    v = _lookup(config, key)
-    return v is not None and v != {} and v is not False
+def _present(value: Any) -> bool:
+    return value is not None and value != {} and value is not False
 
 
 def _named_by(operator: dict[str, Any] | None, key: str, config: dict[str, Any]) -> bool:

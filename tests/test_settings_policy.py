@@ -18,11 +18,13 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from conftest import cli_env, run_cli, write_prompts
 from keyecho import KeyEchoServer
 from workerkit import run_row, wait_for
 
 from synthwatch.check_catalog import CHECK_NAMES
+from synthwatch.config import ConfigError, build_config
 from synthwatch.store import versions
 from synthwatch.store.db import open_engine
 
@@ -75,14 +77,44 @@ def test_the_judge_endpoint_cannot_carry_a_secret_a_header_or_a_tls_file(
         assert set(r.json()["refused"]) == {"endpoints[0].api_key_env", "endpoints[0].tls.client_cert"}
         assert run_row(engine, run_id)["config_version"] == 1  # nothing refused was stored
 
-        # A dashboard before this policy stored it anyway: the operator's own resume refuses to act on it
-        versions.change_settings(engine, run_id, {"judge": judge}, actor="api")
+
+def test_a_resume_never_sends_a_secret_that_a_dashboard_change_stored(tmp_path: Path, sim: Any,
+                                                                      db_path: Path) -> None:
+    """A dashboard before this policy stored the issue's judge: the operator's own `synthwatch run --name RUN` with
+    the run's original flags used to send ``Authorization: Bearer <MY_SECRET>`` to it and open the TLS file."""
+    shadow = tmp_path / "shadow"
+    shadow.write_text("root:$6$secret")
+    flags, engine = _cli_run(tmp_path, sim(), db_path)
+    with KeyEchoServer() as attacker:
+        judge = {"endpoint": {"base_url": attacker.url, "api_key_env": "MY_SECRET",
+                              "headers_env": {"X-Leak": "MY_SECRET"}, "tls": {"ca_bundle": str(shadow)}}, "model": "j"}
+        versions.change_settings(engine, 1, {"judge": judge}, actor="api")
         proc = run_cli(*flags, env=cli_env(MY_SECRET=SECRET))
+        assert attacker.seen == [], f"the resumed worker sent {len(attacker.seen)} requests to the dashboard's judge"
         assert proc.returncode == 2, proc.stdout + proc.stderr
         for key in ("judge.endpoint.api_key_env", "judge.endpoint.headers_env", "judge.endpoint.tls.ca_bundle"):
             assert key in proc.stderr, proc.stderr
-        assert attacker.seen == [], "the resumed worker sent requests to the dashboard's judge"
         assert SECRET not in proc.stdout + proc.stderr
+        # the operator's own change of those keys (synthwatch fix, checks --config) is theirs: the resume goes on
+        versions.change_settings(engine, 1, {"judge": None}, actor="cli")
+        proc = run_cli(*flags, env=cli_env(MY_SECRET=SECRET))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert attacker.seen == []
+
+
+def test_a_running_worker_does_not_adopt_a_stored_dashboard_change_the_policy_refuses(
+        tmp_path: Path, sim: Any, db_path: Path) -> None:
+    _flags, engine = _cli_run(tmp_path, sim(), db_path)
+    config = build_config(orjson.loads(run_row(engine, 1)["config_json"]), "test")
+    versions.change_settings(engine, 1, {"endpoints": [{"base_url": "http://127.0.0.1:9/v1",
+                                                         "api_key_env": "MY_SECRET"}]}, actor="ui")
+    with engine.connect() as conn, pytest.raises(ConfigError, match=r"endpoints\[0\]\.api_key_env"):
+        versions.worker_config(conn, 1, config)
+    versions.change_settings(engine, 1, {"endpoints": [{"base_url": "http://127.0.0.1:9/v1",
+                                                         "api_key_env": "SYNTHWATCH_KEY_OK"}]}, actor="ui")
+    with engine.connect() as conn:
+        adopted, version = versions.worker_config(conn, 1, config)  # a variable meant for the dashboard: adopted
+    assert version == 3 and adopted.endpoints[0].api_key_env == "SYNTHWATCH_KEY_OK"
 
 
 def test_a_key_variable_meant_for_the_dashboard_is_accepted_and_used(
