@@ -95,6 +95,9 @@ def test_a_resume_never_sends_a_secret_that_a_dashboard_change_stored(tmp_path: 
         for key in ("judge.endpoint.api_key_env", "judge.endpoint.headers_env", "judge.endpoint.tls.ca_bundle"):
             assert key in proc.stderr, proc.stderr
         assert SECRET not in proc.stdout + proc.stderr
+        proc = run_cli("judge", "mine", "--db", str(db_path), env=cli_env(MY_SECRET=SECRET))  # the catch-up too
+        assert proc.returncode == 2 and "judge.endpoint.api_key_env" in proc.stderr, proc.stdout + proc.stderr
+        assert attacker.seen == []
         # the operator's own change of those keys (synthwatch fix, checks --config) is theirs: the resume goes on
         versions.change_settings(engine, 1, {"judge": None}, actor="cli")
         proc = run_cli(*flags, env=cli_env(MY_SECRET=SECRET))
@@ -160,8 +163,12 @@ def test_user_checks_are_never_imported_from_the_dashboard(tmp_path: Path, sim: 
         save_settings(engine, 1, {"user": [{"name": "canary", "function": "sw_policy_canary:check"}]}, actor="api")
         r = httpx.post(f"{srv.url}/api/runs/1/checks/recompute", headers={**SAME, "Origin": srv.url}, timeout=30)
         assert r.status_code == 409 and "checks.user[0].function" in r.json()["detail"], r.text
-        proc = run_cli(*flags, env=cli_env(PYTHONPATH=f"{mod}:{Path(__file__).resolve().parent.parent}"))
+        env = cli_env(PYTHONPATH=f"{mod}:{Path(__file__).resolve().parent.parent}")
+        proc = run_cli(*flags, env=env)
         assert proc.returncode == 2 and "checks.user[0].function" in proc.stderr, proc.stdout + proc.stderr
+        for more in (["--recompute"], ["--pending"]):
+            proc = run_cli("checks", "mine", "--db", str(db_path), *more, env=env)
+            assert proc.returncode == 2 and "checks.user[0].function" in proc.stderr, proc.stdout + proc.stderr
         assert not marker.exists(), marker.read_text()
         assert "sw_policy_canary" not in sys.modules and "this" not in sys.modules
     finally:

@@ -95,6 +95,10 @@ def handle(a: argparse.Namespace) -> int:
         print(f"{'already acknowledged' if acked['already'] else 'acknowledged'}: alarm #{acked['id']}"
               f" {acked['rule']} ({acked['title']}){state}; snoozed {acked['until']}", file=sys.stderr)
     summary: dict[str, Any] | None = None
+    if a.recompute or a.pending:  # user checks a dashboard change stored are re-checked before any import (#34)
+        from .run import refuse_dashboard_changes
+
+        refuse_dashboard_changes(engine, run)
     if a.recompute:
         try:
             summary = recompute(engine, run_id)
