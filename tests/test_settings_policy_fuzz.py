@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from workerkit import create, make_config
 
 from synthwatch.app.routes_runs import StartBody
+from synthwatch.check_catalog import CHECK_NAMES
 from synthwatch.settings import Settings
 from synthwatch.settings_policy import recheck_versions, shape
 from synthwatch.settings_policy_doc import models_of
@@ -39,7 +40,7 @@ HOSTILE = st.sampled_from([
 ])
 KEYS = [(k, m, n) for k, m, n in models_of()]
 ROUTES = ("POST /api/runs/{id}/settings", "POST /runs/{id}/settings", "POST /api/runs/{id}/checks/settings",
-          "POST /runs/{id}/checks/settings", "POST /api/runs", "POST /runs/new")
+          "POST /runs/{id}/checks/settings", "POST /api/runs", "POST /runs/new")  # what the tests below post to
 
 
 def from_annotation(ann: Any) -> st.SearchStrategy[Any]:
@@ -170,10 +171,34 @@ def test_random_patches_to_every_key_through_every_settings_route(world: dict[st
         form = {f"set.{k}": _form_value(v) for k, v in _dotted(patch).items()}
         r = c.post(f"/runs/{rid}/settings", data=form, follow_redirects=False)
         _invariants(world, r, key)
-        check_form = {f"{f}__{n}": _form_value(v) for k, v in _dotted(patch).items()
-                      for f, n in [(k.rsplit(".", 1)[-1], k.split(".")[2] if k.count(".") >= 2 else "truncated")]}
-        r = c.post(f"/runs/{rid}/checks/settings", data=check_form, follow_redirects=False)
-        _invariants(world, r, key)
+
+
+CHECK_FORM_FIELDS = [f"{f}__{n}" for n in CHECK_NAMES for f in (
+    "shown", "computed", "enabled", "threshold", "window", "min_records", "auto_pause", "auto_pause_shown")]
+CHECK_FORM_FIELDS += ["canary_every_n", "webhook_url"]
+
+
+def _switched(c: httpx.Client, rid: int) -> tuple[set[str], set[str]]:
+    got = c.get(f"/api/runs/{rid}/checks").json()
+    return set(got["settings"]["disabled"]), {n for n, r in got["rules"].items() if not r["enabled"]}
+
+
+@given(form=st.dictionaries(st.sampled_from(CHECK_FORM_FIELDS), st.text(max_size=12) | st.sampled_from(
+    ["on", "1", "", "50%", "-1", "1e400", "nan", str(2**64), "http://127.0.0.1:9/hook"]), max_size=10))
+def test_random_checks_form_posts_switch_off_only_the_rows_they_show(world: dict[str, Any],
+                                                                     form: dict[str, str]) -> None:
+    """The checks form (#35): a check is switched off only by a post that shows its row (shown__NAME) without its
+    box; a post that omits fields leaves every check as it was."""
+    srv, rid = world["srv"], world["run_id"]
+    with httpx.Client(base_url=srv.url, headers={**SAME, "Origin": srv.url}, timeout=60) as c:
+        disabled, off = _switched(c, rid)
+        r = c.post(f"/runs/{rid}/checks/settings", data=form, follow_redirects=False)
+        _invariants(world, r, "checks form")
+        disabled_now, off_now = _switched(c, rid)
+    for name in disabled_now - disabled:
+        assert f"shown__{name}" in form and f"computed__{name}" not in form, (name, form)
+    for name in off_now - off:
+        assert f"shown__{name}" in form and f"enabled__{name}" not in form, (name, form)
 
 
 START_FIELDS = list(StartBody.model_fields)
