@@ -112,7 +112,7 @@ class Rule:
     nullable: bool = False
 
 
-def _text(max_len: int, pattern: str | None = None) -> Rule:
+def _text(max_len: int, pattern: str | None = None, why: str | None = None) -> Rule:
     rx = re.compile(pattern) if pattern else None
 
     def check(v: Any, ctx: Context) -> Any:
@@ -123,7 +123,7 @@ def _text(max_len: int, pattern: str | None = None) -> Rule:
         if "\x00" in v:
             raise Refused("no NUL characters")
         if rx is not None and not rx.fullmatch(v):
-            raise Refused(f"must match {pattern}")
+            raise Refused(why or f"must match {pattern}")
         return v
     return Rule(f"text ≤ {max_len:,} chars" + (f" matching `{pattern}`" if pattern else ""), check)
 
@@ -343,7 +343,7 @@ def _entry_point_name() -> Rule:
 NO_IMPORT = "an import path runs Python code: set it with `synthwatch run --config` or `synthwatch checks --config`"
 TEXT = _text(200)
 LONG_TEXT = _text(20_000)
-URL = _text(2000, r"https?://\S+")
+URL = _text(2000, r"https?://\S+", "not an http(s) URL (expected e.g. http://127.0.0.1:8000/v1)")
 NAME = _text(200, r"[A-Za-z0-9_.:/@+-][A-Za-z0-9_.:/@+ -]*")
 SECONDS = _float(0, 86_400)
 SHARE = _float(0, 1)
