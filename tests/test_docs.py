@@ -56,3 +56,13 @@ def test_every_extended_check_key_is_documented() -> None:
                                              NearDuplicateSettings, ExtendedSettings)
                for n in m.model_fields if f"\n{n} =" not in text]
     assert not missing, f"document these keys in docs/checks.md: {missing}"
+
+
+def test_the_settings_policy_table_is_generated_from_the_policy() -> None:
+    """docs/security.md holds the table synthwatch.settings_policy_doc generates from the policy (#34): a key added
+    to the policy or to the settings models shows there once the table is regenerated."""
+    from synthwatch.settings_policy_doc import DOC, documented, table
+
+    text = DOC.read_text(encoding="utf-8")
+    assert documented(text) == table(), "run: python -m synthwatch.settings_policy_doc --write"
+    assert "| `judge.endpoint.headers_env` | never:" in text and "| `checks.user[].function` | never:" in text

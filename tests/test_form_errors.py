@@ -20,6 +20,7 @@ from conftest import write_prompts
 from synthwatch.app import tokenizer_limits
 from synthwatch.app.launch import LaunchError
 from synthwatch.settings import Settings
+from synthwatch.settings_policy import Context, PolicyError, check_change
 from synthwatch.store import versions
 from tests.workerkit import make_config, run_row, run_to_end, wait_for
 
@@ -73,7 +74,7 @@ def test_start_form_shows_every_problem_beside_its_field_at_once(live_app: Any, 
         assert set(errs) == {"dataset", "concurrency", "temperature", "api_key_env", "tokenizer"}, errs
         assert "outside the folders the dashboard may read datasets from" in errs["dataset"]
         assert errs["concurrency"] == "expected a whole number, got &#39;lots&#39;"
-        assert "less than or equal to 5" in errs["temperature"]  # from RunConfig's own validation
+        assert "must be between 0 and 5" in errs["temperature"]  # the settings policy's bound (#34)
         assert "may not be used from the dashboard" in errs["api_key_env"]
         assert "SYNTHWATCH_LAUNCH_TOKENIZER_DIRS" in errs["tokenizer"]
         for name in errs:
@@ -138,13 +139,14 @@ def test_tokenizer_limits(folders: dict[str, Path]) -> None:
     with pytest.raises(LaunchError, match="outside the folders"):
         tokenizer_limits.check_tokenizer(str(folders["toks"] / "mine"), Settings(db="x", launch_tokenizer_dirs=" "))
     assert Settings(db="x").launch_tokenizer_dirs == "tokenizers"
-    patch = tokenizer_limits.limit_tokenizer_change({"tokenizer": {"name_or_path": "deepseek-v4"}}, s)
+    ctx = Context(s)
+    patch = check_change({"tokenizer": {"name_or_path": "deepseek-v4"}}, {}, ctx)
     assert patch == {"tokenizer": {"name_or_path": "deepseek-v4", "trust_remote_code": False}}
-    with pytest.raises(LaunchError, match="trust_remote_code"):
-        tokenizer_limits.limit_tokenizer_change({"tokenizer": {"trust_remote_code": True}}, s)
-    with pytest.raises(LaunchError, match="outside the folders"):
-        tokenizer_limits.limit_tokenizer_change({"tokenizer": {"chat_template": "/etc/passwd"}}, s)
-    assert tokenizer_limits.limit_tokenizer_change({"model": "m"}, s) == {"model": "m"}
+    with pytest.raises(PolicyError, match="tokenizer.trust_remote_code"):
+        check_change({"tokenizer": {"trust_remote_code": True}}, {}, ctx)
+    with pytest.raises(PolicyError, match="tokenizer.chat_template: .*outside the folders"):
+        check_change({"tokenizer": {"chat_template": "/etc/passwd"}}, {}, ctx)
+    assert check_change({"model": "m"}, {}, ctx) == {"model": "m"}
 
 
 def test_settings_form_shows_every_problem_and_a_tokenizer_change_is_a_new_version(
@@ -164,7 +166,7 @@ def test_settings_form_shows_every_problem_and_a_tokenizer_change_is_a_new_versi
         assert set(errs) == {"set.sampling.temperature", "set.sampling.top_p", "set.tokenizer.name_or_path",
                              "set.sampling.extra_body"}, errs
         assert errs["set.sampling.temperature"] == "not a number: &#39;hot&#39;"
-        assert "less than or equal to 1" in errs["set.sampling.top_p"]  # RunConfig's validation, at its field
+        assert "must be between 0 and 1" in errs["set.sampling.top_p"]  # the settings policy, at its field (#34)
         assert "SYNTHWATCH_LAUNCH_TOKENIZER_DIRS" in errs["set.tokenizer.name_or_path"]
         for name in errs:
             assert_beside(r.text, name)

@@ -70,7 +70,7 @@ def test_start_form_shows_three_errors_at_once_then_starts_with_a_tokenizer(
     page.fill('[name="tokenizer"]', "deepseek-v4")
     _submit_refused(page, browser_problems, "start-run", f"{srv.url}/runs/new", {
         "dataset": "outside the folders the dashboard may read datasets from",
-        "concurrency": "greater than or equal to 1", "temperature": "less than or equal to 5"})
+        "concurrency": "must be between 1 and 100,000", "temperature": "must be between 0 and 5"})
     assert "3 problems" in page.locator('[data-testid="form-error"]').inner_text()
     for name in ("name", "endpoints", "model", "tokenizer"):
         assert page.locator(f'[name="{name}"]').get_attribute("aria-invalid") is None, name
@@ -116,7 +116,7 @@ def test_settings_form_shows_three_errors_at_once_then_saves_a_new_version(
     page.fill('[name="set.tokenizer.name_or_path"]', "/etc")
     page.fill('[name="reason"]', "try the token view")
     _submit_refused(page, browser_problems, "save-settings", f"{srv.url}/runs/{run_id}/settings", {
-        "set.sampling.temperature": "not a number", "set.sampling.max_tokens": "greater than or equal to 1",
+        "set.sampling.temperature": "not a number", "set.sampling.max_tokens": "must be between 1 and 10,000,000",
         "set.tokenizer.name_or_path": "SYNTHWATCH_LAUNCH_TOKENIZER_DIRS"})
     assert page.input_value('[name="set.sampling.temperature"]') == "hot"
     assert page.input_value('[name="reason"]') == "try the token view"

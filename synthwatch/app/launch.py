@@ -24,11 +24,12 @@ from ..capture.reasoning import MODES as REASONING_MODES
 from ..config import ConfigError, DatasetConfig, RunConfig, build_config, option_kind, options
 from ..redact import SecretError, secret_from_env
 from ..settings import Settings, get_settings
+from ..settings_policy import Context, PolicyError, check_change, key_env_allowed, key_env_refusal
 from ..store import queue as store
 from .folders import LaunchError, allowed_dirs
 from .form_errors import FormErrors
 
-KEY_ENV_PREFIX = "SYNTHWATCH_KEY_"
+_LABELS = {"api_key_env": "api_key_env", "dataset": "dataset path", "tokenizer": "tokenizer", "endpoints": "endpoints"}
 
 
 @dataclass
@@ -218,19 +219,10 @@ def config_to_form(config: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def allowed_key_envs(settings: Settings) -> set[str]:
-    """The extra variable names the dashboard's settings allow (besides the SYNTHWATCH_KEY_ prefix)."""
-    return {n.strip() for n in settings.launch_key_envs.split(",") if n.strip()}
-
-
 def check_key_env(name: str, settings: Settings) -> None:
-    """The form may only name variables meant for it: the worker sends the value to the form's URL."""
-    if (name.startswith(KEY_ENV_PREFIX) and len(name) > len(KEY_ENV_PREFIX)) or name in allowed_key_envs(settings):
-        return
-    raise LaunchError(
-        f"api_key_env: {name!r} may not be used from the dashboard: the worker would send that variable's value to "
-        f"the endpoint URL given in this form. Name a variable starting with {KEY_ENV_PREFIX} (e.g. "
-        f"{KEY_ENV_PREFIX}VLLM), or list it in the dashboard's SYNTHWATCH_LAUNCH_KEY_ENVS setting")
+    """The form may only name variables meant for it (the settings policy decides: synthwatch.settings_policy)."""
+    if not key_env_allowed(name, settings):
+        raise LaunchError(f"api_key_env: {key_env_refusal(name)}")
 
 
 def key_for_dashboard(name: str, settings: Settings) -> str:
@@ -268,41 +260,30 @@ def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None
              settings: Settings | None = None, errors: FormErrors | None = None) -> RunConfig:
     """The run configuration of a start form; every problem (``errors`` holds the form's own) is raised at
     once as LaunchErrors, each with its field."""
-    from .tls_limits import limit_tls
-    from .tokenizer_limits import check_tokenizer
-
     settings = settings or get_settings()
     errs = LaunchErrors(errors.problems if errors is not None else ())
+    try:  # the settings policy (synthwatch.settings_policy): key variables, dataset / tokenizer / TLS folders, bounds
+        data = check_change(data, {}, Context(settings, base_dir))
+    except PolicyError as exc:
+        for key, why in exc.problems:
+            loc = tuple(int(p) if p.isdigit() else p for p in key.replace("[", ".").replace("]", "").split("."))
+            fld = form_field(loc, why)
+            errs.add(fld, _LABELS.get(fld or "", key), why)
+        data = {**data, "endpoints": [{k: v for k, v in ep.items() if k != "headers_env"} if isinstance(ep, dict)
+                                      else ep for ep in data.get("endpoints") or []]}
     for ep in data.get("endpoints") or []:
-        name = ep.get("api_key_env")
+        name = ep.get("api_key_env") if isinstance(ep, dict) else None
         if name and not errs.has("api_key_env"):
             try:
                 key_for_dashboard(name, settings)  # the worker gets this environment: refused here, not after
             except LaunchError as exc:
                 errs.add("api_key_env", "api_key_env", _message(exc, "api_key_env"))
     raw_path = (data.get("dataset") or {}).get("path") or ""
-    if raw_path:
-        path = Path(raw_path).expanduser()
-        if not path.is_absolute():
-            path = (base_dir or Path.cwd()) / path
-        try:
-            path = check_dataset_path(path, settings, base_dir)  # before any look at the file: no existence oracle
-            if not path.exists():
-                errs.add("dataset", "dataset path", f"{raw_path!r} does not exist on the machine running the "
-                         f"dashboard (looked at {path})")
-            data["dataset"]["path"] = str(path)
-        except LaunchError as exc:
-            errs.add("dataset", "dataset path", _message(exc, "dataset path"))
-    try:  # the form and the API have no TLS fields today; should one come, it obeys the folder limit
-        data["endpoints"] = limit_tls(data.get("endpoints") or [], settings, None, base_dir)
-    except LaunchError as exc:
-        errs.add("endpoints", "endpoints", str(exc))
-    tok = data.get("tokenizer") or {}
-    if tok.get("name_or_path"):
-        try:
-            tok["name_or_path"] = check_tokenizer(tok["name_or_path"], settings, base_dir)
-        except LaunchError as exc:
-            errs.add("tokenizer", "tokenizer", str(exc))
+    if raw_path and not errs.has("dataset"):
+        path = Path(raw_path)
+        if not path.exists():
+            errs.add("dataset", "dataset path", f"{raw_path!r} does not exist on the machine running the "
+                     f"dashboard (looked at {path})")
     config: RunConfig | None = None
     try:
         config = build_config(data, "the start-a-run form")
@@ -310,14 +291,12 @@ def validate(data: dict[str, Any], read_engine: Engine, *, base_dir: Path | None
         errs.add_validation(exc.problems, form_field, skip=[p.field for p in errs.problems if p.field])
         if not exc.problems:
             errs.add(None, "configuration", str(exc))
-    if config is not None and config.checks:
+    if config is not None and config.checks and not errs:  # the policy first: nothing it refused is imported (#34)
         from ..quality.user_checks import loadable_error
 
-        why = loadable_error(config.checks)  # the worker this starts would refuse it (#35): said here, as a 400
-        if why is not None:
-            errs.add(None, "checks", why)
-    if config is not None and any(ep.headers_env for ep in config.endpoints):
-        errs.add("endpoints", "endpoints", "extra headers cannot be set from the dashboard")
+        unloadable = loadable_error(config.checks)  # the worker this starts would refuse it (#35): a 400 here
+        if unloadable is not None:
+            errs.add(None, "checks", unloadable)
     if config is not None and not config.name and not errs:
         from ..sources.load import default_name
 

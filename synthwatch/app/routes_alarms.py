@@ -39,7 +39,16 @@ from ..quality.alarms import (
 from ..quality.checks import ChecksConfigError, parse_settings
 from ..quality.recompute import recompute, save_settings
 from ..repair.likely_fix import proposal
+from ..settings_policy import (
+    DASHBOARD_ACTORS,
+    Context,
+    PolicyError,
+    check_change,
+    operator_entry_points,
+    recheck_versions,
+)
 from ..store import queue as store
+from ..store import versions
 from ..store.models import LIVE_STATUSES
 from .deps import ReadConn, WriteEngine, render
 
@@ -225,7 +234,7 @@ def _form_to_settings(form: Any, current: dict[str, Any]) -> dict[str, Any]:
     """The settings form (one row per rule) -> a `[checks]` table; bad numbers raise ValueError naming the field."""
     raw = dict(current)
     rules: dict[str, Any] = dict(raw.get("rules") or {})
-    disabled: list[str] = []
+    disabled: list[str] = list(raw.get("disabled") or [])
     try:
         extended = parse_settings(current).extended_names()
     except ChecksConfigError:
@@ -245,22 +254,30 @@ def _form_to_settings(form: Any, current: dict[str, Any]) -> dict[str, Any]:
                 ov[fld] = value
             else:
                 ov.pop(fld, None)
+        # an unticked checkbox is not sent: its absence means "off" only on a row the form showed (shown__NAME),
+        # so a post that omits fields never switches a check off (#34, #35)
+        shown = form.get(f"shown__{name}") is not None
         for fld in ("enabled", "auto_pause"):
             if fld == "auto_pause" and form.get(f"auto_pause_shown__{name}") is None:
                 continue  # shown as "on": turning it off is its own action, with a reason (set_auto_pause)
+            if fld == "enabled" and not shown:
+                continue
             on = form.get(f"{fld}__{name}") is not None
             if on != getattr(defaults[name], fld):
                 ov[fld] = on
             else:
                 ov.pop(fld, None)
-        if name in BIT and form.get(f"computed__{name}") is None:  # an extended check is on by its own table
-            disabled.append(name)
+        if name in BIT and shown:  # an extended check is on by its own table
+            if form.get(f"computed__{name}") is None:
+                disabled.append(name)
+            else:
+                disabled = [d for d in disabled if d != name]
         if ov:
             rules[name] = ov
         else:
             rules.pop(name, None)
     raw["rules"] = rules
-    raw["disabled"] = disabled
+    raw["disabled"] = list(dict.fromkeys(disabled))
     canary = dict(raw.get("canary") or {})
     every = str(form.get("canary_every_n", "")).strip()
     if every:
@@ -273,7 +290,7 @@ def _form_to_settings(form: Any, current: dict[str, Any]) -> dict[str, Any]:
     url = str(form.get("webhook_url", "")).strip()
     if url:
         webhook["url"] = url
-    else:
+    elif "webhook_url" in form:  # emptied on the form (a post without the field keeps it)
         webhook.pop("url", None)
     raw["webhook"] = webhook
     return raw
@@ -286,8 +303,9 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
     conn.rollback()
     try:
         raw = _form_to_settings(form, _config(run).get("checks") or {})
+        raw = checks_policy(request, conn, run_id, raw)
         save_settings(engine, run_id, raw, actor="ui")
-    except (ValueError, ChecksConfigError) as exc:
+    except (ValueError, ChecksConfigError) as exc:  # PolicyError is a ValueError naming each refused key
         ctx = checks_context(conn, run_id)
         ctx.update(history=list_alarms(conn, run_id, limit=100), saved=False, form_error=str(exc))
         return render(request, "checks_settings.html", ctx, status_code=400)
@@ -300,6 +318,18 @@ def _unloadable(run: dict[str, Any]) -> str | None:
 
     why = loadable_error(_config(run).get("checks"))
     return None if why is None else f"{why}; nothing was re-checked"
+
+
+def checks_policy(request: Request, conn: Connection, run_id: int, raw: dict[str, Any]) -> dict[str, Any]:
+    """A `[checks]` table from the dashboard through the settings policy (synthwatch.settings_policy): no import
+    path, only entry points the operator's own configuration enabled, every number bounded; PolicyError names
+    each refused key (as ``checks.KEY``)."""
+    cur = versions.current(conn, run_id)[1]
+    history = versions.history(conn, run_id)
+    conn.rollback()
+    ctx = Context(request.app.state.settings, operator_entry_points=operator_entry_points(
+        [cfg for actor, cfg in history if actor not in DASHBOARD_ACTORS]))
+    return check_change({"checks": raw}, cur, ctx)["checks"]  # type: ignore[no-any-return]
 
 
 def start_recompute(engine: Engine, run_id: int) -> bool:
@@ -327,9 +357,24 @@ def start_recompute(engine: Engine, run_id: int) -> bool:
     return True
 
 
+def recompute_refusal(request: Request, conn: Connection, run_id: int) -> str | None:
+    """Why a recompute may not run the run's checks in the dashboard: its stored settings hold something a dashboard
+    change brought in that the settings policy refuses (an import path, say), re-checked before anything runs."""
+    cur = versions.current(conn, run_id)[1]
+    history = versions.history(conn, run_id)
+    conn.rollback()
+    problems = recheck_versions(history, cur, request.app.state.settings)
+    if not problems:
+        return None
+    return ("the run's settings hold what the dashboard may not set (a dashboard change stored it): "
+            + "; ".join(f"{k}: {why}" for k, why in problems))
+
+
 @router.post("/runs/{run_id}/checks/recompute", include_in_schema=False)
-def recompute_form(run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
-    why = _unloadable(_run(conn, run_id))
+def recompute_form(request: Request, run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
+    _run(conn, run_id)
+    # the policy first: a user check a dashboard change stored is refused before anything imports it
+    why = recompute_refusal(request, conn, run_id) or _unloadable(_run(conn, run_id))
     if why is not None:
         raise HTTPException(409, why)
     start_recompute(engine, run_id)
@@ -399,16 +444,20 @@ async def api_settings(request: Request, run_id: int, engine: WriteEngine, conn:
     if not isinstance(raw, dict):
         return JSONResponse({"detail": "body must be a JSON object (the [checks] table)"}, status_code=400)
     try:
+        raw = checks_policy(request, conn, run_id, raw)
         settings = save_settings(engine, run_id, raw, actor="api")
+    except PolicyError as exc:
+        return JSONResponse({"detail": str(exc), "refused": [k for k, _ in exc.problems]}, status_code=400)
     except ChecksConfigError as exc:
         return JSONResponse({"detail": str(exc)}, status_code=400)
     return JSONResponse({"run_id": run_id, "settings": settings.model_dump(mode="json")})
 
 
 @router.post("/api/runs/{run_id}/checks/recompute", tags=["alarms"], status_code=202)
-def api_recompute(run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
+def api_recompute(request: Request, run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
     """Re-run every check on the run's records with its current settings (background; poll /checks)."""
-    why = _unloadable(_run(conn, run_id))
+    _run(conn, run_id)
+    why = recompute_refusal(request, conn, run_id) or _unloadable(_run(conn, run_id))
     if why is not None:
         return JSONResponse({"detail": why}, status_code=409)
     started = start_recompute(engine, run_id)

@@ -26,6 +26,7 @@ from ..quality.alarms import OverrideError, list_overrides, set_auto_pause
 from ..repair import actions as repair
 from ..repair import history as repair_history
 from ..repair import settings_diff
+from ..settings_policy import DASHBOARD_ACTORS, ID_MAX, Context, PolicyError, check_change, operator_entry_points
 from ..store import queue as store
 from ..store import versions
 from .deps import ReadConn, ReadEngine, WriteEngine, render
@@ -88,6 +89,8 @@ def _selection_params(data: Any) -> dict[str, Any]:
             out["alarm_id"] = int(alarm)
         except ValueError:
             raise repair.RepairError(f"alarm: not an alarm id: {alarm[:40]!r}") from None
+        if not 0 <= out["alarm_id"] <= ID_MAX:
+            raise repair.RepairError(f"alarm: not an alarm id: {alarm[:40]!r}")
     for key in ("check", "flag"):
         v = str(data.get(key) or "").strip()
         if v:
@@ -98,6 +101,8 @@ def _selection_params(data: Any) -> dict[str, Any]:
             out["ids"] = [int(x) for x in ids.replace(" ", "").split(",") if x]
         except ValueError:
             raise repair.RepairError(f"ids: not a comma-separated list of record ids: {ids[:60]!r}") from None
+        if any(not 0 <= i <= ID_MAX for i in out["ids"]):
+            raise repair.RepairError(f"ids: a record id is between 0 and {ID_MAX}: {ids[:60]!r}")
     filt = str(data.get("filter") or "").strip()
     if filt:
         from urllib.parse import parse_qsl
@@ -164,8 +169,6 @@ def _settings_field(posted: set[str]) -> Any:
 async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn: ReadConn) -> Response:
     """Every problem of the form at once, each beside its field, with what was entered kept; a valid change
     is a new config version."""
-    from .tokenizer_limits import limit_tokenizer_change
-
     form = await request.form()
     run = _run(conn, run_id)
     errors = FormErrors()
@@ -202,22 +205,18 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
         changes[path] = value
     # only what differs from the current version is a change
     cur = versions.current(conn, run_id)[1]
+    history = versions.history(conn, run_id)
     conn.rollback()
     changes = {k: v for k, v in changes.items() if _get(cur, k) != v}
-    settings = request.app.state.settings
-    patch = versions.nest(changes)
     try:
-        _check_secret_envs(changes, settings)
+        patch = dashboard_patch(versions.nest(changes), cur, request.app.state.settings, history)
+    except PolicyError as exc:
+        for key, why in exc.problems:
+            errors.add(_policy_field(key, set(entered)), key, why)
+        patch = {}
     except versions.VersionError as exc:
-        errors.add("set.endpoints", "endpoints", str(exc))
-    try:
-        patch = limit_tokenizer_change(patch, settings)
-    except LaunchError as exc:
-        errors.add("set.tokenizer.name_or_path", "tokenizer", str(exc))
-    try:
-        patch = _limit_tls(patch, settings, cur)
-    except LaunchError as exc:
-        errors.add("set.endpoints", "endpoints", str(exc))
+        errors.add(None, "settings", str(exc))
+        patch = {}
     if patch:  # the whole new config validated, also when some fields above could not be read
         try:
             versions.changed_config(cur, patch, run["kind"])
@@ -262,37 +261,20 @@ def _endpoint_lines(value: str, current: list[dict[str, Any]]) -> list[dict[str,
     return out
 
 
-def _check_secret_envs(changes: dict[str, Any], settings: Any) -> None:
-    """Endpoints changed from the dashboard may name only the key variables meant for it (as the start-a-run
-    form): the worker sends that variable's value to the endpoint's URL."""
-    from .launch import check_key_env
-
-    patch = versions.nest(changes)
-    endpoints = patch.get("endpoints")
-    if endpoints is None:
-        return
-    if not isinstance(endpoints, list):
-        raise versions.VersionError("endpoints: a list of tables with base_url (and api_key_env)")
-    for i, ep in enumerate(endpoints):
-        if not isinstance(ep, dict):
-            continue
-        names = [ep.get("api_key_env")] + list((ep.get("headers_env") or {}).values())
-        for name in names:
-            if isinstance(name, str) and name:
-                try:
-                    check_key_env(name, settings)
-                except LaunchError as exc:
-                    raise versions.VersionError(f"endpoints[{i}]: {exc}") from None
+def _policy_field(key: str, posted: set[str]) -> str | None:
+    """The settings form's field of a key the settings policy refused."""
+    top = key.split(".", 1)[0].split("[", 1)[0]
+    name = {"endpoints": "set.endpoints", "tokenizer": "set.tokenizer.name_or_path"}.get(top, "set." + key)
+    return name if name in posted else None
 
 
-def _limit_tls(patch: dict[str, Any], settings: Any, current: dict[str, Any]) -> dict[str, Any]:
-    """A settings change whose endpoints name TLS files: only inside the dashboard's TLS folders (the run's own
-    paths, set from the command line, are kept)."""
-    from .tls_limits import limit_tls
-
-    if "endpoints" not in patch:
-        return patch
-    return {**patch, "endpoints": limit_tls(patch["endpoints"], settings, current.get("endpoints"))}
+def dashboard_patch(patch: dict[str, Any], current: dict[str, Any], settings: Any,
+                    history: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """A settings change from the dashboard or its API through the settings policy (synthwatch.settings_policy):
+    PolicyError names each key it may not set; the change with its paths resolved otherwise."""
+    ctx = Context(settings, operator_entry_points=operator_entry_points(
+        [cfg for actor, cfg in history if actor not in DASHBOARD_ACTORS]))
+    return check_change(patch, current, ctx)
 
 
 def _get(cfg: dict[str, Any], path: str) -> Any:
@@ -365,7 +347,7 @@ async def apply_form(request: Request, run_id: int, engine: WriteEngine, conn: R
     except repair.RepairError as exc:
         return back_to_repair(run_id, error=str(exc))
     max_id = str(form.get("max_id") or "")
-    if max_id.isdigit():  # the records the preview counted, not ones that finished since
+    if max_id.isdigit() and int(max_id) <= ID_MAX:  # the records the preview counted, not ones that finished since
         sel = repair.Selection(sel.description, sel.filters, int(max_id), sel.ids)
     if kind == "rerun":
         prev = repair.preview_rerun(engine, run_id, sel)
@@ -407,14 +389,17 @@ class SettingsBody(BaseModel):
     reason: str | None = Field(None, max_length=1000)
 
 
+RowId = Annotated[int, Field(ge=0, le=ID_MAX)]  # a database id (64-bit): larger ones are refused, naming the field
+
+
 class SelectionBody(BaseModel):
-    alarm: int | None = Field(None, description="the records this alarm names")
+    alarm: RowId | None = Field(None, description="the records this alarm names")
     check: str | None = Field(None, description="records failing this check")
     flag: str | None = Field(None, description="good | bad | flagged | unreviewed")
     filter: dict[str, str] | None = Field(None, description="records-table filter parameters")
-    ids: list[int] | None = Field(None, max_length=1_000_000)
+    ids: list[RowId] | None = Field(None, max_length=1_000_000)
     dry_run: bool = Field(False, description="preview only: change nothing")
-    max_id: int | None = Field(None, description="pin the selection to ids <= this (from a preview)")
+    max_id: RowId | None = Field(None, description="pin the selection to ids <= this (from a preview)")
 
 
 class AutoPauseBody(BaseModel):
@@ -440,14 +425,15 @@ def api_versions(run_id: int, conn: ReadConn) -> Any:
 @router.post("/api/runs/{run_id}/settings", tags=["repair"],
              summary="Change a run's settings: a new config version (reading and generation settings)")
 def api_settings(request: Request, run_id: int, body: SettingsBody, engine: WriteEngine, conn: ReadConn) -> Any:
-    from .tokenizer_limits import limit_tokenizer_change
-
     _run(conn, run_id)
     try:
-        _check_secret_envs(body.changes, request.app.state.settings)
-        patch = limit_tokenizer_change(versions.nest(body.changes), request.app.state.settings)
-        patch = _limit_tls(patch, request.app.state.settings, versions.current(conn, run_id)[1])
+        patch = versions.nest(body.changes)
+        cur = versions.current(conn, run_id)[1]
+        patch = dashboard_patch(patch, cur, request.app.state.settings, versions.history(conn, run_id))
+        conn.rollback()
         return versions.change_settings(engine, run_id, patch, actor="api", reason=body.reason)
+    except PolicyError as exc:
+        return JSONResponse({"detail": str(exc), "refused": [k for k, _ in exc.problems]}, status_code=400)
     except (versions.VersionError, LaunchError) as exc:
         return JSONResponse({"detail": str(exc)}, status_code=400)
 

@@ -104,7 +104,10 @@ def handle(a: argparse.Namespace) -> int:
     summary: dict[str, Any] | None = None
     if a.recompute or a.pending or a.retry_errors:
         from ..quality.user_checks import loadable_error
+        from .run import refuse_dashboard_changes
 
+        # user checks a dashboard change stored are re-checked against the policy before any import (#34)
+        refuse_dashboard_changes(engine, run)
         with engine.connect() as conn:  # the settings as they are now (--config above may have changed them)
             cfg = json.loads(conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": run_id}).scalar()
                              or "{}")

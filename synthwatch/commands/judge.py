@@ -49,6 +49,10 @@ def handle(a: argparse.Namespace) -> int:
             raise CliError(f"{a.config}: no [judge] table")
     if not raw:
         raise CliError(f"run {run['name']!r} has no [judge] settings: give --config FILE with a [judge] table")
+    if not a.config:  # the stored judge: re-checked if a dashboard change set it (#34)
+        from .run import refuse_dashboard_changes
+
+        refuse_dashboard_changes(engine, run, stored)
     try:
         cfg = JudgeConfig.model_validate(raw)
     except Exception as exc:  # noqa: BLE001 - pydantic's message, said as a CLI error

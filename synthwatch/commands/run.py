@@ -354,6 +354,44 @@ def _resume_settings(engine: Any, a: argparse.Namespace, run: dict[str, Any], co
         config.concurrency = run["concurrency"]
 
 
+def _recheck_dashboard_changes(engine: Any, a: argparse.Namespace, run: dict[str, Any], config: Any,
+                               toml: dict[str, Any] | None) -> None:
+    """A resume acts only on what the operator's own configuration names or the dashboard may set (#34)."""
+    from ..config import deep_merge
+
+    flags = _flags_to_config(a)
+    key_env = flags.pop("_api_key_env", None)
+    flags.pop("_prices", None)
+    operator = deep_merge(toml or {}, flags)
+    if key_env:
+        operator["endpoints"] = [{"api_key_env": key_env} for _ in config.endpoints]
+    refuse_dashboard_changes(engine, run, config.snapshot(), operator, "this resume will not use them")
+
+
+def refuse_dashboard_changes(engine: Any, run: dict[str, Any], config: dict[str, Any] | None = None,
+                             operator: dict[str, Any] | None = None, what: str = "this command will not use them") -> None:
+    """CliError when ``config`` (the run's, about to be acted on) holds a value a dashboard change stored that the
+    settings policy refuses (a key variable, extra headers, a TLS file outside the dashboard's folders, an import
+    path): nothing is sent, opened or imported, unless ``operator`` (these flags and --config) names it again.
+    ``config`` None: the run's current configuration."""
+    from ..settings import get_settings
+    from ..settings_policy import recheck_versions
+    from ..store.versions import current, history
+
+    with engine.connect() as conn:
+        versions = history(conn, run["id"])
+        config = config if config is not None else current(conn, run["id"])[1]
+        conn.rollback()
+    problems = recheck_versions(versions, config, get_settings(), operator)
+    if problems:
+        raise CliError(
+            f"run {run['name']!r}: a change made from the dashboard stored settings the dashboard may not set, and "
+            f"{what}:\n" + "\n".join(f"  {k}: {why}" for k, why in problems)
+            + "\nIf you mean them, name them in your own --config (synthwatch run --new-config-version, synthwatch "
+            "checks --config, synthwatch judge --config); otherwise set them back there the same way "
+            "(docs/security.md, the settings policy).")
+
+
 def handle(a: argparse.Namespace) -> int:
     from ..sources.load import matching_runs, stable_name
     from ..store.dashboards import run_link
@@ -398,6 +436,7 @@ def handle(a: argparse.Namespace) -> int:
         # resume (or join): the run's current config version, with what the flags and --config file change
         config = resolve_config(a, json.loads(existing["config_json"]), toml)
         config.name = existing["name"]
+        _recheck_dashboard_changes(engine, a, existing, config, toml)
         refuse_unloadable_checks(config.checks)  # the run's stored checks, and those --config adds
         if fresh is None:
             check_before_writing(config, dataset=False, preflight=a.preflight)

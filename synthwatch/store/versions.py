@@ -32,6 +32,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..config import ConfigError, RunConfig, build_config, deep_merge
 from ..hints import command as hint
+from ..settings import get_settings
+from ..settings_policy import recheck_versions
 from . import queue as store
 
 READING_KEYS = ("reasoning",)
@@ -163,6 +165,19 @@ def list_versions(conn: Connection, run_id: int, *, counts: bool = True) -> list
         out.append({"version": row["version"], "created_at": row["created_at"], "actor": row["actor"],
                     "reason": row["reason"], "changes": changes,
                     "generated": gen.get(row["version"], 0), "derived": der.get(row["version"], 0)})
+    return out
+
+
+def history(conn: Connection, run_id: int) -> list[tuple[str, dict[str, Any]]]:
+    """(actor, config) of every version of the run, oldest first: what the settings policy re-checks (#34)."""
+    out = []
+    for actor, cfg in conn.execute(text("SELECT actor, config_json FROM config_version WHERE run_id = :r"
+                                        " ORDER BY version"), {"r": run_id}).all():
+        try:
+            parsed = orjson.loads(cfg or "{}")
+        except orjson.JSONDecodeError:
+            parsed = {}
+        out.append((str(actor or ""), parsed if isinstance(parsed, dict) else {}))
     return out
 
 
@@ -298,4 +313,10 @@ def worker_config(conn: Connection, run_id: int, current: RunConfig) -> tuple[Ru
     cfg = orjson.loads(row[0])
     for key in ("cap", "concurrency", *PROCESS_KEYS):
         cfg[key] = getattr(current, key)
+    # what a dashboard change stored is re-checked against the settings policy before the worker acts on it (#34);
+    # what this worker already runs with (its operator's configuration) stays allowed
+    problems = recheck_versions(history(conn, run_id), cfg, get_settings(), current.snapshot())
+    if problems:
+        raise ConfigError(f"config version {row[1]}: the dashboard may not set "
+                          + "; ".join(f"{k}: {why}" for k, why in problems))
     return build_config(cfg, f"config version {row[1]}"), int(row[1] or 0)
