@@ -340,7 +340,8 @@ def _entry_point_name() -> Rule:
     return Rule("an installed entry point the operator's own configuration enabled", check)
 
 
-NO_IMPORT = "an import path runs Python code: set it with `synthwatch run --config` or `synthwatch checks --config`"
+NO_IMPORT = ("an import path runs Python code, which the dashboard may not set: put it in your own TOML file and give it "
+             "to the run or checks command with --config")
 TEXT = _text(200)
 LONG_TEXT = _text(20_000)
 URL = _text(2000, r"https?://\S+", "not an http(s) URL (expected e.g. http://127.0.0.1:8000/v1)")
@@ -364,7 +365,8 @@ POLICY: dict[type[BaseModel], dict[str, Rule]] = {
     },
     EndpointConfig: {
         "base_url": URL, "api_key_env": _key_env(), "name": NAME,
-        "headers_env": _deny("extra headers send environment variables; set them with `synthwatch run --config`"),
+        "headers_env": _deny("extra headers send environment variables, which the dashboard may not choose: put them in your own "
+                             "TOML file and give it to the run command with --config"),
         "price_in_per_mtok": _float(0, 1e6), "price_out_per_mtok": _float(0, 1e6),
     },
     TLSConfig: {"ca_bundle": _tls_file(), "client_cert": _tls_file(), "client_key": _tls_file(), "verify": _flag()},

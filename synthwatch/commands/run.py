@@ -387,8 +387,8 @@ def refuse_dashboard_changes(engine: Any, run: dict[str, Any], config: dict[str,
         raise CliError(
             f"run {run['name']!r}: a change made from the dashboard stored settings the dashboard may not set, and "
             f"{what}:\n" + "\n".join(f"  {k}: {why}" for k, why in problems)
-            + "\nIf you mean them, name them in your own --config (synthwatch run --new-config-version, synthwatch "
-            "checks --config, synthwatch judge --config); otherwise set them back there the same way "
+            + "\nIf you mean them, name them in your own TOML file, given with --config to the run command (with "
+            "--new-config-version), the checks command or the judge command; otherwise set them back the same way "
             "(docs/security.md, the settings policy).")
 
 
