@@ -294,6 +294,31 @@ class DatasetIterator(Iterator[Prompt | BadLine]):
                 raise DatasetError(f"{source}: cannot read the file{where}: {exc}") from exc
 
 
+def field_names(spec: DatasetConfig, rows: int = 20) -> list[str]:
+    """The top-level fields of a dataset, for a message naming those that exist: a JSONL file's first ``rows``
+    objects' keys, a Parquet file's columns ([] when they cannot be read: only an error message is at stake)."""
+    names: dict[str, None] = {}
+    try:
+        fmt = _resolve_format(spec)
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(spec.path).names)
+        if fmt != "jsonl":
+            return []
+        with _open_jsonl(Path(spec.path), str(spec.path)) as f:
+            for raw in f:
+                if raw.strip():
+                    obj = orjson.loads(raw.removeprefix(_BOM))
+                    names.update(dict.fromkeys(str(k) for k in obj) if isinstance(obj, dict) else {})
+                    rows -= 1
+                    if rows <= 0:
+                        break
+    except Exception:  # noqa: BLE001 - the names only help a message; a file that cannot be read says so elsewhere
+        pass
+    return list(names)
+
+
 # ----------------------------------------------------------------------------------------------
 # spec and path checks
 
