@@ -162,3 +162,24 @@ def test_the_reference_is_read_from_reference_field_with_dotted_paths() -> None:
 def test_a_field_is_missing_exactly_when_no_row_has_it(rows: list[dict[str, int]]) -> None:
     cfg = JudgeConfig.model_validate({**CFG, "prompt_template": "R: {reference}", "reference_field": "b"})
     assert (missing_fields(cfg, rows) == ["b"]) == (not any("b" in r for r in rows))
+
+
+def test_a_parquet_datasets_reference_column_is_kept_and_a_missing_one_named(tmp_path: Path) -> None:
+    """Parquet reads only the columns it needs: the kept fields' columns are among them (before, every row kept {}:
+    the judge's reference and the verifiers' were empty)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from synthwatch.config import DatasetConfig
+    from synthwatch.sources.datasets import field_names, load_dataset
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"prompt": ["What is 1 + 1?", "What is 2 + 1?"], "answer": ["2", "3"],
+                             "meta": [{"gold": "two"}, {"gold": "three"}]}), path)
+    spec = DatasetConfig(path=str(path))
+    loaded = load_dataset(spec, ("answer", "meta.gold", "reference"))
+    assert [p.row for p in loaded.prompts] == [{"answer": "2", "meta.gold": "two"}, {"answer": "3", "meta.gold": "three"}]
+    assert [p.messages[-1]["content"] for p in loaded.prompts] == ["What is 1 + 1?", "What is 2 + 1?"]
+    cfg = JudgeConfig.model_validate({**CFG, "prompt_template": "{reference}"})
+    assert missing_fields(cfg, (p.row for p in loaded.prompts)) == ["reference"]
+    assert field_names(spec) == ["prompt", "answer", "meta"]

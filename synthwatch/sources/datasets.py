@@ -220,11 +220,12 @@ class DatasetIterator(Iterator[Prompt | BadLine]):
         if self.format == "jsonl":
             yield from self._jsonl(path)
         elif self.format == "parquet":
-            yield from self._rows(self.source, _parquet_batches(path, self.source, self._converter))
+            yield from self._rows(self.source, _parquet_batches(path, self.source, self._converter,
+                                                                  self.keep))
         else:
             source, files = _hf_data_files(path, self.source, self.spec.split)
             self.source = source
-            yield from self._rows(source, _arrow_batches(files, source, self._converter))
+            yield from self._rows(source, _arrow_batches(files, source, self._converter, self.keep))
         if self.total_rows == 0:
             raise DatasetError(f"{self.source}: dataset is empty (no rows)")
 
@@ -417,8 +418,9 @@ def _check_encodable(messages: list[dict[str, str]], source_id: str | None) -> N
 # Parquet and Arrow (HF save_to_disk)
 
 
-def _table_columns(converter: RowConverter, names: list[str], source: str) -> list[str]:
-    """Top-level columns to read from a Parquet / Arrow table; raises when nothing usable exists."""
+def _table_columns(converter: RowConverter, names: list[str], source: str, keep: tuple[str, ...] = ()) -> list[str]:
+    """Top-level columns to read from a Parquet / Arrow table (with those of the row fields kept, ``keep``, that
+    exist); raises when nothing usable exists."""
     available = set(names)
 
     def column_of(path: str, what: str) -> str:
@@ -441,16 +443,18 @@ def _table_columns(converter: RowConverter, names: list[str], source: str) -> li
         wanted.append(column_of(converter.id_field, "id_field"))
     else:
         wanted += [name for name in ("id", "idx") if name in available]
+    wanted += [c for f in keep if (c := f if f in available else f.split(".")[0]) in available]
     return list(dict.fromkeys(wanted))
 
 
-def _parquet_batches(path: Path, source: str, converter: RowConverter) -> Iterator[list[dict[str, Any]]]:
+def _parquet_batches(path: Path, source: str, converter: RowConverter,
+                     keep: tuple[str, ...] = ()) -> Iterator[list[dict[str, Any]]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         parquet = pq.ParquetFile(path)
-        columns = _table_columns(converter, parquet.schema_arrow.names, source)
+        columns = _table_columns(converter, parquet.schema_arrow.names, source, keep)
         for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
             yield batch.to_pylist()
     except (pa.ArrowException, OSError) as exc:
@@ -497,7 +501,8 @@ def _read_json(path: Path, source: str) -> dict[str, Any]:
     return value
 
 
-def _arrow_batches(files: list[Path], source: str, converter: RowConverter) -> Iterator[list[dict[str, Any]]]:
+def _arrow_batches(files: list[Path], source: str, converter: RowConverter,
+                   keep: tuple[str, ...] = ()) -> Iterator[list[dict[str, Any]]]:
     import pyarrow as pa
 
     columns: list[str] | None = None
@@ -513,7 +518,7 @@ def _arrow_batches(files: list[Path], source: str, converter: RowConverter) -> I
                 else:
                     batches = reader
                 if columns is None:
-                    columns = _table_columns(converter, reader.schema.names, source)
+                    columns = _table_columns(converter, reader.schema.names, source, keep)
                 for batch in batches:
                     yield batch.select(columns).to_pylist()
         except (pa.ArrowException, OSError) as exc:
