@@ -140,7 +140,12 @@ def test_synthwatch_judge_refuses_a_reference_the_records_did_not_keep(tmp_path,
     cfg = toml(tmp_path / "j.toml", gen, judge_server.url, data, extra='reference_field = "answer"')
     res = run_cli("judge", "plain", "--db", str(db_path), "--config", str(cfg))
     assert res.returncode == 2 and "'answer'" in res.stderr and "judge.reference_field" in res.stderr, res.stderr
+    # so does a resume that adds the judge: refused before a config version is made or a request sent
+    res = run_cli("run", "--config", str(cfg), "--name", "plain", "--new-config-version", "--db", str(db_path))
+    assert res.returncode == 2 and "no record of the run kept the dataset field 'answer'" in res.stderr, res.stderr
     assert judge_server.sent == []
+    with open_engine(str(db_path)).connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM config_version")).scalar() == 1
 
 
 CFG = {"endpoint": {"base_url": "http://127.0.0.1:1/v1"}, "model": "j"}

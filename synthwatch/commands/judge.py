@@ -32,7 +32,7 @@ def handle(a: argparse.Namespace) -> int:
     from ..config import ConfigError, JudgeConfig, load_toml
     from ..store.versions import VersionError, create_version
     from ..workers.endpoints import MissingApiKey
-    from ..workers.judge import JudgeRunner
+    from ..workers.judge import JudgeRunner, unkept_fields
 
     engine, run = open_run(a.db, a.run)
     stored = json.loads(run["config_json"] or "{}")
@@ -50,7 +50,8 @@ def handle(a: argparse.Namespace) -> int:
         cfg = JudgeConfig.model_validate(raw)
     except Exception as exc:  # noqa: BLE001 - pydantic's message, said as a CLI error
         raise CliError(f"[judge]: {exc}") from None
-    _check_fields(engine, int(run["id"]), cfg)
+    if (why := unkept_fields(engine, int(run["id"]), cfg)) is not None:
+        raise CliError(why)
     if a.config and cfg.model_dump(mode="json") != stored.get("judge"):
         from ..store.queue import write_begin
 
@@ -79,22 +80,3 @@ def handle(a: argparse.Namespace) -> int:
              " completion tokens (apart from the run's)" if u else ""))
     return 0
 
-
-def _check_fields(engine: Any, run_id: int, cfg: Any) -> None:
-    """The template's {reference} needs its field in the rows the run's records kept (record.row_json, fixed when
-    the dataset was loaded): refused before the first request when no record has it (#38)."""
-    from sqlalchemy import text
-
-    from ..quality.verdicts import row_fields
-    from ..workers.judge import missing_fields
-
-    with engine.connect() as conn:
-        rows = [row_fields(r[0]) for r in conn.execute(text(
-            "SELECT row_json FROM record WHERE run_id = :r AND status = 'ok' ORDER BY id LIMIT 1000"), {"r": run_id})]
-        conn.rollback()
-    missing = missing_fields(cfg, rows) if rows else []
-    if missing:
-        kept = ", ".join(dict.fromkeys(k for r in rows for k in r)) or "none"
-        raise CliError(f"judge.prompt_template uses {{reference}}, but no record of the run kept the dataset field "
-                       f"{missing[0]!r} (judge.reference_field); the fields kept: {kept} (a run keeps the fields its "
-                       "checks and [judge] read when its dataset is loaded)")

@@ -104,6 +104,24 @@ def missing_fields(cfg: JudgeConfig | None, rows: Iterable[Mapping[str, Any] | N
     return [f for f in want if f not in found]
 
 
+def unkept_fields(engine: Engine, run_id: int, cfg: JudgeConfig | None) -> str | None:
+    """Why the judge cannot run on this run's records (None when it can): its {reference} field is in no row the
+    records kept (record.row_json is fixed when the dataset is loaded: a [judge] added later may find it absent)."""
+    if not row_fields_read(cfg):
+        return None
+    with engine.connect() as conn:
+        rows = [vd.row_fields(r[0]) for r in conn.execute(text(
+            "SELECT row_json FROM record WHERE run_id = :r AND idx >= 0 ORDER BY id LIMIT 1000"), {"r": run_id})]
+        conn.rollback()
+    missing = missing_fields(cfg, rows) if rows else []
+    if not missing:
+        return None
+    kept = ", ".join(dict.fromkeys(k for r in rows for k in r)) or "none"
+    return (f"judge.prompt_template uses {{reference}}, but no record of the run kept the dataset field {missing[0]!r}"
+            f" (judge.reference_field); the fields kept: {kept} (a run keeps the fields its checks and [judge] read"
+            " when its dataset is loaded)")
+
+
 def render(template: str, rec: dict[str, Any], reference_field: str = "reference") -> str:
     """The judge's message: the template with {prompt}, {reasoning}, {answer}, {reference} replaced (only those:
     braces elsewhere in the template, e.g. a JSON example, stay as written); {reference} is the dataset row's
