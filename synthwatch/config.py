@@ -273,6 +273,10 @@ class JudgeConfig(_Strict):
     prompt_template: str = Field(
         JUDGE_TEMPLATE, min_length=1, max_length=100_000,
         description="The judge's user message; {prompt}, {reasoning}, {answer} and {reference} are replaced.")
+    reference_field: str = Field(
+        "reference", min_length=1, max_length=200,
+        description="The dataset row's field (a dotted path allowed) that {reference} reads; a template with "
+        "{reference} refuses the run when the dataset has no such field.")
     sample_fraction: float = Field(1.0, gt=0, le=1, description="Share of ok records judged (1: all); which ones "
                                    "is drawn from the record id, so a resume judges the same ones.")
     concurrency: int = Field(4, ge=1, le=1000, description="Judge requests in flight at once (apart from the run's).")

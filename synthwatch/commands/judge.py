@@ -35,7 +35,7 @@ def handle(a: argparse.Namespace) -> int:
     from ..config import ConfigError, JudgeConfig, load_toml
     from ..store.versions import VersionError, create_version
     from ..workers.endpoints import MissingApiKey
-    from ..workers.judge import JudgeRunner
+    from ..workers.judge import JudgeRunner, unkept_fields
 
     engine, run = open_run(a.db, a.run)
     stored = json.loads(run["config_json"] or "{}")
@@ -57,6 +57,8 @@ def handle(a: argparse.Namespace) -> int:
         cfg = JudgeConfig.model_validate(raw)
     except Exception as exc:  # noqa: BLE001 - pydantic's message, said as a CLI error
         raise CliError(f"[judge]: {exc}") from None
+    if (why := unkept_fields(engine, int(run["id"]), cfg)) is not None:
+        raise CliError(why)
     if a.config and cfg.model_dump(mode="json") != stored.get("judge"):
         from ..store.queue import write_begin
 
@@ -91,3 +93,4 @@ def handle(a: argparse.Namespace) -> int:
           + (f"; in all {u[1]} good, {u[2]} bad, {u[3]} errors; {u[0]} requests, {u[4]:,} prompt and {u[5]:,}"
              " completion tokens (apart from the run's)" if u else ""))
     return 0
+

@@ -441,6 +441,10 @@ def handle(a: argparse.Namespace) -> int:
         if fresh is None:
             check_before_writing(config, dataset=False, preflight=a.preflight)
         run_id, resumed = existing["id"], True
+        from ..workers.judge import unkept_fields
+
+        if (why := unkept_fields(engine, run_id, config.judge)) is not None:  # before any request or version (#38)
+            raise CliError(why)
         _resume_settings(engine, a, existing, config)
     else:
         config = fresh if fresh is not None else resolve_config(a, None, toml)

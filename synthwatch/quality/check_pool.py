@@ -30,7 +30,7 @@ from ..check_catalog import CheckSettings
 from .checks import RecordView
 from .user_checks import UserCheckError, coerce, make_rule_check, make_user_check
 from .verdicts import Verdict
-from .verifiers import make_verifier
+from .verifiers import make_verifier, warm_up
 
 log = logging.getLogger("synthwatch.checks")
 
@@ -125,6 +125,16 @@ def view_args(v: RecordView) -> tuple[Any, ...]:
     return tuple(getattr(v, f) for f in VIEW_FIELDS)
 
 
+def warm_up_verifiers(settings_json: bytes) -> str | None:
+    """Each verifier loaded and run once before the first record (outside its budget); what cannot load, said."""
+    for v in CheckSettings.model_validate(orjson.loads(settings_json)).verifiers:
+        try:
+            warm_up(v)
+        except BaseException as exc:  # noqa: BLE001 - a library that does not import may raise anything
+            return f"verifier {v.check_name} cannot load: {exc.__class__.__name__}: {exc}"[:500]
+    return None
+
+
 def serve(conn: Connection, settings_json: bytes) -> None:
     """The check process's main loop (spawned): ready, then batches until the pipe closes or None arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when checks stop, not a terminal's ^C
@@ -133,6 +143,9 @@ def serve(conn: Connection, settings_json: bytes) -> None:
         checks = pool_checks(CheckSettings.model_validate(orjson.loads(settings_json)))
     except Exception as exc:
         conn.send(("failed", f"{exc.__class__.__name__}: {exc}"[:500]))
+        return
+    if (why := warm_up_verifiers(settings_json)) is not None:
+        conn.send(("unloadable", why))
         return
     conn.send(("ready", [c.name for c in checks]))
     while True:
@@ -159,6 +172,7 @@ class CheckProcess:
         self.conn: Connection | None = None
         self.restarts = 0
         self.start_error: str | None = None
+        self.load_error: str | None = None  # a verifier that cannot load (the run is refused: extended_hook)
         self.closed = False  # after close(): no restart, no more records (a dispatcher may still be on one)
 
     def start(self) -> bool:
@@ -177,6 +191,8 @@ class CheckProcess:
             kind, detail = parent.recv()
         except (EOFError, OSError, TimeoutError) as exc:
             kind, detail = "failed", f"{exc.__class__.__name__}: {exc}"
+        if kind == "unloadable":
+            self.load_error = str(detail)
         if kind != "ready":
             self.start_error = f"the check process did not start: {detail}"
             log.error("%s", self.start_error)

@@ -36,7 +36,7 @@ from ..store import queue as store
 from . import verdicts as vd
 from .alarms import AlarmKeeper, rules_for
 from .check_pool import CheckProcess, Result, pool_checks_budget, view_args
-from .checks import RecordView, view_from_row
+from .checks import ChecksConfigError, RecordView, view_from_row
 
 log = logging.getLogger("synthwatch.checks")
 
@@ -250,7 +250,7 @@ class ExtendedRunner:
         return ids
 
     def _dispatch(self, proc: CheckProcess | None) -> None:
-        if proc is not None:
+        if proc is not None and proc.conn is None:  # (unless warm_up started it)
             proc.start()  # now, not at the first record: the interpreter and the checks take a second or more
         while not self._stop_taking.is_set():
             ids = self._take()
@@ -464,7 +464,13 @@ def extended_hook(engine: Engine, run_id: int, run_name: str, settings: CheckSet
     """The hook for a run with extended checks (None without any: the writer's path is then unchanged)."""
     if not settings.extended_names():
         return None
-    return ExtendedHook(ExtendedRunner(engine, run_id, run_name, settings, notifier=notifier).start())
+    runner = ExtendedRunner(engine, run_id, run_name, settings, notifier=notifier)
+    if settings.verifiers and runner.procs:  # one check process started now: its verifiers load before the run
+        first = runner.procs[0]
+        if not first.start() and first.load_error:
+            first.close()
+            raise ChecksConfigError(f"{first.load_error} (install it, or remove the verifier from [checks])")
+    return ExtendedHook(runner.start())
 
 
 def recheck(engine: Engine, run_id: int, *, all_records: bool = False) -> dict[str, Any]:

@@ -191,6 +191,17 @@ def verify_math(s: VerifierSettings, v: RecordView, ref: Any) -> Verdict:
     return Verdict("fail", 0.0, shown[:100], f"answer {_show(shown)} is not {_show(want)}")
 
 
+def warm_up(s: VerifierSettings) -> None:
+    """Load what a verifier needs and run it once (the check process does this before its first record, outside any
+    record's time budget): math-verify, sympy and the LaTeX grammar take seconds to load. Raises when it cannot."""
+    if s.kind == "math":
+        from math_verify import parse, verify  # noqa: PLC0415 - sympy loads in the check processes only
+
+        if not verify(parse("$\\frac{1}{2}$", parsing_timeout=60), parse("0.5", parsing_timeout=60),
+                      timeout_seconds=60):
+            raise RuntimeError("math-verify does not find 1/2 = 0.5")
+
+
 VERIFIERS: dict[str, Callable[[VerifierSettings, RecordView, Any], Verdict]] = {
     "math": verify_math, "exact": verify_exact, "regex": verify_regex, "choice": verify_choice,
     "json_schema": verify_json_schema,

@@ -220,11 +220,12 @@ class DatasetIterator(Iterator[Prompt | BadLine]):
         if self.format == "jsonl":
             yield from self._jsonl(path)
         elif self.format == "parquet":
-            yield from self._rows(self.source, _parquet_batches(path, self.source, self._converter))
+            yield from self._rows(self.source, _parquet_batches(path, self.source, self._converter,
+                                                                  self.keep))
         else:
             source, files = _hf_data_files(path, self.source, self.spec.split)
             self.source = source
-            yield from self._rows(source, _arrow_batches(files, source, self._converter))
+            yield from self._rows(source, _arrow_batches(files, source, self._converter, self.keep))
         if self.total_rows == 0:
             raise DatasetError(f"{self.source}: dataset is empty (no rows)")
 
@@ -292,6 +293,31 @@ class DatasetIterator(Iterator[Prompt | BadLine]):
             except (OSError, EOFError, zlib.error) as exc:
                 where = f" (after line {lineno})" if lineno else ""
                 raise DatasetError(f"{source}: cannot read the file{where}: {exc}") from exc
+
+
+def field_names(spec: DatasetConfig, rows: int = 20) -> list[str]:
+    """The top-level fields of a dataset, for a message naming those that exist: a JSONL file's first ``rows``
+    objects' keys, a Parquet file's columns ([] when they cannot be read: only an error message is at stake)."""
+    names: dict[str, None] = {}
+    try:
+        fmt = _resolve_format(spec)
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(spec.path).names)
+        if fmt != "jsonl":
+            return []
+        with _open_jsonl(Path(spec.path), str(spec.path)) as f:
+            for raw in f:
+                if raw.strip():
+                    obj = orjson.loads(raw.removeprefix(_BOM))
+                    names.update(dict.fromkeys(str(k) for k in obj) if isinstance(obj, dict) else {})
+                    rows -= 1
+                    if rows <= 0:
+                        break
+    except Exception:  # noqa: BLE001 - the names only help a message; a file that cannot be read says so elsewhere
+        pass
+    return list(names)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -392,8 +418,9 @@ def _check_encodable(messages: list[dict[str, str]], source_id: str | None) -> N
 # Parquet and Arrow (HF save_to_disk)
 
 
-def _table_columns(converter: RowConverter, names: list[str], source: str) -> list[str]:
-    """Top-level columns to read from a Parquet / Arrow table; raises when nothing usable exists."""
+def _table_columns(converter: RowConverter, names: list[str], source: str, keep: tuple[str, ...] = ()) -> list[str]:
+    """Top-level columns to read from a Parquet / Arrow table (with those of the row fields kept, ``keep``, that
+    exist); raises when nothing usable exists."""
     available = set(names)
 
     def column_of(path: str, what: str) -> str:
@@ -416,16 +443,18 @@ def _table_columns(converter: RowConverter, names: list[str], source: str) -> li
         wanted.append(column_of(converter.id_field, "id_field"))
     else:
         wanted += [name for name in ("id", "idx") if name in available]
+    wanted += [c for f in keep if (c := f if f in available else f.split(".")[0]) in available]
     return list(dict.fromkeys(wanted))
 
 
-def _parquet_batches(path: Path, source: str, converter: RowConverter) -> Iterator[list[dict[str, Any]]]:
+def _parquet_batches(path: Path, source: str, converter: RowConverter,
+                     keep: tuple[str, ...] = ()) -> Iterator[list[dict[str, Any]]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         parquet = pq.ParquetFile(path)
-        columns = _table_columns(converter, parquet.schema_arrow.names, source)
+        columns = _table_columns(converter, parquet.schema_arrow.names, source, keep)
         for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
             yield batch.to_pylist()
     except (pa.ArrowException, OSError) as exc:
@@ -472,7 +501,8 @@ def _read_json(path: Path, source: str) -> dict[str, Any]:
     return value
 
 
-def _arrow_batches(files: list[Path], source: str, converter: RowConverter) -> Iterator[list[dict[str, Any]]]:
+def _arrow_batches(files: list[Path], source: str, converter: RowConverter,
+                   keep: tuple[str, ...] = ()) -> Iterator[list[dict[str, Any]]]:
     import pyarrow as pa
 
     columns: list[str] | None = None
@@ -488,7 +518,7 @@ def _arrow_batches(files: list[Path], source: str, converter: RowConverter) -> I
                 else:
                     batches = reader
                 if columns is None:
-                    columns = _table_columns(converter, reader.schema.names, source)
+                    columns = _table_columns(converter, reader.schema.names, source, keep)
                 for batch in batches:
                     yield batch.select(columns).to_pylist()
         except (pa.ArrowException, OSError) as exc:

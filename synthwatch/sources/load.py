@@ -77,10 +77,22 @@ def prepare_run(engine: Any, config: Any, *, out: Any = sys.stderr) -> tuple[int
         check_settings = parse_settings(config.checks)
     except ChecksConfigError as exc:
         raise RunLoadError(str(exc)) from None
+    from ..workers.judge import missing_fields, row_fields_read
+
+    judge = getattr(config, "judge", None)
     try:
-        loaded = load_dataset(config.dataset, check_settings.row_fields())
+        loaded = load_dataset(config.dataset, tuple(dict.fromkeys(check_settings.row_fields()
+                                                                  + row_fields_read(judge))))
     except DatasetError as exc:
         raise RunLoadError(str(exc)) from None
+    missing = missing_fields(judge, (p.row for p in loaded.prompts))
+    if missing:  # the judge would grade every record against an empty reference: refused before the first request
+        from ..sources.datasets import field_names
+
+        names = field_names(config.dataset)
+        raise RunLoadError(
+            f"judge.prompt_template uses {{reference}}, but no row of {d.path} has the field {missing[0]!r}"
+            f" (judge.reference_field); the dataset's fields: {', '.join(names) or 'none found'}")
     k = config.samples_per_prompt
     per = f", {k} samples each: {len(loaded.prompts) * k} records" if k > 1 else ""
     print(f"dataset {d.path}: {len(loaded.prompts)} prompts ({loaded.shape}){per}", file=out)

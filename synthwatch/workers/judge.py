@@ -25,6 +25,7 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,6 +41,7 @@ from ..outbound import register, run_sync
 from ..quality import verdicts as vd
 from ..quality.alarms import AlarmKeeper
 from ..quality.judge_view import CHECK
+from ..quality.verifiers import reference_of
 from ..redact import redact
 from ..store import queue as store
 from ..store import rows as store_rows
@@ -88,9 +90,45 @@ def _clip(value: Any) -> str:
     return s if len(s) <= FIELD_MAX else s[:FIELD_MAX] + " …[cut]"
 
 
-def render(template: str, rec: dict[str, Any]) -> str:
+def row_fields_read(cfg: JudgeConfig | None) -> tuple[str, ...]:
+    """The dataset row fields the judge's template reads (kept with each record): reference_field for {reference}."""
+    return (cfg.reference_field,) if cfg is not None and "{reference}" in cfg.prompt_template else ()
+
+
+def missing_fields(cfg: JudgeConfig | None, rows: Iterable[Mapping[str, Any] | None]) -> list[str]:
+    """The fields the template reads that no row has (the template cannot be filled: the run is refused)."""
+    want = row_fields_read(cfg)
+    found: set[str] = set()
+    for row in rows:
+        if row:
+            found.update(f for f in want if f not in found and reference_of(row, f) is not None)
+        if len(found) == len(want):
+            break
+    return [f for f in want if f not in found]
+
+
+def unkept_fields(engine: Engine, run_id: int, cfg: JudgeConfig | None) -> str | None:
+    """Why the judge cannot run on this run's records (None when it can): its {reference} field is in no row the
+    records kept (record.row_json is fixed when the dataset is loaded: a [judge] added later may find it absent)."""
+    if not row_fields_read(cfg):
+        return None
+    with engine.connect() as conn:
+        rows = [vd.row_fields(r[0]) for r in conn.execute(text(
+            "SELECT row_json FROM record WHERE run_id = :r AND idx >= 0 ORDER BY id LIMIT 1000"), {"r": run_id})]
+        conn.rollback()
+    missing = missing_fields(cfg, rows) if rows else []
+    if not missing:
+        return None
+    kept = ", ".join(dict.fromkeys(k for r in rows for k in r)) or "none"
+    return (f"judge.prompt_template uses {{reference}}, but no record of the run kept the dataset field {missing[0]!r}"
+            f" (judge.reference_field); the fields kept: {kept} (a run keeps the fields its checks and [judge] read"
+            " when its dataset is loaded)")
+
+
+def render(template: str, rec: dict[str, Any], reference_field: str = "reference") -> str:
     """The judge's message: the template with {prompt}, {reasoning}, {answer}, {reference} replaced (only those:
-    braces elsewhere in the template, e.g. a JSON example, stay as written)."""
+    braces elsewhere in the template, e.g. a JSON example, stay as written); {reference} is the dataset row's
+    ``reference_field``."""
     try:
         msgs = orjson.loads(rec.get("prompt_json") or "[]")
     except orjson.JSONDecodeError:
@@ -101,7 +139,7 @@ def render(template: str, rec: dict[str, Any]) -> str:
                        for m in msgs if isinstance(m, dict))
     row = vd.row_fields(rec.get("row_json"))
     values = {"prompt": prompt, "reasoning": rec.get("reasoning"), "answer": rec.get("content"),
-              "reference": row.get("reference")}
+              "reference": reference_of(row, reference_field)}
     return re.sub(r"\{(prompt|reasoning|answer|reference)\}", lambda m: _clip(values[m.group(1)]), template)
 
 
@@ -211,7 +249,8 @@ class JudgeRunner:
     def body(self, rec: dict[str, Any]) -> bytes:
         b: dict[str, Any] = {"model": self.cfg.model, "stream": False, "max_tokens": self.cfg.max_tokens,
                              "temperature": self.cfg.temperature,
-                             "messages": [{"role": "user", "content": render(self.cfg.prompt_template, rec)}]}
+                             "messages": [{"role": "user", "content": render(self.cfg.prompt_template, rec,
+                                                                           self.cfg.reference_field)}]}
         if self.guided:
             b["response_format"] = {"type": "json_schema",
                                     "json_schema": {"name": "verdict", "schema": SCHEMA, "strict": True}}
