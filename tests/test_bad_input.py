@@ -139,7 +139,8 @@ def test_api_and_pages_answer_bad_input_with_readable_4xx(one_run: dict[str, Any
     failures = []
     for path in routes:
         url = base + path.replace("{run_id}", "987654").replace("{record_id:int}", "1").replace(
-            "{record_id}", "1").replace("{job_id}", "1").replace("{alarm_id}", "1")
+            "{record_id}", "1").replace("{job_id}", "1").replace("{alarm_id}", "1").replace(
+            "{field}", "content")
         status, ctype, body = _call("GET", url)
         if status != 404 or "Traceback" in body or not body.strip():
             failures.append(f"GET {path}: {status} {body[:200]}")

@@ -393,6 +393,7 @@ COMMAND_CASES = {
     "repair": [("missing run", ["rederive", "nope", "--check", "field_mismatch", "--db", "{db}"], 2, "no run 'nope'")],
     "judge": [("missing run", ["judge", "nope", "--db", "{db}", "--config", "{tmp}/missing.toml"], 2,
                "no run 'nope'")],
+    "streams": [("missing run", ["watch-streams", "nope", "--db", "{db}", "--once"], 2, "no run 'nope'")],
     "db": [("dead endpoint", ["db", "upgrade", "--db", "postgresql://u@127.0.0.1:9/x"], 2,
             "cannot open or migrate database postgresql+psycopg://u@127.0.0.1:9/x")],
 }
