@@ -325,6 +325,9 @@ def test_the_checks_page_and_api_treat_an_extended_check_like_a_built_in(engine,
     # the page's form turns on its auto-pause and changes its threshold, as for a built-in rule
     form = {f"computed__{n}": "on" for n in ("empty_reasoning", "error", "timeout")}
     form |= {"auto_pause_shown__rule:long": "1", "auto_pause__rule:long": "on", "threshold__rule:long": "20%"}
+    # a raised threshold weakens detection: refused without a reason (#35), saved with one
+    assert c.post(f"/runs/{run_id}/checks/settings", data=form).status_code == 400
+    form["reason"] = "short answers are fine below a fifth"
     assert c.post(f"/runs/{run_id}/checks/settings", data=form).status_code == 303
     rules = c.get(f"/api/runs/{run_id}/checks").json()["rules"]
     assert rules["rule:long"]["auto_pause"] is True and rules["rule:long"]["threshold"] == 0.2

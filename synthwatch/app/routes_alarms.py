@@ -36,6 +36,8 @@ from ..quality.alarms import (
     worst_severity,
 )
 from ..quality.checks import ChecksConfigError, parse_settings
+from ..quality.detection import Hysteresis
+from ..quality.overrides import list_overrides as list_weakenings
 from ..quality.recompute import recompute, save_settings
 from ..repair.likely_fix import proposal
 from ..store import queue as store
@@ -127,6 +129,8 @@ def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
         "no_pause": active_overrides(conn, run_id),
         "poll_s": BANNER_POLL_S,
         "judge": judge_view.summary(conn, run),
+        "hysteresis_words": Hysteresis.of(settings).words(),
+        "overrides": list_weakenings(conn, run_id),
     }
 
 
@@ -259,7 +263,7 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
     conn.rollback()
     try:
         raw = _form_to_settings(form, _config(run).get("checks") or {})
-        save_settings(engine, run_id, raw, actor="ui")
+        save_settings(engine, run_id, raw, actor="ui", reason=str(form.get("reason") or "") or None)
     except (ValueError, ChecksConfigError) as exc:
         ctx = checks_context(conn, run_id)
         ctx.update(history=list_alarms(conn, run_id, limit=100), saved=False, form_error=str(exc))
@@ -362,7 +366,8 @@ async def api_settings(request: Request, run_id: int, engine: WriteEngine, conn:
     if not isinstance(raw, dict):
         return JSONResponse({"detail": "body must be a JSON object (the [checks] table)"}, status_code=400)
     try:
-        settings = save_settings(engine, run_id, raw, actor="api")
+        # a change that weakens detection needs ?reason=... (synthwatch.quality.overrides)
+        settings = save_settings(engine, run_id, raw, actor="api", reason=request.query_params.get("reason"))
     except ChecksConfigError as exc:
         return JSONResponse({"detail": str(exc)}, status_code=400)
     return JSONResponse({"run_id": run_id, "settings": settings.model_dump(mode="json")})

@@ -27,6 +27,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from ..quality import detection
 from ..store import queue as store
 from . import faults
 from .record_writes import FINAL_COLS, FINAL_UPDATE, RecordWrites
@@ -82,6 +83,9 @@ class Writer:
         self.control_interval_s = control_interval_s
         self.gauges = gauges
         self.hooks = hooks or []
+        for hook in self.hooks:  # the checks hook tells its own records from other workers' (quality.detection)
+            if hasattr(hook, "worker_id"):
+                hook.worker_id = worker_id
         self.on_control = on_control  # told (from the writer thread) when the control changed under it
         self.q: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         # Finished records and failed attempts wait here without waking the thread: a wake per record (a
@@ -429,6 +433,11 @@ class Writer:
             if is_transient(exc):
                 return exc
             raise
+
+    @staticmethod
+    def gate() -> Any:
+        """The claim's alarm gate is detection's (registered with the store when it is imported)."""
+        return detection.claim_gate
 
     def _flush(self, work: list[tuple[Any, ...]], beat: bool, lease: bool, isolate: bool = False) -> None:
         outcomes = [it[1] for it in work if it[0] == "o"]
