@@ -151,3 +151,31 @@ def test_weakening_without_a_reason_is_refused(engine, db_path, sim, prompts, tm
     assert [(r["kind"], r["check_name"], r["actor"]) for r in rows] == [("disabled", "empty_reasoning", "cli")]
     assert rows[0]["reason"] == "this model skips thinking on short prompts" and rows[0]["created_at"] > 0
     assert [i["state"] for i in closed] == ["accepted"] and "override" in closed[0]["reason"]
+
+
+def test_one_count_on_the_runs_list_the_strip_the_banner_and_the_api(engine, prompts, live_app) -> None:  # type: ignore[no-untyped-def]
+    """#35: the runs list, the alarm strip and the tab title gave three different counts within a minute (the
+    strip and the title counted unacknowledged alarms, the list every open one). All read problem_counts now."""
+    import re
+    import time
+
+    import httpx
+    from conftest import HTTP_TIMEOUT_S
+    from sqlalchemy import text
+
+    run_id = create(engine, make_config("http://127.0.0.1:9/v1", prompts(5), name="counts"))
+    with engine.begin() as conn:
+        for rule, acked in (("empty_reasoning", None), ("truncated", time.time()), ("repetition", None)):
+            conn.execute(text(
+                "INSERT INTO alarm (run_id, rule, severity, title, message, count, raised_at, updated_at, active,"
+                " auto_paused, acked_at) VALUES (:r, :rule, 'warning', :rule, 'm', 1, :t, :t, :active, false, :a)"),
+                {"r": run_id, "rule": rule, "t": time.time(), "active": rule != "repetition", "a": acked})
+    c = httpx.Client(base_url=live_app().url, timeout=HTTP_TIMEOUT_S)
+    runs_page = c.get("/runs").text
+    strip = c.get(f"/runs/{run_id}/alarms/strip").text
+    banner = c.get(f"/runs/{run_id}/alarms/banner").text
+    api = c.get(f"/api/runs/{run_id}/alarms").json()
+    assert "2 alarms" in runs_page, runs_page[:2000]
+    for html in (strip, banner):  # what alarms.js puts in the tab title
+        assert re.search(r'data-alarm-count="(\d+)"', html).group(1) == "2", html[:500]  # type: ignore[union-attr]
+    assert api["problems"]["alarms"] == 2 and api["problems"]["episodes"] == 3
