@@ -179,3 +179,37 @@ def test_one_count_on_the_runs_list_the_strip_the_banner_and_the_api(engine, pro
     for html in (strip, banner):  # what alarms.js puts in the tab title
         assert re.search(r'data-alarm-count="(\d+)"', html).group(1) == "2", html[:500]  # type: ignore[union-attr]
     assert api["problems"]["alarms"] == 2 and api["problems"]["episodes"] == 3
+
+
+def test_a_judge_answering_prose_raises_its_own_alarm(tmp_path, sim, db_path) -> None:  # type: ignore[no-untyped-def]
+    """#35: a judge that answers in prose gives `error` verdicts, and the run ended "completed" with no alarm. Past
+    the run's error_share_threshold the judge's errors raise an alarm of their own, naming the error, and the
+    completed run's message names the open problem."""
+    from conftest import run_cli
+    from test_judge import judge_toml, write_prompts
+
+    from synthwatch.quality.open_items import sync_run
+    from synthwatch.store.db import open_engine
+
+    gen = sim(seed=22, reasoning_tokens="5-10", content_tokens="8-12")
+    prose = sim(seed=3, model="sim-judge", reasoning_tokens="5-10", content_tokens="8-12")  # not a judge: prose
+    data = write_prompts(tmp_path / "p.jsonl", 25)
+    run_cli("run", "--dataset", str(data), "--base-url", gen, "--model", "sim-reasoner", "--db", str(db_path),
+            "--name", "prose", "--quiet", check=True)
+    cfg = judge_toml(tmp_path / "j.toml", gen, prose, data, fraction=1.0)
+    run_cli("judge", "prose", "--db", str(db_path), "--config", str(cfg), check=True)
+    engine = open_engine(str(db_path))
+    try:
+        run_id = run_row(engine, 1)["id"]
+        with engine.connect() as conn:
+            from sqlalchemy import text
+
+            states = [r[0] for r in conn.execute(text("SELECT state FROM check_verdict WHERE check_name = 'judge'"))]
+        assert states and set(states) == {"error"}, states  # the premise: prose is no verdict
+        raised = [a for a in alarms(engine, run_id) if a["rule"] == "judge:error"]
+        assert raised and raised[0]["active"], alarms(engine, run_id)
+        assert "errors" in raised[0]["message"] and "Latest error:" in raised[0]["message"]
+        sync_run(engine, run_id)
+        assert "judge:error" in (run_row(engine, run_id)["status_message"] or ""), run_row(engine, run_id)
+    finally:
+        engine.dispose()

@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
@@ -277,6 +278,66 @@ def claim_gate(conn: Connection, run_id: int, claimed: int, t: float, *,
 
 
 store.set_claim_gate(claim_gate)
+
+
+# ------------------------------------------------------------------------------------ a broken check is an alarm
+
+ERROR_WINDOW = 100  # the error share is over a check's last this many verdicts ...
+ERROR_MIN_RECORDS = 20  # ... once it has at least this many
+ERROR_SUFFIX = ":error"  # the alarm's rule: "judge:error", "user:my_check:error"
+
+
+def error_rule(check: str) -> str:
+    return check + ERROR_SUFFIX
+
+
+def run_error_share(conn: Connection, run_id: int) -> float:
+    """The run's ``[checks] error_share_threshold`` (its default when the settings cannot be read)."""
+    raw = conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": run_id}).scalar()
+    try:
+        checks = (orjson.loads(raw or "{}") or {}).get("checks") or {}
+        return float(CheckSettings.model_validate(checks).error_share_threshold)
+    except (orjson.JSONDecodeError, ValueError, AttributeError, TypeError):
+        return float(CheckSettings().error_share_threshold)
+
+
+def error_share_alarms(conn: Connection, run_id: int, checks: Iterable[str], threshold: float, t: float) -> list[str]:
+    """A check or judge whose ``error`` verdicts reach ``threshold`` of its last ERROR_WINDOW verdicts (from
+    ERROR_MIN_RECORDS on) raises an alarm of its own (rule ``<check>:error``) that names the latest error; it ends
+    when the share is back under the threshold. Run in the verdict writer's transaction, from the stored verdicts
+    (whichever process wrote them). Returns the checks whose alarm was raised now."""
+    raised: list[str] = []
+    for check in sorted(set(checks)):
+        rows = conn.execute(text("SELECT state, reason FROM check_verdict WHERE run_id = :r AND check_name = :c"
+                                 " ORDER BY id DESC LIMIT :n"), {"r": run_id, "c": check, "n": ERROR_WINDOW}).all()
+        n = len(rows)
+        errors = [str(r[1] or "") for r in rows if r[0] == "error"]
+        rule = error_rule(check)
+        cur = conn.execute(text("SELECT id FROM alarm WHERE run_id = :r AND rule = :rule AND active"),
+                           {"r": run_id, "rule": rule}).first()
+        firing = n >= ERROR_MIN_RECORDS and bool(errors) and len(errors) >= threshold * n
+        if not firing:
+            if cur is not None and n >= ERROR_MIN_RECORDS:
+                conn.execute(text("UPDATE alarm SET active = false, updated_at = :t WHERE id = :i"),
+                             {"t": t, "i": cur[0]})
+            continue
+        latest = " ".join(errors[0].split())[:300] or "no reason given"
+        message = (f"{len(errors)} of the last {n} verdicts of {check} are errors, not pass or fail: the check itself"
+                   f" fails to run. Latest error: {latest}")
+        fix = (f"Fix {check} (its module, its entry point, or the judge's endpoint and prompt), then retry the errored"
+               " verdicts; until then its records are not checked.")
+        if cur is None:
+            conn.execute(text(
+                "INSERT INTO alarm (run_id, rule, severity, title, message, fix, count, raised_at, updated_at, active,"
+                " auto_paused) VALUES (:r, :rule, 'error', :title, :msg, :fix, :n, :t, :t, true, false)"),
+                {"r": run_id, "rule": rule, "title": f"The {check} check fails to run", "msg": message, "fix": fix,
+                 "n": len(errors), "t": t})
+            store.add_event(conn, run_id, "alarm", rule, actor="alarm", detail=message[:2000])
+            raised.append(check)
+        else:
+            conn.execute(text("UPDATE alarm SET count = :n, message = :msg, updated_at = :t WHERE id = :i"),
+                         {"n": len(errors), "msg": message, "t": t, "i": cur[0]})
+    return raised
 
 
 # ------------------------------------------------------------------------------------ the one count

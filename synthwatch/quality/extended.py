@@ -32,6 +32,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import CheckSettings, Rule
 from ..store import queue as store
+from . import detection
 from . import verdicts as vd
 from .alarms import AlarmKeeper, rules_for
 from .check_pool import CheckProcess, Result, pool_checks_budget, view_args
@@ -344,6 +345,9 @@ class ExtendedRunner:
             if self.live and time.monotonic() - self._reloaded >= RELOAD_S:
                 self._reload(conn)
             vd.append(conn, buf, now=t)
+            # a check whose verdicts are mostly errors is broken: an alarm of its own (#35)
+            detection.error_share_alarms(conn, self.run_id, {v.check_name for v in buf},
+                                         self.settings.error_share_threshold, t)
             if self.live and deltas:
                 for name, (f, n, ex) in deltas.items():
                     w = self.windows.get(name) or deque()
