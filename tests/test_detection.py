@@ -213,3 +213,25 @@ def test_a_judge_answering_prose_raises_its_own_alarm(tmp_path, sim, db_path) ->
         assert "judge:error" in (run_row(engine, run_id)["status_message"] or ""), run_row(engine, run_id)
     finally:
         engine.dispose()
+
+
+def test_six_small_imports_alarm_as_one(tmp_path, db_path, engine, capsys) -> None:  # type: ignore[no-untyped-def]
+    """#35: `import` of six small files, one after another into one run, each a process of its own with its windows
+    empty at start, raised no alarm at a third of the records without reasoning."""
+    from test_ingest import _write, cli
+
+    for f in range(6):
+        rows = [{"idx": f * 15 + i, "question": f"q{f}-{i}", "reasoning": "" if i % 3 == 0 else "thinking it over",
+                 "content": f"answer {f}-{i}"} for i in range(15)]
+        rc, err = cli(capsys, "import", str(_write(tmp_path / f"part{f}.jsonl", rows)), "--db", str(db_path),
+                      "--run", "parts")
+        assert rc == 0, err
+    with engine.connect() as conn:
+        from sqlalchemy import text
+
+        run_id = conn.execute(text("SELECT id FROM run WHERE name = 'parts'")).scalar_one()
+        assert conn.execute(text("SELECT COUNT(*) FROM record WHERE run_id = :r"), {"r": run_id}).scalar_one() == 90
+    raised = [a for a in alarms(engine, run_id) if a["rule"] == "empty_reasoning"]
+    assert raised, [a["rule"] for a in alarms(engine, run_id)]
+    with engine.connect() as conn:
+        assert [i for i in items(conn, run_id) if i["check_name"] == "empty_reasoning"]
