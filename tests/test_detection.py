@@ -111,7 +111,7 @@ def _completed_with_empty_reasoning(engine: Any, sim: Any, prompts: Any, name: s
     return run_id
 
 
-def test_weakening_without_a_reason_is_refused(engine, db_path, sim, prompts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_weakening_without_a_reason_is_refused(engine, db_path, sim, prompts, tmp_path, live_app) -> None:  # type: ignore[no-untyped-def]
     """#35: `checks RUN --config` with `disabled = [...]` closed the open item as "repaired" with 0 records
     repaired and rewrote "completed with N records failing" to "completed"; `enabled = false`, a huge min_records
     and `fix --no-reasoning-expect` needed no reason either. Each is refused without one (exit 2, naming it); with a
@@ -151,6 +151,23 @@ def test_weakening_without_a_reason_is_refused(engine, db_path, sim, prompts, tm
     assert [(r["kind"], r["check_name"], r["actor"]) for r in rows] == [("disabled", "empty_reasoning", "cli")]
     assert rows[0]["reason"] == "this model skips thinking on short prompts" and rows[0]["created_at"] > 0
     assert [i["state"] for i in closed] == ["accepted"] and "override" in closed[0]["reason"]
+    # shown on the run (its banner), the export page and the export manifest
+    import json
+
+    import httpx
+    from conftest import HTTP_TIMEOUT_S
+
+    c = httpx.Client(base_url=live_app().url, timeout=HTTP_TIMEOUT_S)
+    for page in (f"/runs/{run_id}/alarms/banner", f"/runs/{run_id}/export"):
+        html = c.get(page).text
+        assert "this model skips thinking on short prompts" in html and "empty_reasoning disabled" in html, page
+    out = tmp_path / "out.jsonl"
+    proc = run_cli("export", str(run_id), "--db", str(db_path), "--format", "messages", "--out", str(out),
+                   "--allow-open-alarms")
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((tmp_path / "out.jsonl.manifest.json").read_text())
+    assert [(o["check"], o["reason"], o["by"]) for o in manifest["overrides"]] == [
+        ("empty_reasoning", "this model skips thinking on short prompts", "cli")]
 
 
 def test_one_count_on_the_runs_list_the_strip_the_banner_and_the_api(engine, prompts, live_app) -> None:  # type: ignore[no-untyped-def]

@@ -101,6 +101,7 @@ def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
     return {"run": {"id": run["id"], "name": run["name"], "status": run["status"], "desired": run["desired"]},
             # the one count (quality.detection.problem_counts): the runs list, the strip, the tab title and the API
             "problems": run_problems(conn, run_id), "hysteresis_words": hysteresis,
+            "weakenings": list_weakenings(conn, run_id),
             "alarms": alarms, "groups": group_alarms(alarms), "worst": worst_severity(alarms),
             "live": _live(run), "poll_s": BANNER_POLL_S, "hold_ids": hold,
             "overrides": overrides, "overrides_by_check": {o["check_name"] for o in overrides}}

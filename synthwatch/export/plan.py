@@ -115,6 +115,8 @@ class ExportPlan:
     extra: dict[str, Any] = field(default_factory=dict)
     select_check: str | None = None
     """The check the selection reads, resolved (None: every sample is exported)."""
+    overrides: list[dict[str, Any]] = field(default_factory=list)
+    """The run's weakening overrides (synthwatch.quality.overrides): what, why, who, when (#35)."""
 
 
 class Skip(Exception):
