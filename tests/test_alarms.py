@@ -259,6 +259,9 @@ def test_api_rates_ack_and_settings(engine, sim, prompts, live_app) -> None:  # 
     r = c.post(f"/runs/{bg.run_id}/checks/settings", data=form)
     assert r.status_code == 400 and "empty_reasoning threshold" in r.text
     form["threshold__empty_reasoning"] = "10%"
+    r = c.post(f"/runs/{bg.run_id}/checks/settings", data=form)  # a raised threshold weakens detection (#35)
+    assert r.status_code == 400 and "weakens detection" in r.text and "reason" in r.text
+    form["reason"] = "a tenth is what this model does on trivial prompts"
     r = c.post(f"/runs/{bg.run_id}/checks/settings", data=form)
     assert r.status_code == 303
     assert c.get(f"/api/runs/{bg.run_id}/checks").json()["rules"]["empty_reasoning"]["threshold"] == 0.1

@@ -122,6 +122,12 @@ class ChecksHook:
             # worker process wrote them (#35), never from nothing
             self.windows = recent_windows(conn, self.run_id, self.checker, self.rules)
             self.keeper.load(conn)
+            # the version this state was loaded at: a newer one (a settings change, a repair) is adopted at the next
+            # flush, even one made before the first reload
+            seq = conn.execute(text("SELECT config_version, repair_seq FROM run WHERE id = :r"),
+                               {"r": self.run_id}).first()
+            if seq is not None:
+                self._seen_seq = (int(seq[0] or 1), int(seq[1] or 0))
             conn.rollback()
         if self.ctx.tokenizer and self.ctx.tokenizer.get("name_or_path"):
             self.tokens = TokenThread(tokenizer_spec(self.ctx))
@@ -251,7 +257,7 @@ class ChecksHook:
                         self.mismatch_fields.update(d.get("fields") or ())
         if self.tokens is not None:
             self._apply_token_results(conn, deltas)
-        if time.monotonic() - self._last_reload >= self.RELOAD_S:
+        if time.monotonic() - self._last_reload >= self.RELOAD_S or self._repaired(conn):
             self._last_reload = time.monotonic()
             self._reload(conn)
         touched = set(deltas)
@@ -314,6 +320,15 @@ class ChecksHook:
         # a recount's cost grows with the run: the next one waits longer when this one was slow (an alarm raised
         # still syncs at once, ``now``)
         self._items_every_s = open_items.sync_wait_s(time.monotonic() - m)
+
+    def _repaired(self, conn: Connection) -> bool:
+        """A repair or a new config version since the state was loaded: the windows are re-read before these records
+        are evaluated (alarms are read from the database at each evaluation, so stale windows would re-raise one a
+        repair just cleared)."""
+        if self._seen_seq is None:
+            return False
+        row = conn.execute(text("SELECT config_version, repair_seq FROM run WHERE id = :r"), {"r": self.run_id}).first()
+        return row is not None and (int(row[0] or 1), int(row[1] or 0)) != self._seen_seq
 
     def _reload(self, conn: Connection) -> None:
         """Pick up what changed while running: check settings, a new config version (reading settings), and

@@ -27,7 +27,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from ..quality import detection
+from ..quality import detection  # noqa: F401  - registers the claim's alarm gate with the store (#35)
 from ..store import queue as store
 from . import faults
 from .record_writes import FINAL_COLS, FINAL_UPDATE, RecordWrites
@@ -433,11 +433,6 @@ class Writer:
             if is_transient(exc):
                 return exc
             raise
-
-    @staticmethod
-    def gate() -> Any:
-        """The claim's alarm gate is detection's (registered with the store when it is imported)."""
-        return detection.claim_gate
 
     def _flush(self, work: list[tuple[Any, ...]], beat: bool, lease: bool, isolate: bool = False) -> None:
         outcomes = [it[1] for it in work if it[0] == "o"]
