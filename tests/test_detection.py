@@ -252,3 +252,28 @@ def test_six_small_imports_alarm_as_one(tmp_path, db_path, engine, capsys) -> No
     assert raised, [a["rule"] for a in alarms(engine, run_id)]
     with engine.connect() as conn:
         assert [i for i in items(conn, run_id) if i["check_name"] == "empty_reasoning"]
+
+
+def test_a_provisional_verdict_is_replaced_by_the_final_one_never_counted_twice() -> None:
+    """The API for in-flight evidence (a streamed answer not finished yet): observe() counts a provisional verdict
+    at once; another one for the same record replaces it; the final one (or the writer's settle) takes its place."""
+    from synthwatch.quality.detection import Window, observe
+
+    w = Window(4, [False, False])
+    windows = {"empty_reasoning": w}
+    observe(windows, 7, "empty_reasoning", "fail")
+    assert w.counts() == (1, 3)
+    observe(windows, 7, "empty_reasoning", "fail")  # the same record again: still one
+    observe(windows, 8, "empty_reasoning", "pass")
+    assert w.counts() == (1, 4)
+    observe(windows, 7, "empty_reasoning", "pass", final=True)  # the final verdict replaces the provisional one
+    assert w.counts() == (0, 4) and w.provisional == {8: False}
+    w.extend([True])
+    w.settle([8])  # the writer counted record 8's final verdict
+    assert w.counts() == (1, 4) and not w.provisional
+    observe(windows, 9, "empty_reasoning", "fail")
+    observe(windows, 9, "empty_reasoning", "error")  # an error is neither: the provisional verdict goes
+    assert w.counts() == (1, 4)
+    for i in range(10, 20):  # never more than the window's size
+        observe(windows, i, "empty_reasoning", "fail")
+    assert w.counts() == (4, 4)
