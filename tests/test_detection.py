@@ -277,3 +277,24 @@ def test_a_provisional_verdict_is_replaced_by_the_final_one_never_counted_twice(
     for i in range(10, 20):  # never more than the window's size
         observe(windows, i, "empty_reasoning", "fail")
     assert w.counts() == (4, 4)
+
+
+def test_two_workers_at_once_share_one_view(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    """#35: several workers of one run (SQLite, PostgreSQL) share one view: the alarm each would raise from its own
+    records is one alarm row, and each worker's windows cover the others' records."""
+    engine = any_engine
+    url = sim(rate_empty_reasoning=0.3, seed=11, ttft_ms=5)
+    config = make_config(url, prompts(120), name="two-at-once", concurrency=4,
+                         checks={"rules": {"empty_reasoning": {"auto_pause": False}}})
+    run_id = create(engine, config)
+    bgs = [Background(engine, config, run_id=run_id, hooks=lambda rid: writer_hooks(engine, rid, config)).start()
+           for _ in range(2)]
+    for bg in bgs:
+        bg.join(180)
+    raised = [a for a in alarms(engine, run_id) if a["rule"] == "empty_reasoning"]
+    assert len(raised) == 1, raised  # one episode, whichever worker saw it first
+    from sqlalchemy import text
+
+    with engine.connect() as conn:  # the premise: both workers claimed records
+        busy = conn.execute(text("SELECT COUNT(*) FROM worker WHERE run_id = :r AND claimed > 0"), {"r": run_id}).scalar()
+    assert busy == 2, busy
