@@ -200,6 +200,11 @@ class CheckSettings(BaseModel):
     duplicate_max_tracked: int = Field(1_000_000, ge=0)
     duplicate_resume_records: int = Field(5000, ge=0)
     token_sample_every: int = Field(20, ge=1)
+    # hysteresis of every rate alarm (synthwatch.quality.detection; docs/checks.md "Alarms that do not flap"), counted
+    # in the check's own records (the run's clock: a pause or a restart neither advances nor resets it)
+    alarm_pending_records: int = Field(10, ge=0, le=100_000)  # the condition holds this long before the alarm fires
+    alarm_clear_records: int = Field(200, ge=0, le=100_000)  # ... and stops holding this long before it clears
+    error_share_threshold: float = Field(0.2, ge=0.0, le=1.0)  # a check's / judge's `error` share that alarms
     canary: CanarySettings = Field(default_factory=lambda: CanarySettings.model_validate({}))
     webhook: WebhookSettings = Field(default_factory=lambda: WebhookSettings.model_validate({}))
     # extended checks (#30): their verdicts follow the record (synthwatch.quality.verdicts)

@@ -121,29 +121,27 @@ def test_restart_after_stop_holds_the_pause(engine, sim, prompts) -> None:  # ty
         again.join(30)
 
 
-def test_snooze_is_read_by_the_claim_at_concurrency_16(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
-    """Acknowledge (snooze until it fails again) and resume at concurrency 16: the first failing record after
-    the acknowledgement re-raises the alarm, and no claim is answered after that alarm is written."""
+def test_ack_for_4_at_concurrency_16_lets_4_claims_through(engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    """#35: an open-ended acknowledgement no longer lets a plain resume go on (it let the run claim until a failure
+    was written); acknowledge and resume for 4 records at concurrency 16 lets exactly 4 claims through, counted
+    when claimed (it let 16 through: the 4 were counted as they finished), then the alarm holds the run again."""
     from synthwatch.quality.alarms import acknowledge
 
-    bg = _mismatch_run(engine, sim, prompts, "snooze16", n=2000, conc=16)
+    bg = _mismatch_run(engine, sim, prompts, "ack4c16", n=2000, conc=16)
     run_id = bg.run_id
     try:
         [alarm] = alarms(engine, run_id)
-        acked = acknowledge(engine, run_id, alarm["id"], actor="test")
-        store.apply_control(engine, run_id, "resume")
-        wait_for(lambda: len(alarms(engine, run_id)) == 2 and _idle(engine, run_id)
-                 and run_row(engine, run_id)["desired"] == "pause", timeout_s=30, what="re-raised and paused")
-        new = alarms(engine, run_id)[1]
-        assert new["reraised_from"] == alarm["id"] and new["auto_paused"]
-        # every record claimed after the acknowledgement was claimed before the re-raised alarm was written
-        assert _claimed_since(engine, run_id, new["raised_at"]) == 0
-        with engine.connect() as conn:
-            first_fail = conn.execute(text(
-                "SELECT MIN(finished_at) FROM record WHERE run_id = :r AND finished_at > :t"),
-                {"r": run_id, "t": acked["acked_at"]}).scalar_one()
-        late = _claimed_since(engine, run_id, first_fail)
-        assert late <= 16, f"{late} records claimed after the first failing record since the acknowledgement"
+        acknowledge(engine, run_id, alarm["id"], actor="test")
+        with pytest.raises(store.AlarmOpen):
+            store.apply_control(engine, run_id, "resume")
+        t_ack = time.time()
+        store.apply_control(engine, run_id, "resume", ack_records=4)
+        wait_for(lambda: _claimed_since(engine, run_id, t_ack) > 0, timeout_s=30, what="claims after the ack")
+        wait_for(lambda: _idle(engine, run_id) and run_row(engine, run_id)["desired"] == "pause", timeout_s=30,
+                 what="paused again")
+        assert _claimed_since(engine, run_id, t_ack) == 4
+        with pytest.raises(store.AlarmOpen):  # used up: a plain resume is refused again
+            store.apply_control(engine, run_id, "resume")
     finally:
         store.apply_control(engine, run_id, "stop")
         bg.join(30)
@@ -270,7 +268,8 @@ def test_completed_message_counts_from_one_snapshot(engine, sim, prompts) -> Non
 def test_the_claim_gate_on_both_backends(any_engine, prompts) -> None:  # type: ignore[no-untyped-def]
     """The gate itself, on SQLite and PostgreSQL: an open pausing alarm refuses every claim and pauses the run; a
     snooze for N records lets exactly N through, read in the claim's own transaction; when it is over, the claim
-    pauses again if the check failed since the acknowledgement, and lets claims go on if it did not."""
+    pauses again while the alarm is open, whether or not a record failed since: the N are counted as they are
+    claimed, not as they finish (#35; it used to let claims go on until a failure was written)."""
     from workerkit import create
 
     from synthwatch.check_catalog import BIT
@@ -298,14 +297,16 @@ def test_the_claim_gate_on_both_backends(any_engine, prompts) -> None:  # type: 
     out = store.apply_control(engine, run_id, "resume", ack_records=3)
     assert out["acknowledged"][0]["id"] == aid and out["acknowledged"][0]["snooze_records"] == 3
     assert claim(10) == (3, "snooze")
-    # nothing failed since the acknowledgement: the snooze became a plain acknowledgement, claims go on
-    assert run_row(engine, run_id)["desired"] == "run"
-    n, _ = claim(5)
-    assert n == 5
+    # nothing finished since the acknowledgement: the 3 claims used it up all the same, the run pauses again
+    assert claim(5) == (0, "alarm")
+    assert run_row(engine, run_id)["desired"] == "pause"
+    # an acknowledgement without a bound does not let a plain resume go on (#35)
+    from synthwatch.quality.alarms import acknowledge
+
+    acknowledge(engine, run_id, aid, "test")
+    with pytest.raises(store.AlarmOpen):
+        store.apply_control(engine, run_id, "resume")
     # a failing record finished after a second bounded acknowledgement: over, the run pauses again
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE alarm SET acked_at = NULL WHERE id = :i"), {"i": aid})
-    store.apply_control(engine, run_id, "pause")
     store.apply_control(engine, run_id, "resume", ack_records=2)
     assert claim(10) == (2, "snooze")
     with engine.begin() as conn:

@@ -358,3 +358,206 @@ def test_kill_9_mid_run_then_restart_keeps_an_alarms_hold(engine, db_path, sim, 
     with engine.connect() as conn:
         pids = conn.execute(text("SELECT COUNT(DISTINCT pid) FROM worker WHERE run_id = :r"), {"r": m.run_id}).scalar()
     assert pids >= 3  # this process, and the two `synthwatch run` processes killed
+
+
+# ------------------------------------------------------------------------------------ detection as one owner (#35)
+
+
+class DetectionMachine(RuleBasedStateMachine):
+    """The detection module itself (quality.detection, the keeper, the claim gate, overrides) over a real SQLite file,
+    driven as the writer drives it: claims through store.claim (the gate), finished records written with their
+    check flags, check_stat counted, alarms evaluated. Rules: a restart every k records (a new keeper, windows
+    rebuilt from the database), a check-setting change (with or without a reason), an acknowledgement for N at
+    concurrency C, a failing share oscillating around the threshold.
+
+    Invariants: no record failing an alarmed check leaves the run's problems without a named override (its item
+    is open, repaired, excluded, or accepted with a reason); claims after an acknowledgement for N are at most N
+    while its alarm holds the run; alarm episodes are at most the crossings of the rule's line."""
+
+    def __init__(self, engine: Any, dataset: Any, n: int) -> None:
+        super().__init__()
+        from synthwatch.check_catalog import BIT, CheckSettings
+        from synthwatch.quality.alarms import AlarmKeeper, effective_rules
+        from synthwatch.quality.checks import RecordChecker, RunContext
+
+        self.BIT, self.CheckSettings, self.AlarmKeeper = BIT, CheckSettings, AlarmKeeper
+        self.effective_rules, self.RecordChecker, self.RunContext = effective_rules, RecordChecker, RunContext
+        self.engine = engine
+        from workerkit import create
+
+        cfg = make_config("http://127.0.0.1:9/v1", dataset, name=f"det-{n}",
+                          checks={"rules": {"empty_reasoning": {"pause_threshold": 0.3, "pause_min_records": 20}}})
+        self.run_id = create(engine, cfg)
+        self.snapshot = cfg.snapshot()
+        with engine.begin() as conn:
+            self.worker_id = store.register_worker(conn, self.run_id)
+        self.crossings = 0
+        self.was_firing = False
+        self.ack: tuple[int, int] | None = None  # (claimed when acknowledged, N)
+        self.since_restart = 0
+        self.t = 1_000_000.0
+        self._restart()
+
+    def _restart(self) -> None:
+        from synthwatch.quality.detection import Hysteresis, recent_windows
+
+        with self.engine.connect() as conn:
+            cfg = json.loads(conn.execute(text("SELECT config_json FROM run WHERE id = :r"),
+                                          {"r": self.run_id}).scalar_one())
+            ctx = self.RunContext.from_config(self.run_id, "det", cfg)
+            self.rules = self.effective_rules(ctx.settings.rules)
+            self.keeper = self.AlarmKeeper(self.run_id, "det")
+            self.keeper.hysteresis = Hysteresis.of(ctx.settings)
+            self.windows = recent_windows(conn, self.run_id, self.RecordChecker(ctx), self.rules)
+            self.keeper.load(conn)
+            conn.rollback()
+        self.since_restart = 0
+
+    def _claimed(self) -> int:
+        r = run_row(self.engine, self.run_id)
+        return int(r["total"] - r["n_pending"])
+
+    def _finish(self, n: int, fail_share: float, concurrency: int) -> None:
+        """Claim up to n records, at most `concurrency` per claim (a worker's batches), and finish each: record i
+        fails empty_reasoning when its running share would stay under fail_share."""
+        name, bit = "empty_reasoning", self.BIT["empty_reasoning"]
+        done = 0
+        while done < n:
+            with self.engine.connect() as conn, store.write_begin(conn):
+                store.lock_run(conn, self.run_id)
+                got, _why = store.claim(conn, self.run_id, self.worker_id, min(concurrency, n - done), 60)
+            if not got:
+                return
+            with self.engine.connect() as conn, store.write_begin(conn):
+                fails = 0
+                for c in got:
+                    self.t += 0.1
+                    failed = (done + 1) * fail_share >= fails + 1
+                    fails += failed
+                    done += 1
+                    conn.execute(text(
+                        "UPDATE record SET status = 'ok', finished_at = :t, reasoning = :re, content = 'a',"
+                        " reasoning_tokens = 5, check_flags = :f, rnd = 1 WHERE id = :i"),
+                        {"t": self.t, "re": "" if failed else "thought", "f": bit if failed else 0, "i": c.id})
+                    self.windows[name].add(failed)
+                store.recount(conn, self.run_id)
+                w = self.windows[name]
+                row = conn.execute(text(
+                    "INSERT INTO check_stat (run_id, check_name, n_fail, n_total, win_fail, win_total, updated_at)"
+                    " VALUES (:r, :c, :f, :n, :wf, :wn, :t) ON CONFLICT (run_id, check_name) DO UPDATE SET"
+                    " n_fail = check_stat.n_fail + excluded.n_fail, n_total = check_stat.n_total + excluded.n_total,"
+                    " win_fail = excluded.win_fail, win_total = excluded.win_total RETURNING n_fail, n_total"),
+                    {"r": self.run_id, "c": name, "f": fails, "n": len(got), "wf": w.fail, "wn": w.total,
+                     "t": self.t}).one()
+                from synthwatch.quality.alarms import fires
+
+                firing = fires(self.rules[name], w.fail, w.total)
+                self.crossings += firing and not self.was_firing
+                self.was_firing = firing
+                self.keeper.evaluate(conn, self.t, {name: self.rules[name]}, {name: (w.fail, w.total)},
+                                     {name: (int(row[0]), int(row[1]), None)}, {},
+                                     new_fail={name: self.t} if fails else None)
+                from synthwatch.quality import open_items
+
+                open_items.sync(conn, self.run_id, t=self.t)
+            self.since_restart += len(got)
+
+    # ---------------------------------------------------------------- rules
+
+    @rule(n=st.integers(1, 40), share=st.sampled_from([0.0, 0.02, 0.5, 1.0]), k=st.integers(5, 30))
+    def records_with_a_restart_every_k(self, n: int, share: float, k: int) -> None:
+        """n records at a failing share; the worker restarts every k records (its state rebuilt from the DB)."""
+        while n > 0:
+            step = min(n, k - self.since_restart) if self.since_restart < k else 0
+            if step <= 0:
+                self._restart()
+                continue
+            self._finish(step, share, 8)
+            n -= step
+            if self.since_restart >= k:
+                self._restart()
+            if self._claimed() >= run_row(self.engine, self.run_id)["total"]:
+                return
+
+    @rule(n=st.integers(40, 120))
+    def a_rate_oscillating_around_the_threshold(self, n: int) -> None:
+        for i in range(0, n, 10):
+            self._finish(10, 0.04 if (i // 10) % 2 else 0.06, 8)
+
+    @rule(n=st.integers(1, 8), concurrency=st.sampled_from([1, 4, 16]))
+    def ack_for_n_at_concurrency_c(self, n: int, concurrency: int) -> None:
+        claimed = self._claimed()
+        out = store.apply_control(self.engine, self.run_id, "resume", actor="test", ack_records=n)
+        self.ack = (claimed, n) if out.get("acknowledged") else None  # nothing held the run: nothing to count
+        self._finish(concurrency * 3, 1.0, concurrency)
+
+    @rule(weaken=st.sampled_from(["disabled", "threshold", "min_records", "enabled"]), reason=st.booleans())
+    def a_check_setting_change(self, weaken: str, reason: bool) -> None:
+        from synthwatch.quality.checks import ChecksConfigError
+        from synthwatch.quality.recompute import save_settings
+
+        change: dict[str, Any] = {"threshold": {"threshold": 0.9}, "min_records": {"min_records": 5000},
+                                  "enabled": {"enabled": False}}.get(weaken, {})
+        pausing = {"pause_threshold": 0.3, "pause_min_records": 20}
+        raw: dict[str, Any] = {"rules": {"empty_reasoning": {**change, **pausing}}}
+        if weaken == "disabled":
+            raw["disabled"] = ["empty_reasoning"]
+        try:
+            save_settings(self.engine, self.run_id, raw, actor="test", reason="agreed in review" if reason else None)
+        except ChecksConfigError as exc:
+            assert not reason and "reason" in str(exc), exc
+            return
+        assert reason, "a weakening was saved without a reason"
+        with self.engine.connect() as conn:
+            kinds = {r[0] for r in conn.execute(text("SELECT kind FROM check_override WHERE run_id = :r"),
+                                                {"r": self.run_id})}
+        assert kinds, "the override was not recorded"
+        # back to the defaults that pause (a strengthening: no reason needed)
+        save_settings(self.engine, self.run_id, {"rules": {"empty_reasoning": {"pause_threshold": 0.3,
+                                                                                "pause_min_records": 20}}},
+                      actor="test")
+        self._restart()
+
+    # ---------------------------------------------------------------- invariants
+
+    @invariant()
+    def claims_after_an_ack_at_most_n(self) -> None:
+        if self.ack is None:
+            return
+        at, n = self.ack
+        if _gate(self.engine, self.run_id):  # the alarm holds the run again: the acknowledgement was used up
+            assert self._claimed() - at <= n, (self._claimed(), at, n)
+
+    @invariant()
+    def episodes_at_most_one_per_crossing(self) -> None:
+        with self.engine.connect() as conn:
+            episodes = conn.execute(text("SELECT COUNT(*) FROM alarm WHERE run_id = :r AND rule = 'empty_reasoning'"
+                                         " AND reraised_from IS NULL"), {"r": self.run_id}).scalar_one()
+        assert episodes <= self.crossings, (episodes, self.crossings)
+
+    @invariant()
+    def no_bad_record_without_a_named_override(self) -> None:
+        from synthwatch.quality import open_items
+
+        with self.engine.connect() as conn:
+            alarmed = conn.execute(text("SELECT 1 FROM alarm WHERE run_id = :r AND rule = 'empty_reasoning'"),
+                                   {"r": self.run_id}).first()
+            if alarmed is None:
+                return
+            failing = open_items.count_failing(conn, self.run_id, "empty_reasoning").failing
+            latest = [i for i in open_items.items(conn, self.run_id, include_closed=True)
+                      if i["check_name"] == "empty_reasoning"]
+        if not failing or not latest:
+            return
+        item = latest[0]
+        assert item["state"] in ("open", "accepted", "excluded"), item
+        if item["state"] == "accepted":
+            assert (item["reason"] or "").strip(), item
+
+
+def test_detection_state_machine(engine, prompts) -> None:  # type: ignore[no-untyped-def]
+    dataset = prompts(600)
+    made = iter(range(1_000_000))
+    run_state_machine_as_test(lambda: DetectionMachine(engine, dataset, next(made)),
+                              settings=settings(max_examples=30 if FUZZ else 6, stateful_step_count=STEPS,
+                                                deadline=None))

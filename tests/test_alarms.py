@@ -214,9 +214,13 @@ def test_recompute_after_settings_change_cli(engine, db_path, sim, prompts, tmp_
     assert (after["n_fail"], after["n_total"]) == (before["n_fail"], before["n_total"])
     flagged = [r for r in records(engine, run_id) if r["check_flags"]]
     assert len(flagged) >= before["n_fail"]
-    # a lenient threshold again: the recompute clears the alarm
+    # a lenient threshold again weakens detection: refused without a reason (#35); with one, the recompute clears
+    # the alarm
     good.write_text("[checks.rules.empty_reasoning]\nthreshold = 0.5\n" + quiet)
     proc = run_cli("checks", str(run_id), "--db", str(db_path), "--config", str(good), "--recompute")
+    assert proc.returncode == 2 and "threshold raised from 0.01 to 0.5" in proc.stderr, proc.stderr
+    proc = run_cli("checks", str(run_id), "--db", str(db_path), "--config", str(good), "--recompute",
+                   "--reason", "back to the lenient threshold we agreed")
     assert proc.returncode == 0 and "no active alarms" in proc.stdout
 
 
@@ -255,6 +259,9 @@ def test_api_rates_ack_and_settings(engine, sim, prompts, live_app) -> None:  # 
     r = c.post(f"/runs/{bg.run_id}/checks/settings", data=form)
     assert r.status_code == 400 and "empty_reasoning threshold" in r.text
     form["threshold__empty_reasoning"] = "10%"
+    r = c.post(f"/runs/{bg.run_id}/checks/settings", data=form)  # a raised threshold weakens detection (#35)
+    assert r.status_code == 400 and "weakens detection" in r.text and "reason" in r.text
+    form["reason"] = "a tenth is what this model does on trivial prompts"
     r = c.post(f"/runs/{bg.run_id}/checks/settings", data=form)
     assert r.status_code == 303
     assert c.get(f"/api/runs/{bg.run_id}/checks").json()["rules"]["empty_reasoning"]["threshold"] == 0.1

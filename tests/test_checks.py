@@ -21,7 +21,7 @@ from synthwatch.quality.checks import (
     parse_settings,
     with_canaries,
 )
-from synthwatch.quality.live import Window
+from synthwatch.quality.detection import Window
 from synthwatch.quality.token_checks import TokenJob, run_token_job
 
 REASONING = ("Let me work through this step by step. The question asks me to compute 2 + 2. "

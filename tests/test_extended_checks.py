@@ -131,6 +131,13 @@ def test_a_check_that_raises_or_overruns_is_its_own_error_and_the_run_goes_on(en
             assert v.state == "pass" and v.verdict.label is not None  # it saw the dataset row's answer
     rules = _verdicts(engine, bg.run_id, "rule:short")
     assert len(rules) == 20 and all(v.state == "pass" for v in rules.values())  # the other check is unharmed
+    # 12 of 20 verdicts are errors: the broken check raises an alarm of its own naming the error (#35), and the run
+    # does not end a plain "completed"
+    with engine.connect() as conn:
+        broken = conn.execute(text("SELECT message, active FROM alarm WHERE run_id = :r AND rule = 'user:moody:error'"),
+                              {"r": bg.run_id}).all()
+    assert broken and broken[0][1] and "12 of the last 20 verdicts of user:moody are errors" in broken[0][0], broken
+    assert "user:moody:error" in (run_row(engine, bg.run_id)["status_message"] or ""), run_row(engine, bg.run_id)
 
 
 # ------------------------------------------------------------------------------------ crafted records
@@ -325,6 +332,9 @@ def test_the_checks_page_and_api_treat_an_extended_check_like_a_built_in(engine,
     # the page's form turns on its auto-pause and changes its threshold, as for a built-in rule
     form = {f"computed__{n}": "on" for n in ("empty_reasoning", "error", "timeout")}
     form |= {"auto_pause_shown__rule:long": "1", "auto_pause__rule:long": "on", "threshold__rule:long": "20%"}
+    # a raised threshold weakens detection: refused without a reason (#35), saved with one
+    assert c.post(f"/runs/{run_id}/checks/settings", data=form).status_code == 400
+    form["reason"] = "short answers are fine below a fifth"
     assert c.post(f"/runs/{run_id}/checks/settings", data=form).status_code == 303
     rules = c.get(f"/api/runs/{run_id}/checks").json()["rules"]
     assert rules["rule:long"]["auto_pause"] is True and rules["rule:long"]["threshold"] == 0.2

@@ -39,6 +39,8 @@ from synthwatch.store import queue as store
 BAD_RATE = 0.6  # the story's server sent empty reasoning for 58 % of records while it misbehaved
 # this test is about what a stretch leaves behind, not about pausing: its pause stays off whatever its threshold
 NO_PAUSE = {"rules": {"empty_reasoning": {"auto_pause": False}, "reasoning_tokens_no_text": {"auto_pause": False}}}
+# a stretch's alarm clears within the test's records: the default clearing period (200 records, #35) would outlast them
+SHORT_CLEAR = {**NO_PAUSE, "alarm_clear_records": 10}
 
 
 def _patch(url: str, **changes: Any) -> None:
@@ -82,7 +84,7 @@ def stretch_run(engine: Any, sim: Any, prompts: Any, name: str, *, clean: int = 
     # stays under ~50, whatever the machine's load (a slower machine is also a slower worker).
     sim_kw.setdefault("ttft_ms", 30)
     url = sim(seed=31, reasoning_tokens="4-10", content_tokens="3-6", **sim_kw)
-    config = make_config(url, prompts(clean + bad + after), concurrency=4, name=name, checks=NO_PAUSE)
+    config = make_config(url, prompts(clean + bad + after), concurrency=4, name=name, checks=SHORT_CLEAR)
     bg = CheckedBackground(engine, config).start()
     run_id = bg.run_id
     try:

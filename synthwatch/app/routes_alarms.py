@@ -37,6 +37,8 @@ from ..quality.alarms import (
     worst_severity,
 )
 from ..quality.checks import ChecksConfigError, parse_settings
+from ..quality.detection import Hysteresis, run_problems
+from ..quality.overrides import list_overrides as list_weakenings
 from ..quality.recompute import recompute, save_settings
 from ..repair.likely_fix import proposal
 from ..settings_policy import (
@@ -102,7 +104,14 @@ def banner_context(conn: Connection, run_id: int) -> dict[str, Any]:
     if _live(run):
         claimed = int(run.get("total") or 0) - int(run.get("n_pending") or 0)
         hold = [a["id"] for a in store.alarm_gate(conn, run_id, claimed, time.time(), reopen=False)[0]]
+    try:
+        hysteresis = Hysteresis.of(parse_settings(cfg.get("checks") or {})).words()
+    except ChecksConfigError:
+        hysteresis = Hysteresis().words()
     return {"run": {"id": run["id"], "name": run["name"], "status": run["status"], "desired": run["desired"]},
+            # the one count (quality.detection.problem_counts): the runs list, the strip, the tab title and the API
+            "problems": run_problems(conn, run_id), "hysteresis_words": hysteresis,
+            "weakenings": list_weakenings(conn, run_id),
             "alarms": alarms, "groups": group_alarms(alarms), "worst": worst_severity(alarms),
             "live": _live(run), "poll_s": BANNER_POLL_S, "hold_ids": hold,
             "overrides": overrides, "overrides_by_check": {o["check_name"] for o in overrides}}
@@ -137,6 +146,8 @@ def checks_context(conn: Connection, run_id: int) -> dict[str, Any]:
         "no_pause": active_overrides(conn, run_id),
         "poll_s": BANNER_POLL_S,
         "judge": judge_view.summary(conn, run),
+        "hysteresis_words": Hysteresis.of(settings).words(),
+        "overrides": list_weakenings(conn, run_id),
     }
 
 
@@ -304,7 +315,7 @@ async def settings_form(request: Request, run_id: int, engine: WriteEngine, conn
     try:
         raw = _form_to_settings(form, _config(run).get("checks") or {})
         raw = checks_policy(request, conn, run_id, raw)
-        save_settings(engine, run_id, raw, actor="ui")
+        save_settings(engine, run_id, raw, actor="ui", reason=str(form.get("reason") or "") or None)
     except (ValueError, ChecksConfigError) as exc:  # PolicyError is a ValueError naming each refused key
         ctx = checks_context(conn, run_id)
         ctx.update(history=list_alarms(conn, run_id, limit=100), saved=False, form_error=str(exc))
@@ -392,8 +403,13 @@ def _jsonable_rule(rule: Any) -> dict[str, Any]:
 def api_alarms(run_id: int, conn: ReadConn) -> dict[str, Any]:
     """Every alarm of the run (newest first) and the ones the banner shows (active, not acknowledged)."""
     ctx = banner_context(conn, run_id)
+    p = ctx["problems"]
     return {"run_id": run_id, "banner": ctx["alarms"], "alarms": list_alarms(conn, run_id),
-            "snoozed": snoozed_alarms(conn, run_id), "auto_pause_off": ctx["overrides"]}
+            "snoozed": snoozed_alarms(conn, run_id), "auto_pause_off": ctx["overrides"],
+            # the one count (quality.detection.problem_counts), as the runs list, the strip and the tab title show it
+            "problems": {"alarms": p.alarms, "unacknowledged": p.unacked, "episodes": p.episodes,
+                         "open_items": p.items, "records_failing": p.failing},
+            "hysteresis": ctx["hysteresis_words"], "overrides": list_weakenings(conn, run_id)}
 
 
 @router.post("/api/runs/{run_id}/alarms/{alarm_id}/ack", tags=["alarms"])
@@ -445,7 +461,8 @@ async def api_settings(request: Request, run_id: int, engine: WriteEngine, conn:
         return JSONResponse({"detail": "body must be a JSON object (the [checks] table)"}, status_code=400)
     try:
         raw = checks_policy(request, conn, run_id, raw)
-        settings = save_settings(engine, run_id, raw, actor="api")
+        # a change that weakens detection needs ?reason=... (synthwatch.quality.overrides)
+        settings = save_settings(engine, run_id, raw, actor="api", reason=request.query_params.get("reason"))
     except PolicyError as exc:
         return JSONResponse({"detail": str(exc), "refused": [k for k, _ in exc.problems]}, status_code=400)
     except ChecksConfigError as exc:

@@ -30,6 +30,7 @@ from ..export.plan import (
 )
 from ..export.select import SELECT_MODES
 from ..quality import passk
+from ..quality.overrides import list_overrides
 from ..store import queue as store
 from .deps import render
 from .export_guard import CONFIRM_FIELD, OpenAlarms, left_out_for, manifest_items, open_alarms
@@ -119,8 +120,10 @@ def _form_context(request: Request, run_id: int, values: dict[str, Any] | None =
     tok = (config.get("tokenizer") or {}) if isinstance(config, dict) else {}
     with request.app.state.read_engine.connect() as conn:
         guard = open_alarms(conn, run_id)
+        weakenings = list_overrides(conn, run_id)
     return {
         "open_alarms": guard,
+        "weakenings": weakenings,  # the manifest lists them too (#35)
         **data,
         "formats": FORMATS,
         "format_help": _FORMAT_HELP,

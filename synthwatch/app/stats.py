@@ -21,8 +21,8 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
+from ..quality.detection import Problems, problem_counts
 from ..store.models import LIVE_STATUSES
-from .problem_counts import open_problems_by_run
 from .words import plural
 
 log = logging.getLogger("synthwatch.stats")
@@ -102,17 +102,15 @@ def list_runs(conn: Connection, limit: int = 200, window_s: int = RECENT_S) -> l
         text("SELECT id, name, kind, status, desired, status_message, cap, concurrency, created_at, started_at,"
              " finished_at, total, n_pending, n_in_flight, n_ok, n_error, n_timeout, n_cancelled"
              " FROM run ORDER BY id DESC LIMIT :n"), {"n": limit}).mappings()]
-    alarms: dict[int, tuple[int, int]] = {}
-    for run_id, n, n_err in conn.execute(text(
-            "SELECT run_id, COUNT(*), SUM(CASE WHEN severity = 'error' THEN 1 ELSE 0 END) FROM alarm"
-            " WHERE active GROUP BY run_id")):
-        alarms[run_id] = (n, n_err or 0)
-    items = {rid: (p.items, p.records) for rid, p in open_problems_by_run(conn).items()}
+    errors = {int(run_id): int(n_err or 0) for run_id, n_err in conn.execute(text(
+        "SELECT run_id, SUM(CASE WHEN severity = 'error' THEN 1 ELSE 0 END) FROM alarm WHERE active GROUP BY run_id"))}
+    problems = problem_counts(conn, [r["id"] for r in runs])  # the one count every page shows (#35)
     for r in runs:
         r["live"] = r["status"] in LIVE_STATUSES
         r["duration_s"] = duration(r, now)
-        r["alarms"], r["alarm_errors"] = alarms.get(r["id"], (0, 0))
-        r["open_items"], r["open_records"] = items.get(r["id"], (0, 0))
+        p = problems.get(r["id"], Problems())
+        r["alarms"], r["alarm_errors"] = p.alarms, errors.get(r["id"], 0)
+        r["open_items"], r["open_records"], r["episodes"] = p.items, p.failing, p.episodes
         finished = r["n_ok"] + r["n_error"] + r["n_timeout"]
         r["timeout_share"] = safe_rate(r["n_timeout"], finished)
         r["error_share"] = safe_rate(r["n_error"], finished)

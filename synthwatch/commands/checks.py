@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--for-minutes", type=float, metavar="M", help="with --ack: snooze for M minutes")
     p.add_argument("--accept", type=int, metavar="ITEM_ID",
                    help="accept an open item (records an alarm left failing) as it is; needs --reason")
-    p.add_argument("--reason", help="why the open item is accepted (kept with it and in the audit log)")
+    p.add_argument("--reason", help="why the open item is accepted, or why --config weakens detection (a check"
+                   " disabled, a threshold raised...: refused without one); kept with who and when")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=handle)
 
@@ -58,8 +59,8 @@ def _open_items(engine: Any, run: dict[str, Any], a: argparse.Namespace, out: An
         except open_items.OpenItemError as exc:
             raise CliError(str(exc)) from None
         print(f"accepted open item #{item['id']}: {item['text']} (reason: {item['reason']})", file=sys.stderr)
-    elif a.reason:
-        raise CliError("--reason goes with --accept ITEM_ID")
+    elif a.reason and not a.config:
+        raise CliError("--reason goes with --accept ITEM_ID or --config FILE")
     open_items.sync_run(engine, run_id, actor="cli")
     with engine.connect() as conn:
         return open_items.items(conn, run_id)
@@ -85,7 +86,7 @@ def handle(a: argparse.Namespace) -> int:
         if unknown:
             raise CliError(f"{a.config}: only a [checks] table is read here; unexpected keys: {', '.join(unknown)}")
         try:
-            save_settings(engine, run_id, data["checks"], actor="cli")
+            save_settings(engine, run_id, data["checks"], actor="cli", reason=a.reason)
         except ChecksConfigError as exc:
             raise CliError(f"{a.config}: {exc}") from None
         print(f"check settings of run {run['name']!r} replaced from {a.config}", file=sys.stderr)

@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def handle(args: argparse.Namespace) -> int:
+    from ..quality import detection  # noqa: F401  - registers the claim gate a resume asks (#35)
     from ..store import queue as store
     from ..store.db import DatabaseError, open_engine
 

@@ -146,6 +146,7 @@ def _fix_changes(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def handle_fix(a: argparse.Namespace) -> int:
+    from ..quality import overrides  # noqa: F401  - registers the guard a new config version passes (#35)
     from ..store.versions import VersionError, change_settings
 
     engine, run = _open(a)

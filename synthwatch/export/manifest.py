@@ -111,6 +111,10 @@ def build_manifest(plan: ExportPlan, scanned: int, exported: int, excluded: Coun
         # what was still open when the export started, and who chose to export anyway (#26)
         "open_items": list(opts.open_items),
         "confirmed_with_open_alarms": opts.confirmed_by is not None,
+        # settings changes that weakened detection on this run, each with its reason, who and when (#35)
+        "overrides": [{"kind": o["kind"], "check": o["check_name"], "what": o["detail"], "reason": o["reason"],
+                       "by": o["actor"], "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(o["created_at"])))}
+                      for o in plan.overrides],
         "confirmed_by": opts.confirmed_by,
         "confirmed_at": (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(opts.confirmed_at))
                          if opts.confirmed_at else None),

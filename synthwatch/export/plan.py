@@ -120,6 +120,8 @@ class ExportPlan:
     prepared) are read; None reads every ok record (a plan made by hand)."""
     snapshot_ids: Sequence[int] | None = None
     """With snapshot_at: the ids (sorted) of the run's ok records as the export saw them when it was prepared."""
+    overrides: list[dict[str, Any]] = field(default_factory=list)
+    """The run's weakening overrides (synthwatch.quality.overrides): what, why, who, when (#35)."""
 
 
 class Skip(Exception):

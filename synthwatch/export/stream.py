@@ -29,6 +29,7 @@ from sqlalchemy.engine import Engine
 
 from ..capture.turns import history_reasoning_of
 from ..hints import command as hint
+from ..quality.overrides import list_overrides
 from ..store import queue as store
 from . import unwritten
 from .plan import (
@@ -129,6 +130,7 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
                 text("SELECT status, COUNT(*) FROM record WHERE run_id = :r GROUP BY status"), {"r": run["id"]}
             )
         }
+        weakened = list_overrides(conn, int(run["id"]))
     try:
         config = orjson.loads(run.get("config_json") or "{}")
     except orjson.JSONDecodeError:
@@ -177,7 +179,7 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
         check_bits={n: bits[n] for n in checks if n not in DEFAULT_CHECKS}, expects_reasoning=expects,
         think_open=think_open, think_close=think_close, server_ids=server_ids, tokenizer=lt,
         tokenizer_info=tok_info, status_counts=status_counts, total=len(in_snapshot), db_url=db_url,
-        select_check=select_check, snapshot_at=cut, snapshot_ids=in_snapshot,
+        select_check=select_check, snapshot_at=cut, snapshot_ids=in_snapshot, overrides=weakened,
     )
 
 

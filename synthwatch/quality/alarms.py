@@ -32,6 +32,7 @@ from ..store import queue as store
 from ..store import rows as store_rows
 from ..store.dashboards import dashboard_url
 from .alarm_text import describe, hint_ctx, server_said
+from .detection import Hysteresis, RuleState, load_states, save_state, step
 from .verdicts import configured_checks
 
 log = logging.getLogger("synthwatch.alarms")
@@ -150,8 +151,10 @@ class AlarmKeeper:
         self.no_pause: set[str] = set()  # checks whose auto-pause a person turned off (pause_override)
         self.loaded = False
         self.paused = False  # set when an evaluation paused the run (the writer tells its worker at once)
+        self.hysteresis = Hysteresis()  # the run's [checks] alarm_pending_records / alarm_clear_records
 
-    def load(self, conn: Connection) -> None:
+    def read_active(self, conn: Connection) -> None:
+        """The run's open alarms as stored: whichever worker raised them (every worker of a run shares them)."""
         self.active = {}
         for aid, rule, count, paused, msg, acked, until, upto in conn.execute(
             text("SELECT id, rule, count, auto_paused, message, acked_at, snooze_until, snooze_records FROM alarm"
@@ -159,6 +162,9 @@ class AlarmKeeper:
         ):
             self.active[rule] = ActiveAlarm(aid, count, bool(paused), msg, acked,
                                             until is not None or upto is not None)
+
+    def load(self, conn: Connection) -> None:
+        self.read_active(conn)
         self.no_pause = active_overrides(conn, self.run_id)
         self.found_url = "" if self.dashboard_url else (dashboard_url(conn) or "")
         self.loaded = True
@@ -202,10 +208,13 @@ class AlarmKeeper:
         """
         if not self.loaded:
             self.load(conn)
-        elif new_fail:
-            self.refresh(conn)
+        else:
+            self.read_active(conn)
+            if new_fail:
+                self.refresh(conn)
         new_fail = new_fail or {}
         raised: list[str] = []
+        states = load_states(conn, self.run_id)  # hysteresis, shared by every worker of the run (detection.py)
         for name, rule in rules.items():
             if only is not None and name not in only:
                 continue
@@ -213,14 +222,34 @@ class AlarmKeeper:
             n_fail, n_total, example = run_stats.get(name, (0, 0, None))
             cur = self.active.get(name)
             firing = rule.enabled and fires(rule, fail, total)
+            st = states.get(name) or RuleState()
+            before = (st.pending_from, st.clear_from)
             if not firing:
-                if cur is not None and (not rule.enabled or clear_sticky
-                                        or (not rule.sticky and total >= rule.min_records)):
+                end = False
+                if cur is not None and (not rule.enabled or clear_sticky):
+                    end, st.pending_from, st.clear_from = True, None, None
+                elif cur is not None and not rule.sticky and total >= rule.min_records:
+                    end = step(self.hysteresis, st, firing=False, active=True, n=n_total, immediate=False) == "clear"
+                else:
+                    st.pending_from = None
+                if end and cur is not None:
                     conn.execute(text("UPDATE alarm SET active = false, updated_at = :t WHERE id = :i"),
                                  {"t": t, "i": cur.id})
                     del self.active[name]
+                if (st.pending_from, st.clear_from) != before:
+                    save_state(conn, self.run_id, name, st)
                 continue
             if cur is None and name in MISMATCH_SYMPTOMS and "field_mismatch" in self.active:
+                continue
+            # one failure is proof (threshold 0), or the pause line is reached: no pending period
+            # (a whole re-check, clear_sticky, is settled evidence; a share at least twice the threshold is no flap:
+            # no pending period either)
+            immediate = clear_sticky or rule.threshold <= 0 or fail >= 2 * rule.threshold * total or (allow_pause and name not in self.no_pause
+                                                and should_pause(rule, fail, total))
+            act = step(self.hysteresis, st, firing=True, active=cur is not None, n=n_total, immediate=immediate)
+            if (st.pending_from, st.clear_from) != before:
+                save_state(conn, self.run_id, name, st)
+            if act == "hold":
                 continue
             ctx = dict(details.get(name) or {})
             if name in TRANSPORT_RULES:
@@ -386,7 +415,7 @@ def acknowledge(engine: Engine, run_id: int, alarm_id: int, actor: str = "ui", *
         raise store.ControlError("acknowledge for a number of records or a number of minutes, not both")
     with engine.connect() as conn, store.write_begin(conn):
         store.lock_run(conn, run_id)
-        row = conn.execute(text("SELECT id, rule, acked_at, acked_by, active, title FROM alarm WHERE id = :i"
+        row = conn.execute(text("SELECT id, rule, acked_at, acked_by, active, title, auto_paused FROM alarm WHERE id = :i"
                                 " AND run_id = :r"), {"i": alarm_id, "r": run_id}).first()
         if row is None:
             raise AlarmNotFound(f"run {run_id} has no alarm {alarm_id}")
@@ -407,7 +436,7 @@ def acknowledge(engine: Engine, run_id: int, alarm_id: int, actor: str = "ui", *
         if not already:
             conn.execute(text("UPDATE alarm SET acked_at = :t, acked_by = :a, snooze_until = :u, snooze_records = :n"
                               " WHERE id = :i"), {"t": t, "a": actor, "u": until, "n": upto, "i": alarm_id})
-        info = {"id": alarm_id, "rule": row[1], "title": row[5], "active": bool(row[4]),
+        info = {"id": alarm_id, "rule": row[1], "title": row[5], "active": bool(row[4]), "auto_paused": bool(row[6]),
                 "acked_at": row[2] if already else t, "acked_by": row[3] if already else actor,
                 "snooze_until": until, "snooze_records": upto, "already": already}
         info["until"] = snooze_words(info, claimed)
@@ -422,12 +451,14 @@ def snooze_words(alarm: dict[str, Any], claimed: int | None = None) -> str:
     if alarm.get("snooze_until") is not None:
         left = max(0.0, float(alarm["snooze_until"]) - time.time())
         at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(alarm["snooze_until"])))
-        return f"until {at} ({left / 60:.0f} min from now), then it pauses again if its check failed since"
+        return f"until {at} ({left / 60:.0f} min from now), then it holds the run again if it is still open"
     if alarm.get("snooze_records") is not None:
         n = int(alarm["snooze_records"])
         more = f", {max(0, n - claimed):,} to go" if claimed is not None else ""
-        return (f"until the run has claimed {n:,} records{more}, then it pauses again if its check failed"
-                " since")
+        return (f"until the run has claimed {n:,} records{more}, then it holds the run again if it is still open")
+    if alarm.get("auto_paused"):
+        return ("off the banner only: it paused the run, and an acknowledgement without a number of records or"
+                " minutes does not let the run go on")
     return "until its check fails again in a record finished after the acknowledgement (a new alarm then)"
 
 

@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection, Engine
 from ..check_catalog import CheckSettings, Rule
 from ..hints import command as hint
 from ..store import queue as store
+from . import detection, open_items
 from . import verdicts as vd
 from .alarms import AlarmKeeper, rules_for
 from .check_pool import CheckProcess, Result, pool_checks_budget, view_args
@@ -345,6 +346,9 @@ class ExtendedRunner:
             if self.live and time.monotonic() - self._reloaded >= RELOAD_S:
                 self._reload(conn)
             vd.append(conn, buf, now=t)
+            # a check whose verdicts are mostly errors is broken: an alarm of its own (#35)
+            detection.error_share_alarms(conn, self.run_id, {v.check_name for v in buf},
+                                         self.settings.error_share_threshold, t)
             if self.live and deltas:
                 for name, (f, n, ex) in deltas.items():
                     w = self.windows.get(name) or deque()
@@ -457,6 +461,12 @@ class ExtendedHook:
 
     def close(self, grace_s: float | None = None) -> None:
         self.runner.close(grace_s)
+        # the drained verdicts may have raised alarms (a check that errors, #35) after the run's end was written:
+        # its open items and a completed run's message follow them
+        try:
+            open_items.sync_run(self.runner.engine, self.runner.run_id, actor="worker")
+        except Exception as exc:  # the run's records are written; a failed recount is recounted at the next read
+            log.warning("run %d: open items not recounted after the extended checks: %s", self.runner.run_id, exc)
 
 
 def extended_hook(engine: Engine, run_id: int, run_name: str, settings: CheckSettings,

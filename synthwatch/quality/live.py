@@ -5,12 +5,10 @@ writer's transaction, and lets :class:`synthwatch.quality.alarms.AlarmKeeper` ra
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import operator
 import time
-from collections import Counter, deque
-from collections.abc import Iterable
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -20,63 +18,23 @@ from sqlalchemy.engine import Connection, Engine
 from ..check_catalog import BIT, CHECK_NAMES, CheckSettings, Rule
 from ..config import ConfigError
 from ..store import queue as store
-from . import open_items
+from . import open_items, overrides  # noqa: F401  (overrides: registers the guard of config versions)
 from .alarms import AlarmKeeper, effective_rules
 from .checks import (
     ChecksConfigError,
     RecordChecker,
     RecordView,
     RunContext,
-    applied_bits,
     check_turns,
     parse_settings,
     view_from_outcome,
 )
+from .detection import Hysteresis, Window, other_workers_live, recent_windows
 from .notify import Notifier
 from .token_checks import TokenJob, TokenThread, tokenizer_spec
 
 log = logging.getLogger("synthwatch.checks")
 _KIND = operator.itemgetter(1, 2, 3)  # a staged record's (applied, failed, new)
-
-# ------------------------------------------------------------------------------------ rolling windows
-
-
-class Window:
-    __slots__ = ("size", "buf", "fail")
-
-    def __init__(self, size: int, items: Iterable[bool] = ()) -> None:
-        self.size = size
-        self.buf: deque[bool] = deque(maxlen=size)
-        self.fail = 0
-        self.extend(list(items))
-
-    def add(self, failed: bool) -> None:
-        if len(self.buf) == self.size and self.buf[0]:
-            self.fail -= 1
-        self.buf.append(failed)
-        if failed:
-            self.fail += 1
-
-    def extend(self, items: list[bool]) -> None:
-        """add() for each item in order; one flush's records at once (counted in C, not per record)."""
-        if not items:
-            return
-        buf = self.buf
-        if len(items) >= self.size:
-            buf.clear()
-            self.fail = 0
-            items = items[-self.size:]
-        else:
-            overflow = len(buf) + len(items) - self.size
-            if overflow > 0:  # the oldest entries leave the window
-                self.fail -= sum(itertools.islice(buf, overflow))
-        buf.extend(items)
-        self.fail += sum(items)
-
-    @property
-    def total(self) -> int:
-        return len(self.buf)
-
 
 @functools.lru_cache(maxsize=64)
 def _stat_upsert(n_rows: int) -> Any:
@@ -90,30 +48,6 @@ def _stat_upsert(n_rows: int) -> Any:
         " example_record_id = COALESCE(excluded.example_record_id, check_stat.example_record_id),"
         " updated_at = excluded.updated_at RETURNING check_name, n_fail, n_total, example_record_id"
     )
-
-
-def recent_windows(conn: Connection, run_id: int, checker: RecordChecker, rules: dict[str, Rule]) -> dict[str, Window]:
-    """Each check's rolling window over the run's most recently finished records, from their stored results.
-
-    Which checks applied to a record is not stored: the cheap per-record rules decide it again (status,
-    expected reasoning, usage); what failed is the stored check_flags."""
-    size = max(rules[n].window for n in CHECK_NAMES)
-    rows = conn.execute(
-        text("SELECT status, reasoning_tokens, check_flags FROM record WHERE run_id = :r AND finished_at IS NOT NULL"
-             " AND status IN ('ok', 'error', 'timeout') ORDER BY finished_at DESC LIMIT :n"),
-        {"r": run_id, "n": size},
-    ).all()
-    windows = {n: Window(rules[n].window) for n in CHECK_NAMES}
-    en = checker.enabled
-    for status, reasoning_tokens, flags in reversed(rows):
-        applied = applied_bits(status, reasoning_tokens, checker.ctx.expects)
-        if status == "ok":
-            applied |= BIT["duplicate_output"] | BIT["server_drift"]
-        applied &= en
-        for name in CHECK_NAMES:
-            if applied & BIT[name]:
-                windows[name].add(bool((flags or 0) & BIT[name]))
-    return windows
 
 
 # ------------------------------------------------------------------------------------ the writer hook
@@ -138,6 +72,8 @@ class ChecksHook:
         self.notifier = notifier if notifier is not None else Notifier(
             ctx.notify_url, timeout_s=ctx.settings.webhook.timeout_s)
         self.keeper = AlarmKeeper(ctx.run_id, ctx.name, self.notifier, ctx.settings.webhook.dashboard_url)
+        self.keeper.hysteresis = Hysteresis.of(ctx.settings)
+        self.worker_id: int | None = None  # set by the worker's writer when it knows it (other workers' evidence)
         self.tokens: TokenThread | None = None
         self.template_done = False
         self.ok_seen = 0
@@ -183,7 +119,16 @@ class ChecksHook:
                          " AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT :n"), {"r": self.run_id, "n": n},
                 ):
                     self.checker.remember(rid, r or "", c or "")
+            # the evidence belongs to the run: the windows start from its latest finished records, whichever
+            # worker process wrote them (#35), never from nothing
+            self.windows = recent_windows(conn, self.run_id, self.checker, self.rules)
             self.keeper.load(conn)
+            # the version this state was loaded at: a newer one (a settings change, a repair) is adopted at the next
+            # flush, even one made before the first reload
+            seq = conn.execute(text("SELECT config_version, repair_seq FROM run WHERE id = :r"),
+                               {"r": self.run_id}).first()
+            if seq is not None:
+                self._seen_seq = (int(seq[0] or 1), int(seq[1] or 0))
             conn.rollback()
         if self.ctx.tokenizer and self.ctx.tokenizer.get("name_or_path"):
             self.tokens = TokenThread(tokenizer_spec(self.ctx))
@@ -255,7 +200,7 @@ class ChecksHook:
         """Would the records checked but not yet written pause the run? (windows as they would be after them)"""
         if not self._new_fail:
             return False
-        windows = {n: (w.fail, w.total) for n, w in self.windows.items()}
+        windows = {n: w.counts() for n, w in self.windows.items()}
         for _rid, applied, failed, new in self._staged.values():
             if not new:
                 continue
@@ -303,6 +248,10 @@ class ChecksHook:
             fails = [rid for rid, f, _new in rows if f]
             deltas[name] = [len(fails), len(rows), fails[-1] if fails else None]
             self.windows[name].extend([f for _rid, f, new in rows if new])
+        if any(w.provisional for w in self.windows.values()):  # in-flight evidence replaced by the final verdicts
+            ids = [s[0] for s in staged]
+            for w in self.windows.values():
+                w.settle(ids)
         for rid, _applied, failed, new in staged:
             if new and failed:
                 res = self._results.get(rid)
@@ -317,7 +266,7 @@ class ChecksHook:
                         self.mismatch_fields.update(d.get("fields") or ())
         if self.tokens is not None:
             self._apply_token_results(conn, deltas)
-        if time.monotonic() - self._last_reload >= self.RELOAD_S:
+        if time.monotonic() - self._last_reload >= self.RELOAD_S or self._repaired(conn):
             self._last_reload = time.monotonic()
             self._reload(conn)
         touched = set(deltas)
@@ -382,7 +331,7 @@ class ChecksHook:
             self._sample_details.clear()
 
     def _evaluate(self, conn: Connection, t: float, only: set[str] | None) -> list[str]:
-        windows = {n: (w.fail, w.total) for n, w in self.windows.items()}
+        windows = {n: w.counts() for n, w in self.windows.items()}
         details = dict(self.details)
         if "field_mismatch" in details:
             details["field_mismatch"] = {**details["field_mismatch"], "fields": sorted(self.mismatch_fields),
@@ -406,6 +355,15 @@ class ChecksHook:
         # still syncs at once, ``now``)
         self._items_every_s = open_items.sync_wait_s(time.monotonic() - m)
 
+    def _repaired(self, conn: Connection) -> bool:
+        """A repair or a new config version since the state was loaded: the windows are re-read before these records
+        are evaluated (alarms are read from the database at each evaluation, so stale windows would re-raise one a
+        repair just cleared)."""
+        if self._seen_seq is None:
+            return False
+        row = conn.execute(text("SELECT config_version, repair_seq FROM run WHERE id = :r"), {"r": self.run_id}).first()
+        return row is not None and (int(row[0] or 1), int(row[1] or 0)) != self._seen_seq
+
     def _reload(self, conn: Connection) -> None:
         """Pick up what changed while running: check settings, a new config version (reading settings), and
         repairs (re-derive / re-run rewrote check results: whole-run counts, windows and alarms are re-read)."""
@@ -413,6 +371,11 @@ class ChecksHook:
                            {"r": self.run_id}).first()
         if row is None:
             return
+        if other_workers_live(conn, self.run_id, self.worker_id):  # one view: the windows over every worker's records
+            old, self.windows = self.windows, recent_windows(conn, self.run_id, self.checker, self.rules)
+            for name, w in self.windows.items():
+                w.provisional = old[name].provisional
+            self._reevaluate_all = True
         seq = (int(row[1] or 1), int(row[2] or 0))
         if self._seen_seq is None:
             self._seen_seq = seq
@@ -455,6 +418,7 @@ class ChecksHook:
         self.ctx.settings = settings
         self.checker.set_context(self.ctx)
         self.rules = effective_rules(settings.rules)
+        self.keeper.hysteresis = Hysteresis.of(settings)
         for name in CHECK_NAMES:
             w = self.windows[name]
             if w.size != self.rules[name].window:

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
@@ -145,6 +146,7 @@ def sync(conn: Connection, run_id: int, *, t: float | None = None, actor: str = 
     Runs inside the caller's write transaction (the writer's flush, a repair, a flag change, a run's end)."""
     t = time.time() if t is None else t
     reruns = bool(conn.execute(text("SELECT n_rerun FROM run WHERE id = :r"), {"r": run_id}).scalar())
+    stopped = stopped_checks(conn, run_id)
     alarms = _alarms(conn, run_id)
     items = _latest_items(conn, run_id)
     for check in sorted(set(alarms) | set(items)):
@@ -169,7 +171,9 @@ def sync(conn: Connection, run_id: int, *, t: float | None = None, actor: str = 
             continue
         c = count_failing(conn, run_id, check, item["since"], reruns=reruns)
         peak = max(int(item["n_peak"] or 0), c.failing)
-        if c.failing == 0 and c.queued == 0 and (peak > 0 or active is None):
+        # a check that stopped running (disabled, its alarm off) fails nothing: that is no repair (#35); such an item
+        # closes as accepted with the override's reason (synthwatch.quality.overrides), or stays open
+        if c.failing == 0 and c.queued == 0 and (peak > 0 or active is None) and check not in stopped:
             state = "excluded" if c.excluded else "repaired"
             conn.execute(text(
                 "UPDATE open_item SET state = :st, n_records = 0, n_excluded = :x, n_queued = 0, n_peak = :p,"
@@ -187,6 +191,25 @@ def sync(conn: Connection, run_id: int, *, t: float | None = None, actor: str = 
                 {"n": c.failing, "x": c.excluded, "q": c.queued, "p": peak, "t1": c.first_t, "t2": c.last_t, "t": t,
                  "i": item["id"]})
     _refresh_status(conn, run_id)
+
+
+def stopped_checks(conn: Connection, run_id: int) -> set[str]:
+    """Checks the run's current settings no longer compute, or whose alarm is off, or that were removed."""
+    raw = conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": run_id}).scalar()
+    try:
+        checks = (orjson.loads(raw or "{}") or {}).get("checks") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        return set()
+    if not isinstance(checks, dict):
+        return set()
+    out = {str(n) for n in checks.get("disabled") or () if isinstance(n, str)}
+    for name, ov in (checks.get("rules") or {}).items():
+        if isinstance(ov, dict) and ov.get("enabled") is False:
+            out.add(str(name))
+    expects = (orjson.loads(raw or "{}") or {}).get("reasoning", {}) or {}
+    if isinstance(expects, dict) and expects.get("expect") is False:
+        out.add("empty_reasoning")
+    return out
 
 
 def sync_wait_s(took_s: float) -> float:

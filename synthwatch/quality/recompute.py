@@ -16,7 +16,7 @@ from ..capture.turns import load as load_turns
 from ..check_catalog import BIT, CHECK_INFO, CHECK_NAMES, CheckSettings
 from ..hints import command as hint
 from ..store import queue as store
-from . import open_items, verdicts
+from . import open_items, overrides, verdicts  # noqa: F401  (overrides: registers the guard of config versions)
 from .alarms import AlarmKeeper, effective_rules, rules_for
 from .checks import ChecksConfigError, RecordChecker, RunContext, check_turns, parse_settings, view_from_row
 from .token_checks import TokenJob, run_token_job, tokenizer_spec
@@ -29,9 +29,11 @@ _RECORD_COLS = ("id, idx, status, reasoning, content, finish_reason, completion_
                 " model, system_fingerprint, prompt_json, finished_at, endpoint, turns_json")
 
 
-def save_settings(engine: Engine, run_id: int, raw: dict[str, Any], actor: str = "cli") -> CheckSettings:
-    """Validate and store a run's `[checks]` table in its config snapshot."""
-    from ..store.versions import create_version
+def save_settings(engine: Engine, run_id: int, raw: dict[str, Any], actor: str = "cli", *,
+                  reason: str | None = None) -> CheckSettings:
+    """Validate and store a run's `[checks]` table in its config snapshot. A change that weakens detection needs
+    ``reason`` (synthwatch.quality.overrides); without one it raises ChecksConfigError naming each weakening."""
+    from ..store.versions import VersionError, create_version
 
     settings = parse_settings(raw)
     with engine.connect() as conn, store.write_begin(conn):
@@ -53,7 +55,11 @@ def save_settings(engine: Engine, run_id: int, raw: dict[str, Any], actor: str =
         new_checks = settings.model_dump(mode="json", exclude_defaults=True)
         if cfg.get("checks") != new_checks:
             # settings are never overwritten: the change is the run's next config version
-            create_version(conn, run_id, {**cfg, "checks": new_checks}, actor=actor, reason="check settings")
+            try:
+                create_version(conn, run_id, {**cfg, "checks": new_checks}, actor=actor,
+                               reason=reason)
+            except VersionError as exc:
+                raise ChecksConfigError(str(exc)) from None
         store.add_event(conn, run_id, "check_settings", None, actor=actor)
     return settings
 

@@ -34,7 +34,7 @@ from ..check_catalog import BIT, CHECK_NAMES
 from ..quality import open_items
 from ..quality.alarms import AlarmKeeper, effective_rules
 from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turns, view_from_row
-from ..quality.live import recent_windows
+from ..quality.detection import recent_windows
 from ..review.filters import Filters, ReviewError, failed_checks
 from ..review.flags import max_record_id
 from ..review.queries import Cursor, select_ids

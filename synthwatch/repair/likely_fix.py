@@ -17,6 +17,7 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
+from ..quality import overrides  # noqa: F401  - registers the guard of config versions (#35)
 from ..quality.alarm_text import current_mode, evidence
 from ..store import versions
 from . import actions

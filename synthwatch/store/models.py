@@ -267,6 +267,10 @@ class CheckStat(SQLModel, table=True):
     win_total: int = 0
     example_record_id: int | None = None
     updated_at: float = 0.0
+    # hysteresis (synthwatch.quality.detection): n_total when the rule's condition began to hold with no alarm
+    # (pending), or stopped holding under an open alarm (clearing)
+    pending_from: int | None = None
+    clear_from: int | None = None
 
 
 class Alarm(SQLModel, table=True):
@@ -434,6 +438,23 @@ class PauseOverride(SQLModel, table=True):
     created_at: float
     ended_at: float | None = None
     ended_by: str | None = None
+
+
+class CheckOverride(SQLModel, table=True):
+    """A setting change that weakens detection (a check disabled, a threshold raised...), with its reason, who and
+    when: appended, never changed (synthwatch.quality.overrides)."""
+
+    __tablename__ = "check_override"
+    __table_args__ = (Index("ix_check_override_run", "run_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id")
+    kind: str
+    check_name: str
+    detail: str = Field(sa_column=_text(False))
+    reason: str = Field(sa_column=_text(False))
+    actor: str
+    created_at: float
 
 
 class ServerMetric(SQLModel, table=True):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from ..check_catalog import BIT, DEFAULT_RULES
+from ..check_catalog import DEFAULT_RULES
 from ..config import RunConfig
 from ..hints import command as hint
 from . import rows
@@ -280,15 +280,26 @@ def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, a
 
 # ---------------------------------------------------------------- the pausing-alarm gate
 
-# Open alarms that paused the run, unless a person turned auto-pause off for their check (pause_override).
-# ix_alarm_run (run_id, active) keeps this a few index entries per claim.
-_GATE_SQL = text(
-    "SELECT a.id, a.rule, a.title, a.acked_at, a.snooze_until, a.snooze_records, a.evidence_json FROM alarm a"
-    " WHERE a.run_id = :r AND a.active AND a.auto_paused AND NOT EXISTS (SELECT 1 FROM pause_override p"
-    " WHERE p.run_id = a.run_id AND p.check_name = a.rule AND p.ended_at IS NULL) ORDER BY a.id")
-
 MAX_ACK_RECORDS = 1_000_000_000
 MAX_ACK_MINUTES = 7 * 24 * 60
+
+# The claim asks detection (synthwatch.quality.detection.claim_gate, registered when that module is imported) which
+# alarms hold the run and how many claims bounded acknowledgements still allow. The store does not import it
+# (imports go downwards); without a registered gate a claim or a resume refuses rather than go around alarms.
+Gate = Callable[..., tuple[list[dict[str, Any]], "int | None"]]
+_gate: list[Gate] = []
+
+
+def set_claim_gate(gate: Gate) -> None:
+    _gate[:] = [gate]
+
+
+def alarm_gate(conn: Connection, run_id: int, claimed: int, t: float, *,
+               reopen: bool = True) -> tuple[list[dict[str, Any]], int | None]:
+    """(blocking alarms, claims still allowed or None): detection's answer (see set_claim_gate)."""
+    if not _gate:
+        raise RuntimeError("no claim gate registered: import synthwatch.quality.detection before claiming")
+    return _gate[0](conn, run_id, claimed, t, reopen=reopen)
 
 
 def _snooze_bound(records: int | None, minutes: float | None) -> tuple[str, float] | None:
@@ -303,65 +314,6 @@ def _snooze_bound(records: int | None, minutes: float | None) -> tuple[str, floa
             raise ControlError(f"acknowledge for more than 0 and at most {MAX_ACK_MINUTES:,} minutes, got {minutes}")
         return ("minutes", float(minutes))
     return None
-
-
-def alarm_gate(conn: Connection, run_id: int, claimed: int, t: float, *,
-               reopen: bool = True) -> tuple[list[dict[str, Any]], int | None]:
-    """(blocking alarms, records still allowed by bounded snoozes or None) for a claim now.
-
-    An alarm that paused the run blocks every claim while it is open and not snoozed: not acknowledged, or
-    acknowledged for minutes that are over or for records the run has claimed (``claimed`` = total - pending).
-    It is read inside the claim's own transaction, so every worker (SQLite or PostgreSQL) sees the snooze as
-    written, whatever resumed the run (a button, the CLI, the API, a restart). With ``reopen``, a bounded
-    snooze that is over and whose check failed again in records finished after the acknowledgement becomes
-    unacknowledged (the banner shows it again); one whose check did not fail since becomes a plain
-    acknowledgement (snoozed until the check fails again, when the writer raises a new alarm)."""
-    blocked: list[dict[str, Any]] = []
-    left: int | None = None
-    for row in conn.execute(_GATE_SQL, {"r": run_id}).mappings():
-        a = dict(row)
-        over = ""
-        if a["acked_at"] is None:
-            blocked.append(a)
-            continue
-        if a["snooze_until"] is not None and t >= a["snooze_until"]:
-            over = "minutes"
-        elif a["snooze_records"] is not None:
-            n = int(a["snooze_records"]) - claimed
-            if n > 0:
-                left = n if left is None else min(left, n)
-                continue
-            over = "records"
-        if not over:
-            continue
-        a["snooze_over"] = over
-        if not reopen:
-            blocked.append(a)
-            continue
-        bit = BIT.get(a["rule"], 0)
-        if bit:
-            again = conn.execute(
-                text("SELECT 1 FROM record WHERE run_id = :r AND finished_at > :t AND (check_flags & :b) != 0"
-                     " LIMIT 1"), {"r": run_id, "t": a["acked_at"], "b": bit}).first() is not None
-        else:  # an extended check (#30): a failing verdict written after the acknowledgement
-            again = conn.execute(
-                text("SELECT 1 FROM check_verdict WHERE run_id = :r AND check_name = :c AND state = 'fail'"
-                     " AND created_at > :t LIMIT 1"), {"r": run_id, "c": a["rule"], "t": a["acked_at"]}
-            ).first() is not None
-        if again:
-            conn.execute(text("UPDATE alarm SET acked_at = NULL, acked_by = NULL, snooze_until = NULL,"
-                              " snooze_records = NULL, updated_at = :t WHERE id = :i"), {"t": t, "i": a["id"]})
-            add_event(conn, run_id, "snooze_over", a["id"], actor="alarm",
-                      detail=f"{a['rule']}: the acknowledgement for some {over} is over and the check failed again")
-            a["acked_at"] = None
-            blocked.append(a)
-        else:
-            conn.execute(text("UPDATE alarm SET snooze_until = NULL, snooze_records = NULL WHERE id = :i"),
-                         {"i": a["id"]})
-            add_event(conn, run_id, "snooze_over", a["id"], actor="alarm",
-                      detail=f"{a['rule']}: the acknowledgement for some {over} is over; no record failed it since,"
-                             " so it stays acknowledged until one does")
-    return blocked, left
 
 
 def _alarm_names(blocked: list[dict[str, Any]]) -> str:
@@ -418,12 +370,17 @@ def last_failure(conn: Connection, run_id: int) -> str:
     return msg if len(msg) <= 300 else msg[:299] + "…"
 
 
+def claimed_count(conn: Connection, run_id: int) -> int:
+    """Records the run has claimed so far (total - pending): what a bounded acknowledgement counts."""
+    row = conn.execute(text("SELECT total, n_pending FROM run WHERE id = :r"), {"r": run_id}).first()
+    return int(row[0] or 0) - int(row[1] or 0) if row is not None else 0
+
+
 def pause_reason(conn: Connection, run_id: int) -> tuple[str, tuple[str, ...]]:
     """Why a paused run waits, in a line for the status and the terminal, and the rules of the alarms that hold
     it (('', ()) when none does)."""
     t = now()
-    blocked = [a for a in alarm_gate(conn, run_id, 0, t, reopen=False)[0]
-               if a["acked_at"] is None or (a["snooze_until"] is not None and t >= a["snooze_until"])]
+    blocked = alarm_gate(conn, run_id, claimed_count(conn, run_id), t, reopen=False)[0]
     if not blocked:
         return "", ()
     a = blocked[0]

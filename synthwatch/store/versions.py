@@ -23,6 +23,7 @@ What counts as what:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,20 @@ class VersionError(ValueError):
     def __init__(self, message: str, problems: list[tuple[tuple[str | int, ...], str]] | None = None) -> None:
         super().__init__(message)
         self.problems = problems or []
+
+
+class WeakeningRefused(VersionError):
+    """A change that weakens detection, without a reason (synthwatch.quality.overrides)."""
+
+
+# Detection's guard on every new config version (synthwatch.quality.overrides.guard, registered when that module is
+# imported; the store does not import it): refuses a weakening without a reason, records one with it.
+ChangeGuard = Callable[..., Any]
+_guards: list[ChangeGuard] = []
+
+
+def set_change_guard(guard: ChangeGuard) -> None:
+    _guards[:] = [guard]
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +211,9 @@ def create_version(conn: Connection, run_id: int, new_cfg: dict[str, Any], *, ac
                    reason: str | None = None) -> tuple[int, list[Change]]:
     """Store new_cfg as the run's next version and make it current (inside the caller's write transaction)."""
     version, old = current(conn, run_id)
+    if not _guards:
+        raise RuntimeError("no change guard registered: import synthwatch.quality.overrides before changing settings")
+    _guards[0](conn, run_id, old, new_cfg, actor=actor, reason=reason)
     changes = versioned_changes(old, new_cfg)
     nxt = version + 1
     t = time.time()

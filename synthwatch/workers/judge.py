@@ -38,6 +38,7 @@ from ..check_catalog import extended_rule
 from ..config import EndpointPoolConfig, JudgeConfig
 from ..hints import command as hint
 from ..outbound import register, run_sync
+from ..quality import detection
 from ..quality import verdicts as vd
 from ..quality.alarms import AlarmKeeper
 from ..quality.judge_view import CHECK
@@ -323,6 +324,9 @@ class JudgeRunner:
         t = time.time()
         with self.engine.connect() as conn, store.write_begin(conn):
             vd.append(conn, batch, t)
+            # a judge answering prose, bad JSON or nothing gives error verdicts: past the run's error share, an alarm
+            detection.error_share_alarms(conn, self.run_id, {v.check_name for v in batch},
+                                         detection.run_error_share(conn, self.run_id), t)
             states = {s: sum(v.verdict.state == s for v in batch) for s in ("pass", "fail", "error")}
             judged = [v for v in batch if v.verdict.state in ("pass", "fail")]
             self.window.extend(v.verdict.state == "fail" for v in judged)

@@ -27,6 +27,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from ..quality import detection  # noqa: F401  - registers the claim's alarm gate with the store (#35)
 from ..store import queue as store
 from ..store import rows as store_rows
 from . import faults
@@ -83,6 +84,9 @@ class Writer:
         self.control_interval_s = control_interval_s
         self.gauges = gauges
         self.hooks = hooks or []
+        for hook in self.hooks:  # the checks hook tells its own records from other workers' (quality.detection)
+            if hasattr(hook, "worker_id"):
+                hook.worker_id = worker_id
         self.on_control = on_control  # told (from the writer thread) when the control changed under it
         self.q: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         # Finished records and failed attempts wait here without waking the thread: a wake per record (a
