@@ -23,6 +23,7 @@ from conftest import cli_env, run_cli, write_prompts
 from keyecho import KeyEchoServer
 from workerkit import run_row, wait_for
 
+import synthwatch.quality.overrides  # noqa: F401  (registers the weakening guard versions.create_version asks, #35)
 from synthwatch.check_catalog import CHECK_NAMES
 from synthwatch.config import ConfigError, build_config
 from synthwatch.store import versions
@@ -99,7 +100,7 @@ def test_a_resume_never_sends_a_secret_that_a_dashboard_change_stored(tmp_path: 
         assert proc.returncode == 2 and "judge.endpoint.api_key_env" in proc.stderr, proc.stdout + proc.stderr
         assert attacker.seen == []
         # the operator's own change of those keys (synthwatch fix, checks --config) is theirs: the resume goes on
-        versions.change_settings(engine, 1, {"judge": None}, actor="cli")
+        versions.change_settings(engine, 1, {"judge": None}, actor="cli", reason="the judge was not mine")
         proc = run_cli(*flags, env=cli_env(MY_SECRET=SECRET))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert attacker.seen == []
@@ -217,7 +218,8 @@ def test_a_form_post_without_the_forms_fields_switches_no_check_off(tmp_path: Pa
     assert got["settings"]["disabled"] == [], got["settings"]
     assert all(r["enabled"] for r in got["rules"].values())
     # some of the fields (a script posting one threshold): only that changes
-    assert form({"threshold__truncated": "20%"}).status_code == 303
+    # (a raised threshold weakens detection: it carries its reason, #35)
+    assert form({"threshold__truncated": "20%", "reason": "a script's lenient threshold"}).status_code == 303
     got = checks()
     assert got["settings"]["disabled"] == [] and all(r["enabled"] for r in got["rules"].values())
     assert got["rules"]["truncated"]["threshold"] == 0.2
@@ -225,6 +227,7 @@ def test_a_form_post_without_the_forms_fields_switches_no_check_off(tmp_path: Pa
     page = {f"shown__{n}": "1" for n in CHECK_NAMES} | {f"computed__{n}": "on" for n in CHECK_NAMES} \
         | {f"enabled__{n}": "on" for n in CHECK_NAMES}
     del page["computed__repetition"], page["enabled__duplicate_output"]
+    page["reason"] = "switched off on purpose"
     assert form(page).status_code == 303
     got = checks()
     assert got["settings"]["disabled"] == ["repetition"]
