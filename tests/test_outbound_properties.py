@@ -112,12 +112,15 @@ def test_any_reply_to_any_caller(name: str, reply: tuple[str, Any], key: str) ->
     event(f"{name}: {text[:40]}")
 
 
-@pytest.mark.parametrize("path", regression_files(SUITE), ids=lambda p: p.stem)
-def test_regression(path: Any, request: pytest.FixtureRequest, key: str) -> None:
-    """Examples ./dev fuzz found (tests/fuzz_regressions/outbound-*.json), replayed on every run."""
-    args = load_regression(path, request)
-    if args["name"] in CALLERS_NOW:
-        run_caller(CALLERS_NOW[args["name"]], args["reply"], key)
+SAVED = regression_files(SUITE)
+if SAVED:  # the replay exists once ./dev fuzz has saved a case (no quiet empty-set skip under CI)
+
+    @pytest.mark.parametrize("path", SAVED, ids=lambda p: p.stem)
+    def test_regression(path: Any, request: pytest.FixtureRequest, key: str) -> None:
+        """Examples ./dev fuzz found (tests/fuzz_regressions/outbound-*.json), replayed on every run."""
+        args = load_regression(path, request)
+        if args["name"] in CALLERS_NOW:
+            run_caller(CALLERS_NOW[args["name"]], args["reply"], key)
 
 
 @pytest.mark.parametrize("name", list(CALLERS_NOW))
