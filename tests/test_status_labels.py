@@ -38,8 +38,13 @@ def test_a_paused_runs_status_names_the_check_in_words(engine: Any, sim: Any, pr
                  what="auto-pause by the field-mismatch alarm")
         stored = run_row(engine, run_id)["status_message"]
         assert "field_mismatch" in stored, stored  # the premise: the store writes the id
-        shown = _status_message(httpx.get(f"{live_app().url}/runs/{run_id}", timeout=30).text)
+        html = httpx.get(f"{live_app().url}/runs/{run_id}", timeout=30).text
+        shown = _status_message(html)
         assert "field_mismatch" not in shown, shown
+        # the card's "Acknowledge and resume" names the alarm in words too (the id only in a tooltip)
+        banner = httpx.get(f"{live_app().url}/runs/{run_id}/alarms/banner", timeout=30).text
+        ack = re.search(r'<details class="ack-resume".*?</details>', banner, re.S)
+        assert ack and "(field_mismatch)" not in ack.group(0), ack and ack.group(0)
         assert re.search(r"paused by alarm #\d+: \w", shown), shown
         assert "field_mismatch" in run_row(engine, run_id)["status_message"]  # the stored text stays as written
     finally:
