@@ -8,7 +8,7 @@ from typing import Any
 from jinja2 import Environment
 
 from ..store.models import LIVE_STATUSES
-from .words import check_help, check_label, plural
+from .words import check_help, check_label, plural, status_in_labels
 
 
 def fmt_time(ts: float | None) -> str:
@@ -70,9 +70,11 @@ def run_state(run: dict[str, Any]) -> str:
 
 
 def state_note(run: dict[str, Any]) -> str:
-    """The run's status message, unless it only repeats the state ("stopped stopped")."""
+    """The run's status message, unless it only repeats the state ("stopped stopped"), with checks named by their
+    labels (#37: the stored message names them by id)."""
     msg = (run.get("status_message") or "").strip()
-    return "" if msg.lower().rstrip(".") in (run.get("status") or "", run_state(run).rstrip("…")) else msg
+    return "" if msg.lower().rstrip(".") in (run.get("status") or "", run_state(run).rstrip("…")) else \
+        status_in_labels(msg)
 
 
 def install(env: Environment) -> None:

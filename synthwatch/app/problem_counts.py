@@ -2,8 +2,8 @@
 card, the runs list. Two readers that counted on their own once said "no open problem" in a tile above "1 open
 problem: 3 records failed Reasoning in another field".
 
-The counts come from the open items (quality/open_items.py); the detection owner may move them, and this module is
-the one place to re-point.
+The totals are synthwatch.quality.detection.problem_counts' (the runs list, the strip, the banner, the tab title
+and the API read it); this module only adds the per-check split the tiles need, from the same open items.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from ..quality import open_items
 from ..quality.alarms import MISMATCH_SYMPTOMS
+from ..quality.detection import problem_counts
 from .words import check_label
 
 
@@ -36,25 +37,22 @@ class OpenProblems:
 
 
 def open_problems(conn: Connection, run_id: int) -> OpenProblems:
-    by_check: dict[str, int] = {}
-    items = 0
-    for check, n, recs in conn.execute(text(
-            "SELECT check_name, COUNT(*), SUM(n_records) FROM open_item WHERE run_id = :r AND state = 'open'"
-            " GROUP BY check_name"), {"r": run_id}):
-        by_check[str(check)] = int(recs or 0)
-        items += int(n)
-    return OpenProblems(items, sum(by_check.values()), by_check)
+    return open_problems_by_run(conn, [run_id]).get(run_id, OpenProblems())
 
 
-def open_problems_by_run(conn: Connection) -> dict[int, OpenProblems]:
-    """Every run's open problems at once (the runs list)."""
-    out: dict[int, dict[str, tuple[int, int]]] = {}
-    for run_id, check, n, recs in conn.execute(text(
-            "SELECT run_id, check_name, COUNT(*), SUM(n_records) FROM open_item WHERE state = 'open'"
+def open_problems_by_run(conn: Connection, run_ids: list[int] | None = None) -> dict[int, OpenProblems]:
+    """run id -> its open problems: the totals are problem_counts' (the one count), the split by check is theirs."""
+    totals = problem_counts(conn, run_ids)
+    if not any(p.items for p in totals.values()):
+        return {}
+    only = f" AND run_id IN ({','.join(str(int(r)) for r in totals)})"
+    by_run: dict[int, dict[str, int]] = {}
+    for run_id, check, recs in conn.execute(text(
+            f"SELECT run_id, check_name, SUM(n_records) FROM open_item WHERE state = 'open'{only}"
             " GROUP BY run_id, check_name")):
-        out.setdefault(int(run_id), {})[str(check)] = (int(n), int(recs or 0))
-    return {rid: OpenProblems(sum(n for n, _ in d.values()), sum(r for _, r in d.values()),
-                              {c: r for c, (_, r) in d.items()}) for rid, d in out.items()}
+        if int(run_id) in totals:
+            by_run.setdefault(int(run_id), {})[str(check)] = int(recs or 0)
+    return {rid: OpenProblems(p.items, p.failing, by_run.get(rid, {})) for rid, p in totals.items() if p.items}
 
 
 def in_words(item: dict[str, Any]) -> str:

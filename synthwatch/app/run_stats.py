@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
 from ..quality import open_items, passk
+from ..quality.detection import Problems, run_problems
 from ..store.models import LIVE_STATUSES
 from ..workers.sketch import TPS_MIN, Sketch
 from .problem_counts import in_words
@@ -70,6 +71,7 @@ class RunStats:
     progress: dict[str, Any] = field(default_factory=dict)
     gauge: dict[str, Any] = field(default_factory=dict)
     open_items: list[dict[str, Any]] = field(default_factory=list)
+    problems: Problems = field(default_factory=Problems)  # the one count (detection.problem_counts) every page shows
     samples: dict[str, Any] | None = None  # samples_per_prompt > 1: per-prompt progress and pass@k (quality.passk)
 
     @property
@@ -84,6 +86,9 @@ class RunStats:
             "status_codes": self.status_codes, "quality": self.quality, "checks": self.checks,
             "endpoints": self.endpoints, "workers": self.workers, "latest_errors": self.errors,
             "in_flight": self.gauge, "open_items": self.open_items, "samples": self.samples,
+            "problems": {"alarms": self.problems.alarms, "unacknowledged": self.problems.unacked,
+                         "episodes": self.problems.episodes, "open_items": self.problems.items,
+                         "records_failing": self.problems.failing},
         }
 
 
@@ -136,6 +141,7 @@ def run_stats(conn: Connection, run: dict[str, Any], window_s: int = RECENT_S) -
     st.errors = latest_errors(conn, rid, 8)
     st.tiles = _tiles(st) + [Tile(**t) for t in quality_tiles(conn, run, st.checks)]
     st.open_items = [{**it, "text": in_words(it)} for it in open_items.items(conn, rid)]
+    st.problems = run_problems(conn, rid)  # the card's header counts with the runs list, the banner and the tiles
     st.samples = passk.samples_view(conn, run)
     return st
 

@@ -4,6 +4,7 @@ The dashboard's templates reach these through Jinja filters (synthwatch/app/filt
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -20,6 +21,32 @@ def check_label(name: str) -> str:
 
     rule = DEFAULT_RULES.get(name)
     return rule.title if rule else name.replace("_", " ").capitalize()
+
+
+# Where a stored status message names a check by its id (store/queue.py pause_reason, quality/open_items.py
+# completion text): "alarm #3 field_mismatch: <title>", "failing empty_reasoning", "an open truncated problem",
+# "queued for a re-run (empty_reasoning)". Only these places: a command in the message keeps its ids.
+_STATUS_IDS = re.compile(r"(?P<alarm>alarm #\d+) (?P<aid>[a-z][a-z0-9_]*): (?P<title>[^.;(]*)"
+                         r"|(?P<pre>failing |an open |queued for a re-run \()(?P<id>[a-z][a-z0-9_]*)(?=[ ,;.)]|$)")
+
+
+def status_in_labels(message: str) -> str:
+    """A stored status message as a page shows it (#37): each check id in words, its label. The stored text stays
+    as written (the CLI, the API and the audit read it); an id that is no check is left as it is."""
+    from ..check_catalog import DEFAULT_RULES  # noqa: PLC0415
+
+    known = set(DEFAULT_RULES)
+
+    def one(m: re.Match[str]) -> str:
+        if m.group("alarm"):
+            rid, title = m.group("aid"), m.group("title")
+            if rid not in known:
+                return m.group(0)
+            return f"{m.group('alarm')}: {title}"  # the alarm's title says the check in words
+        rid = m.group("id")
+        return m.group("pre") + check_label(rid) if rid in known else m.group(0)
+
+    return _STATUS_IDS.sub(one, message)
 
 
 def check_help(name: str) -> str:
