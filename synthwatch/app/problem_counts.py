@@ -2,7 +2,7 @@
 card, the runs list. Two readers that counted on their own once said "no open problem" in a tile above "1 open
 problem: 3 records failed Reasoning in another field".
 
-The counts come from the open items (quality/open_items.py); the detection owner may move them, and this module is
+The counts come from the open items (quality/detection/open_items.py); the detection owner may move them, and this module is
 the one place to re-point.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from ..quality import open_items
-from ..quality.alarms import MISMATCH_SYMPTOMS
+from ..quality.detection import open_items
+from ..quality.detection.alarms import MISMATCH_SYMPTOMS
 from .words import check_label
 
 

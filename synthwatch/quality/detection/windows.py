@@ -43,9 +43,9 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from ..check_catalog import BIT, CHECK_NAMES, CheckSettings, Rule
-from ..store import queue as store
-from .checks import RecordChecker, applied_bits
+from ...check_catalog import BIT, CHECK_NAMES, CheckSettings, Rule
+from ...store import queue as store
+from ..checks import RecordChecker, applied_bits
 
 # ------------------------------------------------------------------------------------ the evidence
 

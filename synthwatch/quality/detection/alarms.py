@@ -27,13 +27,13 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride, extended_rule
-from ..store import queue as store
-from ..store import rows as store_rows
-from ..store.dashboards import dashboard_url
-from .alarm_text import describe, hint_ctx, server_said
-from .detection import Hysteresis, RuleState, load_states, save_state, step
-from .verdicts import configured_checks
+from ...check_catalog import DEFAULT_RULES, Rule, RuleOverride, extended_rule
+from ...store import queue as store
+from ...store import rows as store_rows
+from ...store.dashboards import dashboard_url
+from ..alarm_text import describe, hint_ctx, server_said
+from ..verdicts import configured_checks
+from .windows import Hysteresis, RuleState, load_states, save_state, step
 
 log = logging.getLogger("synthwatch.alarms")
 
