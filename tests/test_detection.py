@@ -298,3 +298,17 @@ def test_two_workers_at_once_share_one_view(any_engine, sim, prompts) -> None:  
     with engine.connect() as conn:  # the premise: both workers claimed records
         busy = conn.execute(text("SELECT COUNT(*) FROM worker WHERE run_id = :r AND claimed > 0"), {"r": run_id}).scalar()
     assert busy == 2, busy
+
+
+def test_the_store_keeps_only_the_queue_and_detection_writes_acknowledgements() -> None:
+    """#35 Must have 8: one module owns detection state. store/queue.py claims and resumes by asking detection
+    (quality.detection: claim_gate, resume_gate); it reads and writes no alarm, snooze or acknowledgement itself."""
+    import inspect
+
+    from synthwatch.quality import detection
+    from synthwatch.store import queue
+
+    src = inspect.getsource(queue)
+    for word in ("UPDATE alarm", "FROM alarm", "acked_at", "snooze_until", "snooze_records", "MAX_ACK"):
+        assert word not in src, f"store/queue.py still handles {word!r}: detection state belongs to quality.detection"
+    assert "resume_gate" in detection.__all__ and "claim_gate" in detection.__all__

@@ -98,5 +98,16 @@ from .windows import (
 )
 
 __all__ = [
-    'ALARM_CAUSES', 'ActiveAlarm', 'AlarmKeeper', 'AlarmNotFound', 'Counted', 'ERROR_MIN_RECORDS', 'ERROR_SUFFIX', 'ERROR_WINDOW', 'Hysteresis', 'MAX_REASON_CHARS', 'MIN_REASON_CHARS', 'MISMATCH_SYMPTOMS', 'OpenItemError', 'OverrideError', 'Problems', 'RuleState', 'SEVERITIES', 'STATES', 'SYNC_EVERY_S', 'SYNC_SHARE', 'TRANSPORT_CHECKS', 'TRANSPORT_RULES', 'Weakening', 'Window', 'accept', 'accepted_since', 'acknowledge', 'active_overrides', 'alarms', 'any_open', 'banner_alarms', 'claim_gate', 'completion_message', 'count_failing', 'describe_item', 'effective_rules', 'error_rule', 'error_share_alarms', 'fires', 'group_alarms', 'guard', 'items', 'list_alarms', 'list_overrides', 'list_pause_overrides', 'load_states', 'observe', 'open_counts', 'open_items', 'open_items_text', 'other_workers_live', 'overrides', 'problem_counts', 'recent_windows', 'refusal', 'rules_for', 'run_error_share', 'run_problems', 'save_state', 'set_auto_pause', 'should_pause', 'snooze_words', 'snoozed_alarms', 'spans', 'step', 'stopped_checks', 'sync', 'sync_run', 'sync_wait_s', 'weakenings', 'windows', 'worst_severity',
+    'accept', 'accepted_since', 'ack_bound', 'acknowledge', 'active_overrides', 'ActiveAlarm', 'ALARM_CAUSES',
+    'AlarmKeeper', 'AlarmNotFound', 'alarms', 'any_open', 'banner_alarms', 'claim_gate', 'completion_message',
+    'count_failing', 'Counted', 'describe_item', 'effective_rules', 'ERROR_MIN_RECORDS', 'error_rule',
+    'error_share_alarms', 'ERROR_SUFFIX', 'ERROR_WINDOW', 'fires', 'group_alarms', 'guard', 'Hysteresis', 'items',
+    'list_alarms', 'list_overrides', 'list_pause_overrides', 'load_states', 'MAX_ACK_MINUTES', 'MAX_ACK_RECORDS',
+    'MAX_REASON_CHARS', 'MIN_REASON_CHARS', 'MISMATCH_SYMPTOMS', 'observe', 'open_counts', 'open_items',
+    'open_items_text', 'OpenItemError', 'other_workers_live', 'OverrideError', 'overrides', 'problem_counts',
+    'Problems', 'recent_windows', 'refusal', 'resume_gate', 'resume_refusal', 'rules_for', 'RuleState',
+    'run_error_share', 'run_problems', 'save_state', 'set_auto_pause', 'SEVERITIES', 'should_pause', 'snooze_words',
+    'snoozed_alarms', 'spans', 'STATES', 'step', 'stopped_checks', 'sync', 'SYNC_EVERY_S', 'sync_run', 'SYNC_SHARE',
+    'sync_wait_s', 'TRANSPORT_CHECKS', 'TRANSPORT_RULES', 'Weakening', 'weakenings', 'Window', 'windows',
+    'worst_severity',
 ]
