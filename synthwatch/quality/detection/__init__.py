@@ -3,7 +3,8 @@ and acknowledgements (counted at claim time), open items and the overrides that 
 
 - :mod:`.windows`: rolling windows and whole-run counts rebuilt from the database, the hysteresis of every rate
   alarm (pending and clearing periods, one episode per crossing), the claim gate ``store.queue.claim`` asks
-  (registered on import), the error-share alarm of a broken check and :func:`problem_counts`, the one count of
+  and the resume gate ``store.queue.apply_control`` asks (which records a resume's acknowledgement; both
+  registered on import), the error-share alarm of a broken check and :func:`problem_counts`, the one count of
   alarms, episodes and open items every page reads.
 - :mod:`.alarms`: :class:`AlarmKeeper` raises, updates and clears alarm rows (one row is one episode), and the
   acknowledgements (for N claims or M minutes) and pause overrides of a run.
@@ -12,7 +13,7 @@ and acknowledgements (counted at claim time), open items and the overrides that 
 - :mod:`.overrides`: which setting changes weaken detection; each needs a reason and is recorded (the guard
   ``store.versions`` asks, registered on import).
 
-Importing this package registers both hooks the store asks (the claim gate and the change guard). Names that two
+Importing this package registers the hooks the store asks (the claim and resume gates, the change guard). Names that two
 parts define alike are exported from the part below; ``list_pause_overrides`` is :func:`.alarms.list_overrides`
 (the run's auto-pause overrides), ``describe_item`` is :func:`.open_items.describe`.
 """
