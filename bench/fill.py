@@ -210,9 +210,9 @@ def fill_field_mismatch(db_path: str | Path, n_records: int, *, run_name: str | 
 
     from synthwatch.check_catalog import BIT, CHECK_NAMES
     from synthwatch.config import RunConfig
-    from synthwatch.quality.alarms import effective_rules
     from synthwatch.quality.checks import RecordChecker, RecordView, RunContext
     from synthwatch.quality.detection import recent_windows
+    from synthwatch.quality.detection.alarms import effective_rules
     from synthwatch.store import queue as store
     from synthwatch.store.db import open_engine
 

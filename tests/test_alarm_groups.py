@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from synthwatch.check_catalog import CHECK_NAMES
-from synthwatch.quality.alarms import ALARM_CAUSES, group_alarms, worst_severity
+from synthwatch.quality.detection.alarms import ALARM_CAUSES, group_alarms, worst_severity
 
 
 def _a(i: int, rule: str, severity: str = "error") -> dict[str, object]:

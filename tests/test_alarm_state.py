@@ -125,7 +125,7 @@ def test_ack_for_4_at_concurrency_16_lets_4_claims_through(engine, sim, prompts)
     """#35: an open-ended acknowledgement no longer lets a plain resume go on (it let the run claim until a failure
     was written); acknowledge and resume for 4 records at concurrency 16 lets exactly 4 claims through, counted
     when claimed (it let 16 through: the 4 were counted as they finished), then the alarm holds the run again."""
-    from synthwatch.quality.alarms import acknowledge
+    from synthwatch.quality.detection.alarms import acknowledge
 
     bg = _mismatch_run(engine, sim, prompts, "ack4c16", n=2000, conc=16)
     run_id = bg.run_id
@@ -301,7 +301,7 @@ def test_the_claim_gate_on_both_backends(any_engine, prompts) -> None:  # type: 
     assert claim(5) == (0, "alarm")
     assert run_row(engine, run_id)["desired"] == "pause"
     # an acknowledgement without a bound does not let a plain resume go on (#35)
-    from synthwatch.quality.alarms import acknowledge
+    from synthwatch.quality.detection.alarms import acknowledge
 
     acknowledge(engine, run_id, aid, "test")
     with pytest.raises(store.AlarmOpen):

@@ -11,7 +11,7 @@ from sqlalchemy import text
 from test_checks_kit import CheckedBackground
 from workerkit import make_config, run_row, wait_for
 
-from synthwatch.quality.alarms import set_auto_pause
+from synthwatch.quality.detection.alarms import set_auto_pause
 from synthwatch.store import queue as store
 
 pytestmark = pytest.mark.browser

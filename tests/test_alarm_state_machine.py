@@ -37,7 +37,7 @@ from test_alarms import patch_sim
 from test_checks_kit import writer_hooks
 from workerkit import Background, make_config, run_row, wait_for
 
-from synthwatch.quality.open_items import open_items_text
+from synthwatch.quality.detection.open_items import open_items_text
 from synthwatch.repair.actions import RepairError, rederive_records, rerun_records, select
 from synthwatch.repair.history import list_repairs, undo
 from synthwatch.store import queue as store
@@ -377,8 +377,8 @@ class DetectionMachine(RuleBasedStateMachine):
     def __init__(self, engine: Any, dataset: Any, n: int) -> None:
         super().__init__()
         from synthwatch.check_catalog import BIT, CheckSettings
-        from synthwatch.quality.alarms import AlarmKeeper, effective_rules
         from synthwatch.quality.checks import RecordChecker, RunContext
+        from synthwatch.quality.detection.alarms import AlarmKeeper, effective_rules
 
         self.BIT, self.CheckSettings, self.AlarmKeeper = BIT, CheckSettings, AlarmKeeper
         self.effective_rules, self.RecordChecker, self.RunContext = effective_rules, RecordChecker, RunContext
@@ -449,7 +449,7 @@ class DetectionMachine(RuleBasedStateMachine):
                     " win_fail = excluded.win_fail, win_total = excluded.win_total RETURNING n_fail, n_total"),
                     {"r": self.run_id, "c": name, "f": fails, "n": len(got), "wf": w.fail, "wn": w.total,
                      "t": self.t}).one()
-                from synthwatch.quality.alarms import fires
+                from synthwatch.quality.detection.alarms import fires
 
                 firing = fires(self.rules[name], w.fail, w.total)
                 self.crossings += firing and not self.was_firing
@@ -457,7 +457,7 @@ class DetectionMachine(RuleBasedStateMachine):
                 self.keeper.evaluate(conn, self.t, {name: self.rules[name]}, {name: (w.fail, w.total)},
                                      {name: (int(row[0]), int(row[1]), None)}, {},
                                      new_fail={name: self.t} if fails else None)
-                from synthwatch.quality import open_items
+                from synthwatch.quality.detection import open_items
 
                 open_items.sync(conn, self.run_id, t=self.t)
             self.since_restart += len(got)
@@ -537,7 +537,7 @@ class DetectionMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_bad_record_without_a_named_override(self) -> None:
-        from synthwatch.quality import open_items
+        from synthwatch.quality.detection import open_items
 
         with self.engine.connect() as conn:
             alarmed = conn.execute(text("SELECT 1 FROM alarm WHERE run_id = :r AND rule = 'empty_reasoning'"),

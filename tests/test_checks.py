@@ -11,7 +11,6 @@ import pytest
 
 from synthwatch.app.words import check_label
 from synthwatch.check_catalog import BIT, CHECK_NAMES, DEFAULT_RULES
-from synthwatch.quality.alarms import fires, should_pause
 from synthwatch.quality.checks import (
     ChecksConfigError,
     RecordChecker,
@@ -22,6 +21,7 @@ from synthwatch.quality.checks import (
     with_canaries,
 )
 from synthwatch.quality.detection import Window
+from synthwatch.quality.detection.alarms import fires, should_pause
 from synthwatch.quality.token_checks import TokenJob, run_token_job
 
 REASONING = ("Let me work through this step by step. The question asks me to compute 2 + 2. "

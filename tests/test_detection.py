@@ -10,7 +10,7 @@ from typing import Any
 from test_checks_kit import alarms, writer_hooks
 from workerkit import Background, create, make_config, records, run_row
 
-from synthwatch.quality.open_items import items
+from synthwatch.quality.detection.open_items import items
 
 
 def _short_workers(engine: Any, config: Any, run_id: int, n_workers: int, per_worker: int) -> None:
@@ -48,7 +48,7 @@ def _oscillate(engine: Any, run_id: int, seed: int, minutes: float = 4.0, per_s:
 
     from sqlalchemy import text
 
-    from synthwatch.quality.alarms import AlarmKeeper, effective_rules
+    from synthwatch.quality.detection.alarms import AlarmKeeper, effective_rules
 
     rng = random.Random(seed)
     rules = {"empty_reasoning": effective_rules({})["empty_reasoning"]}
@@ -95,8 +95,8 @@ def test_a_rate_at_the_threshold_for_4_minutes_opens_at_most_3_episodes(engine, 
 
 def test_the_keepers_default_hysteresis_is_the_settings_default() -> None:
     from synthwatch.check_catalog import CheckSettings
-    from synthwatch.quality.alarms import AlarmKeeper
     from synthwatch.quality.detection import Hysteresis
+    from synthwatch.quality.detection.alarms import AlarmKeeper
 
     assert AlarmKeeper(1, "x").hysteresis == Hysteresis.of(CheckSettings()) == Hysteresis()
 
@@ -119,7 +119,7 @@ def test_weakening_without_a_reason_is_refused(engine, db_path, sim, prompts, tm
     from conftest import run_cli
     from sqlalchemy import text
 
-    from synthwatch.quality.open_items import sync_run
+    from synthwatch.quality.detection.open_items import sync_run
 
     run_id = _completed_with_empty_reasoning(engine, sim, prompts, "weaken")
     before = run_row(engine, run_id)["status_message"] or ""
@@ -205,7 +205,7 @@ def test_a_judge_answering_prose_raises_its_own_alarm(tmp_path, sim, db_path) ->
     from conftest import run_cli
     from test_judge import judge_toml, write_prompts
 
-    from synthwatch.quality.open_items import sync_run
+    from synthwatch.quality.detection.open_items import sync_run
     from synthwatch.store.db import open_engine
 
     gen = sim(seed=22, reasoning_tokens="5-10", content_tokens="8-12")
@@ -298,3 +298,17 @@ def test_two_workers_at_once_share_one_view(any_engine, sim, prompts) -> None:  
     with engine.connect() as conn:  # the premise: both workers claimed records
         busy = conn.execute(text("SELECT COUNT(*) FROM worker WHERE run_id = :r AND claimed > 0"), {"r": run_id}).scalar()
     assert busy == 2, busy
+
+
+def test_the_store_keeps_only_the_queue_and_detection_writes_acknowledgements() -> None:
+    """#35 Must have 8: one module owns detection state. store/queue.py claims and resumes by asking detection
+    (quality.detection: claim_gate, resume_gate); it reads and writes no alarm, snooze or acknowledgement itself."""
+    import inspect
+
+    from synthwatch.quality import detection
+    from synthwatch.store import queue
+
+    src = inspect.getsource(queue)
+    for word in ("UPDATE alarm", "FROM alarm", "acked_at", "snooze_until", "snooze_records", "MAX_ACK"):
+        assert word not in src, f"store/queue.py still handles {word!r}: detection state belongs to quality.detection"
+    assert "resume_gate" in detection.__all__ and "claim_gate" in detection.__all__

@@ -316,7 +316,7 @@ def test_slow_checks_push_back_drain_on_shutdown_and_pending_stays_visible(engin
 
 
 def test_the_checks_page_and_api_treat_an_extended_check_like_a_built_in(engine, live_app) -> None:  # type: ignore[no-untyped-def]
-    from synthwatch.quality.alarms import set_auto_pause
+    from synthwatch.quality.detection.alarms import set_auto_pause
 
     run_id, ids = crafted_run(engine, {"rule": [{"name": "long", "min_chars": 10}]},
                               [("q", "short", {}), ("q", "long enough answer", {})] * 15)

@@ -448,7 +448,7 @@ def test_runs_list_timeout_badge_labels_whole_run_and_recent_shares() -> None:
 def test_alarm_links_use_the_running_dashboard_and_skip_a_dead_ones_row(tmp_path: Path, monkeypatch: Any) -> None:
     from sqlalchemy import text
 
-    from synthwatch.quality.alarms import AlarmKeeper
+    from synthwatch.quality.detection.alarms import AlarmKeeper
     from synthwatch.settings import get_settings
     from synthwatch.store.dashboards import dashboard_url, forget_dashboard, record_dashboard
 

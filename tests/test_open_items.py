@@ -31,7 +31,7 @@ from synthwatch.app.stats import list_runs
 from synthwatch.app.timeseries import timeseries
 from synthwatch.check_catalog import BIT
 from synthwatch.export.stream import manifest_path
-from synthwatch.quality import open_items
+from synthwatch.quality.detection import open_items
 from synthwatch.repair import actions as repair
 from synthwatch.review import flags
 from synthwatch.store import queue as store

@@ -23,7 +23,7 @@ from sqlalchemy import text
 from test_checks_kit import completed_mismatch_run
 from workerkit import make_config, run_row, run_to_end
 
-from synthwatch.quality import open_items
+from synthwatch.quality.detection import open_items
 from synthwatch.repair import actions as repair
 from synthwatch.repair import settings_diff
 from synthwatch.store import versions

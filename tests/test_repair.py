@@ -17,7 +17,7 @@ from workerkit import make_config, records, run_row, wait_for
 
 from synthwatch.export.plan import ExportOptions
 from synthwatch.export.stream import export_run
-from synthwatch.quality import alarms as alarms_mod
+from synthwatch.quality.detection import alarms as alarms_mod
 from synthwatch.repair import actions as repair
 from synthwatch.repair import history as repair_history
 from synthwatch.store import queue as store

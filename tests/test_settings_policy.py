@@ -23,7 +23,7 @@ from conftest import cli_env, run_cli, write_prompts
 from keyecho import KeyEchoServer
 from workerkit import run_row, wait_for
 
-import synthwatch.quality.overrides  # noqa: F401  (registers the weakening guard versions.create_version asks, #35)
+import synthwatch.quality.detection.overrides  # noqa: F401  (registers the weakening guard versions.create_version asks, #35)
 from synthwatch.check_catalog import CHECK_NAMES
 from synthwatch.config import ConfigError, build_config
 from synthwatch.store import versions

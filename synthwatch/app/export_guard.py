@@ -7,7 +7,7 @@ check, where to repair them) and export only once told to anyway: a ticked box, 
 ``--allow-open-alarms``.
 
 Open items count too (#26): an alarm that ended leaves its records failing until they are repaired, flagged
-bad or accepted (quality/open_items.py), so an export names each open item and needs the same yes while a
+bad or accepted (quality/detection/open_items.py), so an export names each open item and needs the same yes while a
 data-quality one is open. Who confirmed, and when, goes into the manifest (``confirmed_with_open_alarms``).
 """
 
@@ -20,8 +20,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ..hints import command as hint
-from ..quality import open_items as items_mod
-from ..quality.alarms import TRANSPORT_RULES
+from ..quality.detection import open_items as items_mod
+from ..quality.detection.alarms import TRANSPORT_RULES
 from .words import check_label, plural
 
 CONFIRM_FLAG = "--allow-open-alarms"
@@ -36,7 +36,7 @@ class OpenAlarms:
     alarms: list[dict[str, Any]] = field(default_factory=list)
     """id, rule, label, title, n_fail (records failing its check, whole run), acked, auto_paused, repair_url"""
     items: list[dict[str, Any]] = field(default_factory=list)
-    """the run's open items (quality/open_items.py), data-quality and transport ones"""
+    """the run's open items (quality/detection/open_items.py), data-quality and transport ones"""
 
     @property
     def quality_items(self) -> list[dict[str, Any]]:

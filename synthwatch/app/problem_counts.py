@@ -14,9 +14,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from ..quality import open_items
-from ..quality.alarms import MISMATCH_SYMPTOMS
-from ..quality.detection import problem_counts
+from ..quality.detection import open_items, problem_counts
+from ..quality.detection.alarms import MISMATCH_SYMPTOMS
 from .words import check_label
 
 

@@ -15,7 +15,7 @@ applied to), and is coloured by that alarm's rule (``alarms.fires``, the run's o
 
 A finished run (no longer live) has no "last 100" that means anything: its tiles show the whole run's rate,
 labelled "whole run", red while an open item on the check remains (records an alarm left failing, whether
-or not the alarm itself has ended; quality/open_items.py), or when the whole run's share fires the rule (#26:
+or not the alarm itself has ended; quality/detection/open_items.py), or when the whole run's share fires the rule (#26:
 3,290 empty-reasoning records of 20,000 once showed green 0.0 % from the last 100).
 """
 
@@ -27,7 +27,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ..check_catalog import Rule
-from ..quality.alarms import MISMATCH_SYMPTOMS, effective_rules, fires
+from ..quality.detection.alarms import MISMATCH_SYMPTOMS, effective_rules, fires
 from ..store.models import LIVE_STATUSES
 from .problem_counts import open_problems
 from .words import check_label, plural

@@ -23,7 +23,9 @@ from ..check_catalog import BIT, CHECK_INFO, CHECK_NAMES, DEFAULT_RULES, extende
 from ..check_extended import VERIFIER_KINDS
 from ..quality import judge_view
 from ..quality.alarm_text import render as render_alarm
-from ..quality.alarms import (
+from ..quality.checks import ChecksConfigError, parse_settings
+from ..quality.detection import Hysteresis, run_problems
+from ..quality.detection.alarms import (
     AlarmNotFound,
     acknowledge,
     active_overrides,
@@ -36,9 +38,7 @@ from ..quality.alarms import (
     snoozed_alarms,
     worst_severity,
 )
-from ..quality.checks import ChecksConfigError, parse_settings
-from ..quality.detection import Hysteresis, run_problems
-from ..quality.overrides import list_overrides as list_weakenings
+from ..quality.detection.overrides import list_overrides as list_weakenings
 from ..quality.recompute import recompute, save_settings
 from ..repair.likely_fix import proposal
 from ..settings_policy import (
@@ -461,7 +461,7 @@ async def api_settings(request: Request, run_id: int, engine: WriteEngine, conn:
         return JSONResponse({"detail": "body must be a JSON object (the [checks] table)"}, status_code=400)
     try:
         raw = checks_policy(request, conn, run_id, raw)
-        # a change that weakens detection needs ?reason=... (synthwatch.quality.overrides)
+        # a change that weakens detection needs ?reason=... (synthwatch.quality.detection.overrides)
         settings = save_settings(engine, run_id, raw, actor="api", reason=request.query_params.get("reason"))
     except PolicyError as exc:
         return JSONResponse({"detail": str(exc), "refused": [k for k, _ in exc.problems]}, status_code=400)

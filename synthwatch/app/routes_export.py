@@ -30,7 +30,7 @@ from ..export.plan import (
 )
 from ..export.select import SELECT_MODES
 from ..quality import passk
-from ..quality.overrides import list_overrides
+from ..quality.detection.overrides import list_overrides
 from ..store import queue as store
 from .deps import render
 from .export_guard import CONFIRM_FIELD, OpenAlarms, left_out_for, manifest_items, open_alarms

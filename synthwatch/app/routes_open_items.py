@@ -1,4 +1,4 @@
-"""Routes: a run's open items (records an alarm left failing, quality/open_items.py) and accepting one.
+"""Routes: a run's open items (records an alarm left failing, quality/detection/open_items.py) and accepting one.
 
 The run page shows them in its stats fragment; this module answers the JSON API and the accept form. Accepting
 is the only write: a short transaction with a typed reason, kept with the item and in the audit log.
@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from ..quality import open_items
+from ..quality.detection import open_items
 from .deps import ReadConn, WriteEngine
 
 router = APIRouter()

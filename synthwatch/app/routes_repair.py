@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..capture.reasoning import MODES as REASONING_MODES
 from ..check_catalog import CHECK_INFO, CHECK_NAMES
-from ..quality.alarms import OverrideError, list_overrides, set_auto_pause
+from ..quality.detection.alarms import OverrideError, list_overrides, set_auto_pause
 from ..repair import actions as repair
 from ..repair import history as repair_history
 from ..repair import settings_diff

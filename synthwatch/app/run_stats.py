@@ -12,8 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from ..quality import open_items, passk
-from ..quality.detection import Problems, run_problems
+from ..quality import passk
+from ..quality.detection import Problems, open_items, run_problems
 from ..store.models import LIVE_STATUSES
 from ..workers.sketch import TPS_MIN, Sketch
 from .problem_counts import in_words

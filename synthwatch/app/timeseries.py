@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from ..quality import open_items
+from ..quality.detection import open_items
 from ..store.models import LIVE_STATUSES
 from . import stats
 from .stats import (

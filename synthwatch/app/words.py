@@ -23,7 +23,7 @@ def check_label(name: str) -> str:
     return rule.title if rule else name.replace("_", " ").capitalize()
 
 
-# Where a stored status message names a check by its id (store/queue.py pause_reason, quality/open_items.py
+# Where a stored status message names a check by its id (store/queue.py pause_reason, quality/detection/open_items.py
 # completion text): "alarm #3 field_mismatch: <title>", "failing empty_reasoning", "an open truncated problem",
 # "queued for a re-run (empty_reasoning)". Only these places: a command in the message keeps its ids.
 _STATUS_IDS = re.compile(r"(?P<alarm>alarm #\d+) (?P<aid>[a-z][a-z0-9_]*): (?P<title>[^.;(]*)"

@@ -49,8 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _open_items(engine: Any, run: dict[str, Any], a: argparse.Namespace, out: Any) -> list[dict[str, Any]]:
-    """--accept, then the run's open items brought up to date (quality/open_items.py)."""
-    from ..quality import open_items
+    """--accept, then the run's open items brought up to date (quality/detection/open_items.py)."""
+    from ..quality.detection import open_items
 
     run_id = int(run["id"])
     if a.accept is not None:
@@ -68,8 +68,8 @@ def _open_items(engine: Any, run: dict[str, Any], a: argparse.Namespace, out: An
 
 def handle(a: argparse.Namespace) -> int:
     from ..config import ConfigError, load_toml
-    from ..quality.alarms import AlarmNotFound, acknowledge, banner_alarms, snoozed_alarms
     from ..quality.checks import ChecksConfigError
+    from ..quality.detection.alarms import AlarmNotFound, acknowledge, banner_alarms, snoozed_alarms
     from ..quality.recompute import check_rates, recompute, save_settings
     from ..store.queue import ControlError
     engine, run = open_run(a.db, a.run)

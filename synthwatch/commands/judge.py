@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def handle(a: argparse.Namespace) -> int:
     from ..config import ConfigError, JudgeConfig, load_toml
-    from ..quality import overrides  # noqa: F401  - registers the guard a new config version passes (#35)
+    from ..quality.detection import overrides  # noqa: F401  - registers the guard a new config version passes (#35)
     from ..store.versions import VersionError, create_version
     from ..workers.endpoints import MissingApiKey
     from ..workers.judge import JudgeRunner, unkept_fields

@@ -1,6 +1,6 @@
 """`synthwatch fix | rederive | rerun | repairs | versions | autopause`: repair a run from a terminal.
 
-Thin: parse flags, call synthwatch.store.versions / synthwatch.repair.actions / synthwatch.quality.alarms, print. Every verb that
+Thin: parse flags, call synthwatch.store.versions / synthwatch.repair.actions / synthwatch.quality.detection.alarms, print. Every verb that
 changes records previews first (`--dry-run` previews only; on a terminal it asks before applying).
 """
 
@@ -146,7 +146,7 @@ def _fix_changes(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def handle_fix(a: argparse.Namespace) -> int:
-    from ..quality import overrides  # noqa: F401  - registers the guard a new config version passes (#35)
+    from ..quality.detection import overrides  # noqa: F401  - registers the guard a new config version passes (#35)
     from ..store.versions import VersionError, change_settings
 
     engine, run = _open(a)
@@ -300,7 +300,7 @@ def handle_versions(a: argparse.Namespace) -> int:
 
 
 def handle_autopause(a: argparse.Namespace) -> int:
-    from ..quality.alarms import OverrideError, set_auto_pause
+    from ..quality.detection.alarms import OverrideError, set_auto_pause
 
     engine, run = _open(a)
     try:

@@ -325,7 +325,7 @@ def refuse_unloadable_checks(raw_checks: Any) -> None:
 
 def _resume_settings(engine: Any, a: argparse.Namespace, run: dict[str, Any], config: Any) -> None:
     """A resume never changes settings silently: differences are refused, or become a new config version."""
-    from ..quality import overrides  # noqa: F401  - registers the guard a new config version passes (#35)
+    from ..quality.detection import overrides  # noqa: F401  - registers the guard a new config version passes (#35)
     from ..store.versions import create_version, refusal, resume_check
 
     stored = json.loads(run["config_json"])

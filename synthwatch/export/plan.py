@@ -121,7 +121,7 @@ class ExportPlan:
     snapshot_ids: Sequence[int] | None = None
     """With snapshot_at: the ids (sorted) of the run's ok records as the export saw them when it was prepared."""
     overrides: list[dict[str, Any]] = field(default_factory=list)
-    """The run's weakening overrides (synthwatch.quality.overrides): what, why, who, when (#35)."""
+    """The run's weakening overrides (synthwatch.quality.detection.overrides): what, why, who, when (#35)."""
 
 
 class Skip(Exception):

@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine
 
 from ..capture.turns import history_reasoning_of
 from ..hints import command as hint
-from ..quality.overrides import list_overrides
+from ..quality.detection.overrides import list_overrides
 from ..store import queue as store
 from . import unwritten
 from .plan import (

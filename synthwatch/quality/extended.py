@@ -33,11 +33,12 @@ from sqlalchemy.engine import Connection, Engine
 from ..check_catalog import CheckSettings, Rule
 from ..hints import command as hint
 from ..store import queue as store
-from . import detection, open_items
+from . import detection
 from . import verdicts as vd
-from .alarms import AlarmKeeper, rules_for
 from .check_pool import CheckProcess, Result, pool_checks_budget, view_args
 from .checks import ChecksConfigError, RecordView, view_from_row
+from .detection import open_items
+from .detection.alarms import AlarmKeeper, rules_for
 
 log = logging.getLogger("synthwatch.checks")
 

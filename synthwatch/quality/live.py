@@ -1,6 +1,6 @@
 """The checks while a run is live: the writer hook (:class:`ChecksHook`) that checks every stored record in the
 worker's writer thread, keeps a rolling window per check in memory, adds whole-run counts to ``check_stat`` in the
-writer's transaction, and lets :class:`synthwatch.quality.alarms.AlarmKeeper` raise alarms and auto-pause the run."""
+writer's transaction, and lets :class:`synthwatch.quality.detection.alarms.AlarmKeeper` raise alarms and auto-pause the run."""
 
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ from sqlalchemy.engine import Connection, Engine
 from ..check_catalog import BIT, CHECK_NAMES, CheckSettings, Rule
 from ..config import ConfigError
 from ..store import queue as store
-from . import open_items, overrides  # noqa: F401  (overrides: registers the guard of config versions)
-from .alarms import AlarmKeeper, effective_rules
 from .checks import (
     ChecksConfigError,
     RecordChecker,
@@ -29,7 +27,8 @@ from .checks import (
     parse_settings,
     view_from_outcome,
 )
-from .detection import Hysteresis, Window, other_workers_live, recent_windows
+from .detection import Hysteresis, Window, open_items, other_workers_live, overrides, recent_windows  # noqa: F401  (overrides: registers the guard of config versions)
+from .detection.alarms import AlarmKeeper, effective_rules
 from .notify import Notifier
 from .token_checks import TokenJob, TokenThread, tokenizer_spec
 
@@ -340,7 +339,7 @@ class ChecksHook:
                                     new_fail=self._new_fail)
 
     def _sync_items(self, conn: Connection, t: float, now: bool) -> None:
-        """Open items (quality/open_items.py): opened as soon as an alarm is raised, recounted from the records every
+        """Open items (quality/detection/open_items.py): opened as soon as an alarm is raised, recounted from the records every
         SYNC_EVERY_S (longer on a large run: open_items.sync_wait_s) while an alarm or an item is open (a re-run's
         records may close one)."""
         if not now and not (self.keeper.active or self._items_open):

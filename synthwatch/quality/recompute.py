@@ -16,9 +16,10 @@ from ..capture.turns import load as load_turns
 from ..check_catalog import BIT, CHECK_INFO, CHECK_NAMES, CheckSettings
 from ..hints import command as hint
 from ..store import queue as store
-from . import open_items, overrides, verdicts  # noqa: F401  (overrides: registers the guard of config versions)
-from .alarms import AlarmKeeper, effective_rules, rules_for
+from . import verdicts
 from .checks import ChecksConfigError, RecordChecker, RunContext, check_turns, parse_settings, view_from_row
+from .detection import open_items, overrides  # noqa: F401  (overrides: registers the guard of config versions)
+from .detection.alarms import AlarmKeeper, effective_rules, rules_for
 from .token_checks import TokenJob, run_token_job, tokenizer_spec
 
 log = logging.getLogger("synthwatch.checks")
@@ -32,7 +33,7 @@ _RECORD_COLS = ("id, idx, status, reasoning, content, finish_reason, completion_
 def save_settings(engine: Engine, run_id: int, raw: dict[str, Any], actor: str = "cli", *,
                   reason: str | None = None) -> CheckSettings:
     """Validate and store a run's `[checks]` table in its config snapshot. A change that weakens detection needs
-    ``reason`` (synthwatch.quality.overrides); without one it raises ChecksConfigError naming each weakening."""
+    ``reason`` (synthwatch.quality.detection.overrides); without one it raises ChecksConfigError naming each weakening."""
     from ..store.versions import VersionError, create_version
 
     settings = parse_settings(raw)

@@ -31,10 +31,9 @@ from sqlalchemy.engine import Connection, Engine
 from ..capture.reasoning import REASONING_FIELDS, rederive
 from ..capture.turns import load as load_turns
 from ..check_catalog import BIT, CHECK_NAMES
-from ..quality import open_items
-from ..quality.alarms import AlarmKeeper, effective_rules
 from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turns, view_from_row
-from ..quality.detection import recent_windows
+from ..quality.detection import open_items, recent_windows
+from ..quality.detection.alarms import AlarmKeeper, effective_rules
 from ..review.filters import Filters, ReviewError, failed_checks
 from ..review.flags import max_record_id
 from ..review.queries import Cursor, select_ids

@@ -17,8 +17,8 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from ..quality import overrides  # noqa: F401  - registers the guard of config versions (#35)
 from ..quality.alarm_text import current_mode, evidence
+from ..quality.detection import overrides  # noqa: F401  - registers the guard of config versions (#35)
 from ..store import versions
 from . import actions
 from .settings_diff import lines

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection, Engine
 
-from ..quality import open_items
+from ..quality.detection import open_items
 from ..store import queue as store
 from . import idset
 from .filters import BULK_CHUNK, REASON_CODES, VERDICTS, Filters, NotFound, ReviewError, index_hint

@@ -442,7 +442,7 @@ class PauseOverride(SQLModel, table=True):
 
 class CheckOverride(SQLModel, table=True):
     """A setting change that weakens detection (a check disabled, a threshold raised...), with its reason, who and
-    when: appended, never changed (synthwatch.quality.overrides)."""
+    when: appended, never changed (synthwatch.quality.detection.overrides)."""
 
     __tablename__ = "check_override"
     __table_args__ = (Index("ix_check_override_run", "run_id"),)

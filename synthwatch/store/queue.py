@@ -218,8 +218,9 @@ def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, a
                   ack_minutes: float | None = None) -> dict[str, Any]:
     """Record a control request; workers read it within their control interval (~0.25 s).
 
-    A resume while a pausing alarm is open and not snoozed raises AlarmOpen unless it acknowledges that alarm in
-    the same transaction, for ``ack_records`` more records or ``ack_minutes`` minutes (see :func:`alarm_gate`)."""
+    A resume asks detection (:func:`resume_gate`) in the same transaction: while a pausing alarm is open and not
+    snoozed it raises AlarmOpen unless the resume acknowledges that alarm, for ``ack_records`` more claims or
+    ``ack_minutes`` minutes."""
     if action not in CONTROL_ACTIONS:
         raise ControlError(f"unknown control action {action!r}; expected one of {', '.join(CONTROL_ACTIONS)}")
     sets: dict[str, Any] = {}
@@ -257,7 +258,6 @@ def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, a
         sets["concurrency"] = c
     if action != "resume" and (ack_records is not None or ack_minutes is not None):
         raise ControlError("an acknowledgement (for N records or M minutes) goes with resume only")
-    snooze = _snooze_bound(ack_records, ack_minutes)
     with engine.connect() as conn, write_begin(conn):
         lock_run(conn, run_id)
         row = conn.execute(text("SELECT status, kind, total, n_pending FROM run WHERE id = :r"),
@@ -266,11 +266,9 @@ def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, a
             raise NotFound(f"no run {run_id}")
         if action == "resume":
             claimed = int(row[2] or 0) - int(row[3] or 0)
-            blocked, _left = alarm_gate(conn, run_id, claimed, now(), reopen=False)
-            if blocked and snooze is None:
-                raise AlarmOpen(resume_refusal(blocked, ack_hint(conn, run_id, blocked)), blocked)
-            if blocked and snooze is not None:
-                sets["acknowledged"] = _acknowledge_blocking(conn, run_id, blocked, claimed, snooze, actor)
+            acked = resume_gate(conn, run_id, claimed, ack_records=ack_records, ack_minutes=ack_minutes, actor=actor)
+            if acked:
+                sets["acknowledged"] = acked
         assign = ", ".join(f"{k} = :{k}" for k in sets if k != "acknowledged")
         conn.execute(text(f"UPDATE run SET {assign}, updated_at = :t WHERE id = :r"),
                      {**{k: v for k, v in sets.items() if k != "acknowledged"}, "t": now(), "r": run_id})
@@ -280,43 +278,43 @@ def apply_control(engine: Engine, run_id: int, action: str, value: Any = None, a
 
 # ---------------------------------------------------------------- the pausing-alarm gate
 
-MAX_ACK_RECORDS = 1_000_000_000
-MAX_ACK_MINUTES = 7 * 24 * 60
-
-# The claim asks detection (synthwatch.quality.detection.claim_gate, registered when that module is imported) which
-# alarms hold the run and how many claims bounded acknowledgements still allow. The store does not import it
-# (imports go downwards); without a registered gate a claim or a resume refuses rather than go around alarms.
+# Detection (synthwatch.quality.detection: claim_gate and resume_gate, registered when it is imported) owns the
+# alarms, their snoozes and acknowledgements. The claim asks it which alarms hold the run and how many claims
+# bounded acknowledgements still allow; a resume asks it whether an alarm holds the run and lets it record the
+# resume's acknowledgement. The store does not import it (imports go downwards); without a registered gate a claim
+# or a resume refuses rather than go around alarms.
 Gate = Callable[..., tuple[list[dict[str, Any]], "int | None"]]
+ResumeGate = Callable[..., list[dict[str, Any]]]
 _gate: list[Gate] = []
+_resume_gate: list[ResumeGate] = []
 
 
-def set_claim_gate(gate: Gate) -> None:
+def set_claim_gate(gate: Gate, resume: ResumeGate) -> None:
     _gate[:] = [gate]
+    _resume_gate[:] = [resume]
+
+
+def _no_gate() -> RuntimeError:
+    return RuntimeError("no claim gate registered: import synthwatch.quality.detection before claiming")
 
 
 def alarm_gate(conn: Connection, run_id: int, claimed: int, t: float, *,
                reopen: bool = True) -> tuple[list[dict[str, Any]], int | None]:
     """(blocking alarms, claims still allowed or None): detection's answer (see set_claim_gate)."""
     if not _gate:
-        raise RuntimeError("no claim gate registered: import synthwatch.quality.detection before claiming")
+        raise _no_gate()
     return _gate[0](conn, run_id, claimed, t, reopen=reopen)
 
 
-def _snooze_bound(records: int | None, minutes: float | None) -> tuple[str, float] | None:
-    if records is not None and minutes is not None:
-        raise ControlError("acknowledge for a number of records or a number of minutes, not both")
-    if records is not None:
-        if not 1 <= int(records) <= MAX_ACK_RECORDS:
-            raise ControlError(f"acknowledge for 1 to {MAX_ACK_RECORDS:,} records, got {records}")
-        return ("records", float(int(records)))
-    if minutes is not None:
-        if not 0 < float(minutes) <= MAX_ACK_MINUTES:
-            raise ControlError(f"acknowledge for more than 0 and at most {MAX_ACK_MINUTES:,} minutes, got {minutes}")
-        return ("minutes", float(minutes))
-    return None
+def resume_gate(conn: Connection, run_id: int, claimed: int, *, ack_records: int | None, ack_minutes: float | None,
+                actor: str) -> list[dict[str, Any]]:
+    """Detection's answer to a resume (see set_claim_gate): the alarms it acknowledged, or AlarmOpen."""
+    if not _resume_gate:
+        raise _no_gate()
+    return _resume_gate[0](conn, run_id, claimed, ack_records=ack_records, ack_minutes=ack_minutes, actor=actor)
 
 
-def _alarm_names(blocked: list[dict[str, Any]]) -> str:
+def alarm_names(blocked: list[dict[str, Any]]) -> str:
     return "; ".join(f"alarm #{a['id']} {a['rule']} ({a['title']})" for a in blocked)
 
 
@@ -329,36 +327,12 @@ def ack_hint(conn: Connection, run_id: int, blocked: list[dict[str, Any]]) -> st
                 run=str(name if name is not None else run_id), db=conn.engine.url.render_as_string(hide_password=True))
 
 
-def resume_refusal(blocked: list[dict[str, Any]], ack: str) -> str:
-    return (f"not resumed: {_alarm_names(blocked)} paused this run and is still open. Resuming would pause it "
-            "again before the next record. Acknowledge it in the same action, for a number of records or minutes "
-            f"(`{ack}`, the dashboard's \"Acknowledge and resume\","
-            " or the API's ack_records / ack_minutes), or fix the cause first (Settings & repairs).")
-
-
-def _acknowledge_blocking(conn: Connection, run_id: int, blocked: list[dict[str, Any]], claimed: int,
-                          snooze: tuple[str, float], actor: str) -> list[dict[str, Any]]:
-    t = now()
-    kind, amount = snooze
-    until = t + amount * 60 if kind == "minutes" else None
-    upto = claimed + int(amount) if kind == "records" else None
-    what = f"{int(amount):,} more records" if kind == "records" else f"{amount:g} minutes"
-    out = []
-    for a in blocked:
-        conn.execute(text("UPDATE alarm SET acked_at = :t, acked_by = :a, snooze_until = :u, snooze_records = :n"
-                          " WHERE id = :i"), {"t": t, "a": actor, "u": until, "n": upto, "i": a["id"]})
-        add_event(conn, run_id, "ack_alarm", a["id"], actor=actor,
-                  detail=f"{a['rule']}: acknowledged and resumed for {what}")
-        out.append({"id": a["id"], "rule": a["rule"], "for": what, "snooze_until": until, "snooze_records": upto})
-    return out
-
-
 def hold_for_alarms(conn: Connection, run_id: int, blocked: list[dict[str, Any]]) -> None:
     """The claim found a pausing alarm open: the run pauses (again), saying why, and claims nothing."""
     if conn.execute(text("UPDATE run SET desired = 'pause', updated_at = :t WHERE id = :r AND desired = 'run'"),
                     {"t": now(), "r": run_id}).rowcount:
         add_event(conn, run_id, "pause", None, actor="alarm",
-                  detail=f"{_alarm_names(blocked)} is open and not acknowledged: no record is claimed until it is"
+                  detail=f"{alarm_names(blocked)} is open and not acknowledged: no record is claimed until it is"
                          " acknowledged (Acknowledge and resume) or cleared")
 
 

@@ -256,7 +256,7 @@ GUARDS: dict[str, Guard] = {g.table: g for g in (
           " :fix, :count, :ex, :t, :t, true, false, :prev, :ev) RETURNING id",
           texts={"rule": 200, "sev": 40, "title": 400, "msg": MESSAGE_MAX, "fix": MESSAGE_MAX, "ev": 20_000},
           ints=("count",), refused=_alarm_refused, not_null=("rule", "sev", "title", "msg", "count"),
-          writers=("quality/alarms.py (AlarmKeeper: a check's or the judge's alarm, with its evidence)",),
+          writers=("quality/detection/alarms.py (AlarmKeeper: a check's or the judge's alarm, with its evidence)",),
           example=lambda c, r, i: {"r": r, "rule": "judge", "sev": "error", "title": "t", "msg": "m", "fix": "f",
                                    "count": 1, "ex": i, "t": 1.0, "prev": None, "ev": "{}"}),
     Guard("run",
@@ -268,7 +268,7 @@ GUARDS: dict[str, Guard] = {g.table: g for g in (
           "UPDATE open_item SET state = 'accepted', closed_at = :t, closed_by = :a, reason = :why, updated_at = :t"
           " WHERE id = :i",
           texts={"a": 200, "why": 2000},
-          writers=("quality/open_items.py (accept: the person's typed reason)",), example=_open_item_example),
+          writers=("quality/detection/open_items.py (accept: the person's typed reason)",), example=_open_item_example),
 )}
 """Every guarded table, by name. ``record`` is guarded by workers/record_writes.py (RECORD_TEXT below)."""
 

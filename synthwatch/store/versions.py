@@ -59,10 +59,10 @@ class VersionError(ValueError):
 
 
 class WeakeningRefused(VersionError):
-    """A change that weakens detection, without a reason (synthwatch.quality.overrides)."""
+    """A change that weakens detection, without a reason (synthwatch.quality.detection.overrides)."""
 
 
-# Detection's guard on every new config version (synthwatch.quality.overrides.guard, registered when that module is
+# Detection's guard on every new config version (synthwatch.quality.detection.overrides.guard, registered when that module is
 # imported; the store does not import it): refuses a weakening without a reason, records one with it.
 ChangeGuard = Callable[..., Any]
 _guards: list[ChangeGuard] = []
@@ -212,7 +212,7 @@ def create_version(conn: Connection, run_id: int, new_cfg: dict[str, Any], *, ac
     """Store new_cfg as the run's next version and make it current (inside the caller's write transaction)."""
     version, old = current(conn, run_id)
     if not _guards:
-        raise RuntimeError("no change guard registered: import synthwatch.quality.overrides before changing settings")
+        raise RuntimeError("no change guard registered: import synthwatch.quality.detection.overrides before changing settings")
     _guards[0](conn, run_id, old, new_cfg, actor=actor, reason=reason)
     changes = versioned_changes(old, new_cfg)
     nxt = version + 1

@@ -27,7 +27,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from ..config import RunConfig
-from ..quality.alarms import TRANSPORT_RULES
+from ..quality.detection.alarms import TRANSPORT_RULES
 from ..quality.inflight import run_rules
 from ..quality.token_checks import think_ids
 from ..settings import get_settings

@@ -40,7 +40,7 @@ from ..hints import command as hint
 from ..outbound import register, run_sync
 from ..quality import detection
 from ..quality import verdicts as vd
-from ..quality.alarms import AlarmKeeper
+from ..quality.detection.alarms import AlarmKeeper
 from ..quality.judge_view import CHECK
 from ..quality.verifiers import reference_of
 from ..redact import redact

@@ -34,7 +34,7 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from ..quality.open_items import completion_message
+from ..quality.detection.open_items import completion_message
 from ..redact import redact
 from ..settings import get_settings
 from ..store import queue as store
@@ -310,7 +310,7 @@ def write_exit(conn: Connection, run_id: int, worker_id: int, final: str, messag
                 said = store.last_failure(conn, run_id)
                 msg = f"every request failed ({msg})" + (f"; the server said: {said}" if said else "")
     if state == "completed":
-        # a run that leaves open items (an alarm's failing records, quality/open_items.py) is never plain "completed"
+        # a run that leaves open items (an alarm's failing records, quality/detection/open_items.py) is never plain "completed"
         failing = completion_message(conn, run_id)
         if failing:
             msg = failing + (f" ({msg})" if msg else "")

@@ -30,9 +30,9 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from ..check_catalog import BIT, CHECK_INFO
-from ..store import queue as store
-from ..store import rows as store_rows
+from ...check_catalog import BIT, CHECK_INFO
+from ...store import queue as store
+from ...store import rows as store_rows
 
 STATES = ("open", "repaired", "excluded", "accepted")
 # alarms about transport (errors, timeouts): their records are never exported, so an export names these items
@@ -172,7 +172,7 @@ def sync(conn: Connection, run_id: int, *, t: float | None = None, actor: str = 
         c = count_failing(conn, run_id, check, item["since"], reruns=reruns)
         peak = max(int(item["n_peak"] or 0), c.failing)
         # a check that stopped running (disabled, its alarm off) fails nothing: that is no repair (#35); such an item
-        # closes as accepted with the override's reason (synthwatch.quality.overrides), or stays open
+        # closes as accepted with the override's reason (synthwatch.quality.detection.overrides), or stays open
         if c.failing == 0 and c.queued == 0 and (peak > 0 or active is None) and check not in stopped:
             state = "excluded" if c.excluded else "repaired"
             conn.execute(text(

@@ -11,7 +11,7 @@ What counts as weakening (:func:`weakenings`, old config -> new config):
 - ``reasoning.expect`` turned off (empty reasoning then never fails);
 - the judge switched off (``[judge]`` removed).
 
-Turning auto-pause off is its own action with a reason (synthwatch.quality.alarms.set_auto_pause).
+Turning auto-pause off is its own action with a reason (synthwatch.quality.detection.alarms.set_auto_pause).
 
 Every config version goes through ``store.versions.create_version``; this module's :func:`guard` is registered
 there (``versions.set_change_guard``) when it is imported: a weakening without a reason of at least
@@ -30,11 +30,11 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from ..check_catalog import CheckSettings, Rule
-from ..store import queue as store
-from ..store import versions
+from ...check_catalog import CheckSettings, Rule
+from ...store import queue as store
+from ...store import versions
+from ..checks import ChecksConfigError, parse_settings
 from .alarms import effective_rules, rules_for
-from .checks import ChecksConfigError, parse_settings
 
 MIN_REASON_CHARS = 5
 MAX_REASON_CHARS = 2000

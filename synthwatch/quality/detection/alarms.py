@@ -7,8 +7,8 @@ up to date; when it stops firing the row becomes inactive, except for *sticky* r
 mismatch, canary, drift, template), which stay until acknowledged or a recompute clears them.
 A rule with ``auto_pause`` marks its alarm row ``auto_paused`` (and pauses the run) when the failing share
 reaches ``pause_threshold`` over at least ``pause_min_records`` records. From then on the pause is a state,
-not an event: the claim itself (synthwatch.store.queue.alarm_gate) refuses while that alarm is open and not
-snoozed, whatever resumed the run. An acknowledgement snoozes it: for N records or M minutes
+not an event: the claim itself (synthwatch.store.queue.alarm_gate, which asks windows.claim_gate) refuses
+while that alarm is open and not snoozed, whatever resumed the run. An acknowledgement snoozes it: for N records or M minutes
 (``acknowledge(..., for_records=, for_minutes=)``, "Acknowledge and resume"), or until the check fails again.
 The words of an alarm are in synthwatch.quality.alarm_text.
 
@@ -27,13 +27,13 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from ..check_catalog import DEFAULT_RULES, Rule, RuleOverride, extended_rule
-from ..store import queue as store
-from ..store import rows as store_rows
-from ..store.dashboards import dashboard_url
-from .alarm_text import describe, hint_ctx, server_said
-from .detection import Hysteresis, RuleState, load_states, save_state, step
-from .verdicts import configured_checks
+from ...check_catalog import DEFAULT_RULES, Rule, RuleOverride, extended_rule
+from ...store import queue as store
+from ...store import rows as store_rows
+from ...store.dashboards import dashboard_url
+from ..alarm_text import describe, hint_ctx, server_said
+from ..verdicts import configured_checks
+from .windows import MAX_ACK_MINUTES, MAX_ACK_RECORDS, Hysteresis, RuleState, load_states, save_state, step
 
 log = logging.getLogger("synthwatch.alarms")
 
@@ -424,13 +424,13 @@ def acknowledge(engine: Engine, run_id: int, alarm_id: int, actor: str = "ui", *
         claimed = int(total or 0) - int(pending or 0)
         until = upto = None
         if for_minutes is not None:
-            if not 0 < float(for_minutes) <= store.MAX_ACK_MINUTES:
-                raise store.ControlError(f"acknowledge for more than 0 and at most {store.MAX_ACK_MINUTES:,} minutes,"
+            if not 0 < float(for_minutes) <= MAX_ACK_MINUTES:
+                raise store.ControlError(f"acknowledge for more than 0 and at most {MAX_ACK_MINUTES:,} minutes,"
                                          f" got {for_minutes}")
             until = t + float(for_minutes) * 60
         if for_records is not None:
-            if not 1 <= int(for_records) <= store.MAX_ACK_RECORDS:
-                raise store.ControlError(f"acknowledge for 1 to {store.MAX_ACK_RECORDS:,} records, got {for_records}")
+            if not 1 <= int(for_records) <= MAX_ACK_RECORDS:
+                raise store.ControlError(f"acknowledge for 1 to {MAX_ACK_RECORDS:,} records, got {for_records}")
             upto = claimed + int(for_records)
         already = row[2] is not None and until is None and upto is None
         if not already:

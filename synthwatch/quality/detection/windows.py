@@ -23,7 +23,8 @@ Parts, and who uses them:
   one failure is proof (threshold 0), a failing share at least twice the threshold (no flap: far from the line), a
   condition that reaches the auto-pause line and a whole re-check (recompute) fire at once.
 - :func:`claim_gate`: asked by ``store.queue.claim`` inside the claim's transaction (registered with
-  ``store.queue.set_claim_gate`` when this module is imported). An alarm that paused the run holds every claim
+  ``store.queue.set_claim_gate`` when this module is imported, with :func:`resume_gate`, which a resume asks in
+  its transaction and which records the resume's acknowledgement). An alarm that paused the run holds every claim
   while it is open, unless acknowledged with a bound: **N records** (the next N *claims*, counted when records are
   claimed, not when they finish) or **M minutes**. An acknowledgement without a bound never lets the run go on;
   when the bound is used up the alarm holds the run again, whatever the records in flight turn out to be.
@@ -43,9 +44,9 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from ..check_catalog import BIT, CHECK_NAMES, CheckSettings, Rule
-from ..store import queue as store
-from .checks import RecordChecker, applied_bits
+from ...check_catalog import BIT, CHECK_NAMES, CheckSettings, Rule
+from ...store import queue as store
+from ..checks import RecordChecker, applied_bits
 
 # ------------------------------------------------------------------------------------ the evidence
 
@@ -277,7 +278,60 @@ def claim_gate(conn: Connection, run_id: int, claimed: int, t: float, *,
     return blocked, left
 
 
-store.set_claim_gate(claim_gate)
+MAX_ACK_RECORDS = 1_000_000_000
+MAX_ACK_MINUTES = 7 * 24 * 60
+
+
+def ack_bound(records: int | None, minutes: float | None) -> tuple[str, float] | None:
+    """An acknowledgement's bound, ("records", N) or ("minutes", M), checked; None when it has none."""
+    if records is not None and minutes is not None:
+        raise store.ControlError("acknowledge for a number of records or a number of minutes, not both")
+    if records is not None:
+        if not 1 <= int(records) <= MAX_ACK_RECORDS:
+            raise store.ControlError(f"acknowledge for 1 to {MAX_ACK_RECORDS:,} records, got {records}")
+        return ("records", float(int(records)))
+    if minutes is not None:
+        if not 0 < float(minutes) <= MAX_ACK_MINUTES:
+            raise store.ControlError(f"acknowledge for more than 0 and at most {MAX_ACK_MINUTES:,} minutes,"
+                                     f" got {minutes}")
+        return ("minutes", float(minutes))
+    return None
+
+
+def resume_refusal(blocked: list[dict[str, Any]], ack: str) -> str:
+    return (f"not resumed: {store.alarm_names(blocked)} paused this run and is still open. Resuming would pause it "
+            "again before the next record. Acknowledge it in the same action, for a number of records or minutes "
+            f"(`{ack}`, the dashboard's \"Acknowledge and resume\","
+            " or the API's ack_records / ack_minutes), or fix the cause first (Settings & repairs).")
+
+
+def resume_gate(conn: Connection, run_id: int, claimed: int, *, ack_records: int | None, ack_minutes: float | None,
+                actor: str) -> list[dict[str, Any]]:
+    """A resume, asked in its own write transaction (``store.queue.apply_control``): the alarms holding the run are
+    acknowledged for the resume's bound (the next N *claims*: ``claimed`` + N, or M minutes) and returned; with
+    none holding it, nothing. A resume without a bound while one holds it raises ``store.AlarmOpen``."""
+    bound = ack_bound(ack_records, ack_minutes)
+    blocked, _left = claim_gate(conn, run_id, claimed, store.now(), reopen=False)
+    if not blocked:
+        return []
+    if bound is None:
+        raise store.AlarmOpen(resume_refusal(blocked, store.ack_hint(conn, run_id, blocked)), blocked)
+    t = store.now()
+    kind, amount = bound
+    until = t + amount * 60 if kind == "minutes" else None
+    upto = claimed + int(amount) if kind == "records" else None
+    what = f"{int(amount):,} more records" if kind == "records" else f"{amount:g} minutes"
+    out = []
+    for a in blocked:
+        conn.execute(text("UPDATE alarm SET acked_at = :t, acked_by = :a, snooze_until = :u, snooze_records = :n"
+                          " WHERE id = :i"), {"t": t, "a": actor, "u": until, "n": upto, "i": a["id"]})
+        store.add_event(conn, run_id, "ack_alarm", a["id"], actor=actor,
+                        detail=f"{a['rule']}: acknowledged and resumed for {what}")
+        out.append({"id": a["id"], "rule": a["rule"], "for": what, "snooze_until": until, "snooze_records": upto})
+    return out
+
+
+store.set_claim_gate(claim_gate, resume_gate)
 
 
 # ------------------------------------------------------------------------------------ a broken check is an alarm
