@@ -435,7 +435,7 @@ def _client_error(exc: aiohttp.ClientError, limits: LimitsConfig) -> tuple[str, 
     return "http_error", text
 
 
-def _too_deep(raw: bytes) -> str:
+def _too_deep(raw: bytes | bytearray) -> str:
     return (f"reply nests JSON more than {MAX_JSON_DEPTH} levels deep (more than can be stored; see docs/limits.md):"
             f" {_clip(raw, 100)}")
 
@@ -458,12 +458,12 @@ def _bound_partial(ex: Extracted | None, n: int) -> None:
         ex.problems.append(f"partial text of the failed attempt cut to {n:,} characters each (limits.max_partial_chars)")
 
 
-def _clip(raw: bytes, n: int = 300) -> str:
+def _clip(raw: bytes | bytearray, n: int = 300) -> str:
     # redacted before the cut (redact.clip): a key echoed across the cut would otherwise be kept minus its end
     return clip(raw.decode("utf-8", "replace"), n)
 
 
-def _error_text(raw: bytes) -> str:
+def _error_text(raw: bytes | bytearray) -> str:
     """The server's error message when the body is an OpenAI-style error, else the clipped body."""
     try:
         body = orjson.loads(raw)
