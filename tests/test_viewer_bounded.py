@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from conftest import HTTP_TIMEOUT_S, popen_cli, wait_http_ready
+from conftest import HTTP_TIMEOUT_S, READY_TIMEOUT_S, popen_cli, wait_http_ready
 from sqlalchemy import text
 
 from synthwatch.commands.serve import SERVE_GRACE_S
@@ -150,5 +150,53 @@ def test_serve_exits_within_its_grace_after_sigterm_whatever_it_is_sending(tmp_p
         assert took <= SERVE_GRACE_S + 10, took  # the grace, and a margin for a loaded machine
     finally:
         if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+
+
+def test_a_download_whose_client_goes_away_stops_making_pieces(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Work for a client that has gone is cancelled: a raw socket asks for the 60 MB answer, reads 64 KB and closes.
+    The server had made only the pieces the connection could take (1 Mi characters each; the kernel's and uvicorn's
+    buffers hold a few); it logs how many it made when the sending stops, and never makes the rest."""
+    db = tmp_path / "huge.db"
+    run_id, rid, content = huge_record(db, 60 * MB, 1000)
+    port = free_port()
+    serve = popen_cli("serve", "--db", str(db), "--port", str(port))
+    base = f"http://127.0.0.1:{port}"
+    lines: list[str] = []
+    stopped = threading.Event()
+    pattern = re.compile(rf"download of run {run_id} record {rid} content stopped after (\d+) of (\d+) pieces")
+
+    def read_log() -> None:
+        assert serve.stderr is not None
+        for line in serve.stderr:
+            lines.append(line)
+            if pattern.search(line):
+                stopped.set()
+
+    threading.Thread(target=read_log, daemon=True).start()
+    try:
+        wait_http_ready(base, serve)
+        with socket.create_connection(("127.0.0.1", port), timeout=HTTP_TIMEOUT_S) as sock:
+            sock.sendall(f"GET /runs/{run_id}/records/{rid}/download/content HTTP/1.1\r\n"
+                         f"Host: 127.0.0.1:{port}\r\n\r\n".encode())
+            got = b""
+            while len(got) < 65536:
+                data = sock.recv(65536)
+                assert data, got[:300]
+                got += data
+            assert got.startswith(b"HTTP/1.1 200") and b"ANSWER ANSWER0" in got, got[:300]
+        # the socket is closed with unread data: the server sees the connection go
+        assert stopped.wait(READY_TIMEOUT_S), "".join(lines)[-3000:]
+        made, total = map(int, pattern.search("".join(lines)).groups())  # type: ignore[union-attr]
+        print(f"the download stopped after {made} of {total} pieces")
+        assert total == -(-len(content) // (1 << 20)) and made <= total // 2, (made, total)
+        # the dashboard goes on answering
+        assert httpx.get(f"{base}/healthz", timeout=HTTP_TIMEOUT_S).status_code == 200
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(timeout=120)
+        except Exception:
             serve.kill()
             serve.wait()

@@ -46,7 +46,7 @@ def _impossible(where: str, v: int) -> str:
     return f"{where[:120]} = {v} is impossible (outside 0..{MAX_COUNT:,}): not stored as a count"
 
 
-def may_be_deep(raw: bytes) -> bool:
+def may_be_deep(raw: bytes | bytearray) -> bool:
     """A cheap pre-test: only a text with more than MAX_JSON_DEPTH brackets can be too deep. It runs on every event of
     every stream, so a text too short to hold that many bracket pairs is answered by its length alone (it is asked
     only of JSON that parsed, whose brackets are balanced; a scan of each ~200-byte chunk event cost 5 % of a short

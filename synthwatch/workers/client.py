@@ -358,15 +358,26 @@ class Requester:
         length = resp.content_length
         if length is not None and length > cap and not resp.headers.get("Content-Encoding"):
             raise _Limit(kind, f"reply body of {length:,} bytes (Content-Length) exceeds {cap:,} bytes (limits.{name})")
-        pieces: list[bytes] = []
+        # The body grows in one buffer, each piece released as it is added: a list of pieces joined at the end held
+        # the body twice, and with the parsed text three times (#34). A reply in one piece is used as it came.
+        raw: bytes | bytearray = b""
+        buf: bytearray | None = None
         got = 0
         readany = resp.content.readany
         while data := await readany():
             got += len(data)
             if got > cap:
                 raise _Limit(kind, f"reply body exceeded {cap:,} bytes (limits.{name}; decoded size)")
-            pieces.append(data)
-        raw = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            if buf is not None:
+                buf += data
+            elif raw:
+                buf = bytearray(raw)
+                buf += data
+                raw = b""
+            else:
+                raw = data
+        if buf is not None:
+            raw, buf = buf, None
         res.ttft_s = None
         ctype = resp.headers.get("Content-Type", "")
         if "json" not in ctype:
@@ -384,6 +395,7 @@ class Requester:
         if may_be_deep(raw) and depth_over(body):
             res.kind, res.message = "reply_too_deep", _too_deep(raw)
             return
+        del raw  # the body is parsed: its bytes are not kept while the record is built
         try:
             res.extracted = extract_response(body, self.mode, self.think_open, self.think_close, self.prefilled_open)
         except ResponseShapeError as exc:
@@ -423,7 +435,7 @@ def _client_error(exc: aiohttp.ClientError, limits: LimitsConfig) -> tuple[str, 
     return "http_error", text
 
 
-def _too_deep(raw: bytes) -> str:
+def _too_deep(raw: bytes | bytearray) -> str:
     return (f"reply nests JSON more than {MAX_JSON_DEPTH} levels deep (more than can be stored; see docs/limits.md):"
             f" {_clip(raw, 100)}")
 
@@ -446,12 +458,12 @@ def _bound_partial(ex: Extracted | None, n: int) -> None:
         ex.problems.append(f"partial text of the failed attempt cut to {n:,} characters each (limits.max_partial_chars)")
 
 
-def _clip(raw: bytes, n: int = 300) -> str:
+def _clip(raw: bytes | bytearray, n: int = 300) -> str:
     # redacted before the cut (redact.clip): a key echoed across the cut would otherwise be kept minus its end
     return clip(raw.decode("utf-8", "replace"), n)
 
 
-def _error_text(raw: bytes) -> str:
+def _error_text(raw: bytes | bytearray) -> str:
     """The server's error message when the body is an OpenAI-style error, else the clipped body."""
     try:
         body = orjson.loads(raw)
