@@ -262,3 +262,29 @@ def test_cancelled_requests_count_as_billed_where_the_server_reported_usage(engi
     finally:
         store.apply_control(engine, bg.run_id, "stop_now")
         bg.join(60)
+
+
+def test_a_snapshot_of_a_stream_echoing_the_key_is_redacted() -> None:
+    """A stream's tail goes into the store (worker.streams_json) and the dashboard: redacted and storable like every
+    other row of server text (#34's one way in, for #36's snapshots). The real accumulator, fed the deltas."""
+    from synthwatch.capture.stream import StreamAccumulator
+    from synthwatch.redact import add_secret, forget_secret
+    from synthwatch.workers.inflight import StreamBoard
+
+    key = "sk-live-" + "Q7x" * 12
+    add_secret(key)
+    try:
+        acc = StreamAccumulator()
+        for piece in ("thinking about ", key, " and \x00 more"):
+            acc.feed({"choices": [{"index": 0, "delta": {"reasoning": piece}}]})
+        for piece in ("the answer echoes ", key):
+            acc.feed({"choices": [{"index": 0, "delta": {"content": piece}}]})
+        board = StreamBoard(None, lambda verdicts: None)
+        board.open(7, "ep").seen(acc)
+        [row] = board.snapshot(300, 64)
+        assert row["reasoning_field"] == "reasoning"
+        for text in (row["reasoning"], row["content"]):
+            assert key not in text and key[:16] not in text and "\x00" not in text, text
+        assert row["content"].startswith("the answer echoes ")
+    finally:
+        forget_secret(key)

@@ -19,6 +19,8 @@ import orjson
 from sqlalchemy import text
 
 from ..quality.inflight import DOOMED_CHECKS, JudgeRules, StreamJudge, Verdict, deliver
+from ..redact import redact
+from ..store import rows as store_rows
 
 log = logging.getLogger("synthwatch.worker")
 
@@ -64,8 +66,11 @@ class LiveStream:
         rf = next((k for k in STREAM_FIELDS[:-1] if sizes[k]), "")
         out["reasoning_field"] = rf
         if tail_chars > 0:
-            out["reasoning"] = acc.tail(rf, tail_chars) if rf else ""
-            out["content"] = acc.tail("content", tail_chars)
+            # model text into the store: storable and redacted like every other row's text (store/rows.py, #34);
+            # room for a marker longer than the key it replaced, so the newest characters are never the ones cut
+            limit = tail_chars + 64
+            out["reasoning"] = (store_rows.clean_text(acc.tail(rf, tail_chars), limit) or "") if rf else ""
+            out["content"] = store_rows.clean_text(acc.tail("content", tail_chars), limit) or ""
         return out
 
     def seen(self, acc: Any) -> None:
@@ -158,11 +163,15 @@ async def publish_streams(board: StreamBoard, writer: Any, worker_id: int, refre
 
     try:
         while True:
-            rows = board.snapshot(tail_chars, max_streams)
-            data = orjson.dumps({"n": len(board.streams), "streams": rows}).decode()
-            if data != last or rows:
-                last = data
-                writer.call(lambda conn, d=data: write(conn, d)).add_done_callback(_log_failure)
+            try:
+                rows = board.snapshot(tail_chars, max_streams)
+                data = orjson.dumps({"n": len(board.streams), "streams": rows}).decode()
+            except Exception as exc:  # noqa: BLE001 - one bad snapshot never ends the live view for the run
+                log.warning("streams snapshot not written: %s: %s", type(exc).__name__, redact(str(exc))[:300])
+            else:
+                if data != last or rows:
+                    last = data
+                    writer.call(lambda conn, d=data: write(conn, d)).add_done_callback(_log_failure)
             await asyncio.sleep(refresh_s)
     finally:
         if writer.alive:
