@@ -336,3 +336,14 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     if unmarked:
         raise pytest.UsageError("these tests use a browser page but lack @pytest.mark.browser:\n  "
                                 + "\n  ".join(unmarked))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """What the schema- and registry-generated property tests cover (#34): each records a ``coverage`` property
+    (record_property), which xdist carries back from its workers; printed at the end of every run."""
+    lines = sorted({str(v) for reports in terminalreporter.stats.values() for r in reports
+                    for k, v in getattr(r, "user_properties", ()) if k == "coverage"})
+    if lines:
+        terminalreporter.write_sep("-", "boundaries covered by the generated property tests")
+        for line in lines:
+            terminalreporter.write_line(line)

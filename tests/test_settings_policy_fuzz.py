@@ -228,9 +228,10 @@ def test_random_start_requests_never_start_what_the_policy_refuses(world: dict[s
     assert [x["id"] for x in runs] == [world["run_id"]], "a refused start made a run"
 
 
-def test_coverage_of_the_schema_is_reported(capsys: Any) -> None:
+def test_coverage_of_the_schema_is_reported(record_property: Any) -> None:
     leaves = [k for k, m, n in KEYS if shape(m, n)[1] is None]
-    with capsys.disabled():
-        print(f"\nsettings policy fuzz: {len(KEYS)} keys ({len(leaves)} leaves) of the settings schema, "  # noqa: T201
-              f"{len(START_FIELDS)} start-request fields, through {len(ROUTES)} routes: {', '.join(ROUTES)}")
+    # printed in the run's summary (tests/conftest.py pytest_terminal_summary), under xdist too
+    record_property("coverage", f"settings policy fuzz: {len(KEYS)} keys ({len(leaves)} leaves) of the settings "
+                    f"schema, {len(START_FIELDS)} start-request fields, through {len(ROUTES)} routes: "
+                    f"{', '.join(ROUTES)}")
     assert len(leaves) > 100 and "judge.endpoint.api_key_env" in [k for k, _m, _n in KEYS]

@@ -72,9 +72,10 @@ def run_and_record(any_engine: Any) -> tuple[Any, int, int]:
     return any_engine, int(run_id), int(rec)
 
 
-def test_the_registry_names_every_table_and_an_example_row() -> None:
+def test_the_registry_names_every_table_and_an_example_row(record_property: Any) -> None:
     names = sorted(rows.GUARDS)
-    print(f"store guards: {len(names)} tables ({', '.join(names)}), "
+    # printed in the run's summary (tests/conftest.py pytest_terminal_summary), under xdist too
+    record_property("coverage", f"store guards: {len(names)} tables ({', '.join(names)}), "
           f"{sum(len(g.texts) for g in rows.GUARDS.values())} text columns, written by "
           f"{sum(len(g.writers) for g in rows.GUARDS.values())} writers; records: workers/record_writes.py")
     assert {"check_verdict", "error_event", "control_event", "alarm", "open_item", "run"} <= set(names)
