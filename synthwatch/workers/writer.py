@@ -192,14 +192,16 @@ class Writer:
             self._ckpt_stop.set()
             if self._ckpt_thread.is_alive():
                 self._ckpt_thread.join(10)
-            # whoever still waits for a claim or a call must not wait forever on a thread that is gone
+            # whoever still waits for a claim or a call must not wait forever on a thread that is gone; a crash
+            # answers with its own exception, so whichever waiter notices first names the real cause
+            gone = self._crashed or RuntimeError("the database writer stopped")
             while True:
                 try:
                     it = self.q.get_nowait()
                 except queue.Empty:
                     break
                 if it[0] in ("c", "x") and not it[-1].done():
-                    it[-1].set_exception(RuntimeError("the database writer stopped"))
+                    it[-1].set_exception(gone)
 
     def _main(self) -> None:
         pending: list[tuple[Any, ...]] = []
