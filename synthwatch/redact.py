@@ -12,7 +12,7 @@ A server that echoes a key back rarely echoes it verbatim. Each character of a s
 form a reply, a log or a page may give it (``_forms``): as is; JSON-escaped (``\\u00eb``, ``\\"``, ``\\/``);
 as Python's repr shows str and bytes (``\\xe9``, ``\\xc3\\xa9``); percent-encoded (either hex case, ``+``
 for a space); its UTF-8 bytes read as Latin-1 or cp1252 (mojibake, ``Ã«`` for ``ë``) or as U+FFFD; and
-HTML-escaped. Any mix of these forms matches, and so does a piece of at least :data:`FRAGMENT_CHARS`
+HTML-escaped; each in either case. Any mix of these forms matches, and so does a piece of at least :data:`FRAGMENT_CHARS`
 characters at the start or at the end of a secret (what a server or a length limit leaves of a key cut
 short). A key shorter than :data:`MIN_SECRET_CHARS` cannot be redacted without redacting ordinary words,
 so it is refused at start-up (:func:`secret_problem`).
@@ -114,7 +114,16 @@ def _cases(s: str) -> set[str]:
 
 
 def _forms(ch: str) -> set[str]:
-    """Every way one character of a secret may be written in text that quotes it."""
+    """Every way one character of a secret may be written in text that quotes it, in either case: a server that
+    echoes a key upper- or lower-cased (a header name's habit applied to its value) still echoes the key."""
+    forms = _char_forms(ch)
+    for other in {ch.upper(), ch.lower()} - {ch}:
+        # a mapping to several characters ("ß" → "SS") is matched as written; a single one in all its forms
+        forms |= _char_forms(other) if len(other) == 1 else {other}
+    return forms
+
+
+def _char_forms(ch: str) -> set[str]:
     o = ord(ch)
     utf8 = ch.encode("utf-8", "surrogatepass")
     forms = {ch}

@@ -50,6 +50,9 @@ def _echoes(key: str) -> dict[str, str]:
         "html": html.escape(key),
         "repr": ascii(key)[1:-1],
         "repr_bytes": repr(key.encode("utf-8", "surrogatepass"))[2:-1],
+        "upper": key.upper(),
+        "lower": key.lower(),
+        "swapcase": key.swapcase(),
         "start_cut": key[-FRAGMENT_CHARS - (len(key) - FRAGMENT_CHARS) // 2:],
         "end_cut": key[: FRAGMENT_CHARS + (len(key) - FRAGMENT_CHARS) // 2],
     }
@@ -60,6 +63,9 @@ def _echoes(key: str) -> dict[str, str]:
         except UnicodeDecodeError:
             pass
     return out
+
+
+CASED = ("upper", "lower", "swapcase")
 
 
 def _filler(n: int) -> str:
@@ -92,6 +98,8 @@ def test_no_echo_of_a_key_survives_redaction_clipping_or_logging(logged: Any, ke
     add_secret(key)
     try:
         assert leaks(key, redact(text)) == [], (how, text)
+        if how in CASED:
+            assert leaks(echo, redact(text)) == [], (how, text)  # the key as the server re-cased it
         # cut at any point inside or around the echo, as the worker cuts errors to a length: redacted first
         n = len(text) - len(_filler(after)) - 2 - min(cut, len(echo))
         assert leaks(key, clip(text, n)) == [], (how, n)
