@@ -17,10 +17,14 @@ def fmt_time(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def fmt_duration(seconds: float | None) -> str:
+def fmt_duration(seconds: float | None, coarse: bool = False) -> str:
+    """``coarse`` drops the seconds past the first minute: a polled fragment whose only moving part is a duration
+    (a paused run's "since the start") then changes once a minute, and its ETag answers the polls in between."""
     if seconds is None or seconds < 0:
         return "–"
     s = int(seconds)
+    if coarse and s < 3600:
+        return f"{s // 60}m" if s >= 60 else "under a minute"
     if s >= 86400:
         return f"{s // 86400}d {s % 86400 // 3600}h"
     if s >= 3600:
