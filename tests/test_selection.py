@@ -249,9 +249,12 @@ def test_sql_selection_equals_python_evaluation(any_engine, data, expr, seed) ->
         got = sel.record_ids(conn, run_id, where)
         negated = sel.record_ids(conn, run_id, sel.negate(where))
         again = sel.record_ids(conn, run_id, sel.parse_where(where.text, cat()))
+        by_text = [int(r[0]) for r in conn.execute(text(  # the same clause inside a hand-written query
+            f"SELECT r.id FROM record r WHERE r.run_id = :run AND ({sel.where_sql(where, conn.dialect, 'r')})"
+            " ORDER BY r.id"), {"run": run_id})]
     assert got == want, (src, where.text)
     assert sorted(got + negated) == ids  # never NULL: NOT selects exactly the rest
-    assert again == got  # the normal form selects the same records
+    assert again == got == by_text  # the normal form selects the same records, and so does the SQL text
     assert [rid for rid, (flags, states) in zip(ids, data, strict=True)
             if where.evaluate(flags, {n: s[-1] for n, s in states.items() if s})] == want
 
