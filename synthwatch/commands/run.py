@@ -254,6 +254,7 @@ KEY_FLAGS = {
     "tokenizer.chat_template": "--chat-template", "tokenizer.trust_remote_code": "--trust-remote-code",
     "autotune.min": "--autotune-min", "autotune.max": "--autotune-max", "autotune.enabled": "--concurrency auto",
     "name": "--name", "shutdown_grace_s": "--shutdown-grace-s",
+    "checks.near_duplicate.against": "--dedup-against",
     "endpoints.price_in_per_mtok": "--price-in-per-mtok", "endpoints.price_out_per_mtok": "--price-out-per-mtok",
 }
 
