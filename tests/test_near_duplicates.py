@@ -286,16 +286,70 @@ def test_bad_dedup_input_is_one_line_and_exit_2(case: str, tmp_path: Path, sim: 
     assert not db.exists() and not list(tmp_path.glob("*.idx*"))  # nothing written: no database, no index
 
 
-def test_the_dashboard_cannot_set_a_dedup_file(tmp_path: Path) -> None:
-    """The settings policy refuses checks.near_duplicate.against from the dashboard (a file on the worker's machine);
-    the other near-duplicate settings, the new ones included, are settable."""
-    from synthwatch.settings import get_settings
-    from synthwatch.settings_policy import Context, PolicyError, check_change
+def test_the_dashboard_cannot_set_a_dedup_file(tmp_path: Path, sim: Any, live_app: Any, db_path: Path) -> None:
+    """The settings policy refuses checks.near_duplicate.against from the dashboard's API (a file on the worker's
+    machine), through both routes that take check settings; the other near-duplicate settings, the new ones
+    included, are settable there."""
+    import httpx
 
-    ctx = Context(get_settings(), base_dir=tmp_path)
-    with pytest.raises(PolicyError) as refused:
-        check_change({"checks": {"near_duplicate": {"enabled": True, "against": "/etc/passwd"}}}, {}, ctx)
-    assert "checks.near_duplicate.against" in str(refused.value) and "--dedup-against" in str(refused.value)
-    ok = check_change({"checks": {"near_duplicate": {"within_prompt": True, "shingling": "chars", "shingle_size": 4}}},
-                      {}, Context(get_settings(), base_dir=tmp_path))
-    assert ok["checks"]["near_duplicate"]["within_prompt"] is True
+    data = _dataset(tmp_path / "p.jsonl", [EN])
+    proc = _run(tmp_path, sim(seed=7), db_path, "mine", data, "")
+    assert proc.returncode == 0, proc.stderr
+    old = _existing_jsonl(tmp_path / "old.jsonl", EXISTING)
+    srv = live_app()
+    headers = {"Sec-Fetch-Site": "same-origin", "Origin": srv.url}
+
+    def post(path: str, body: Any) -> httpx.Response:
+        return httpx.post(f"{srv.url}{path}", json=body, headers=headers, timeout=30)
+
+    r = post("/api/runs/1/checks/settings", {"near_duplicate": {"enabled": True, "against": str(old)}})
+    assert r.status_code == 400 and r.json()["refused"] == ["checks.near_duplicate.against"], r.text
+    assert "--dedup-against" in r.json()["detail"], r.text
+    r = post("/api/runs/1/settings", {"changes": {"checks.near_duplicate.against": str(old)}})
+    assert r.status_code == 400 and r.json()["refused"] == ["checks.near_duplicate.against"], r.text
+    engine = open_engine(str(db_path))
+    try:
+        with engine.connect() as conn:
+            cfg = json.loads(conn.execute(text("SELECT config_json FROM run WHERE id = 1")).scalar_one())
+        assert "against" not in (cfg.get("checks") or {}).get("near_duplicate", {}), cfg
+        r = post("/api/runs/1/checks/settings", {"near_duplicate": {"enabled": True, "within_prompt": True,
+                                                                    "shingling": "chars", "shingle_size": 4}})
+        assert r.status_code == 200, r.text
+        with engine.connect() as conn:
+            cfg = json.loads(conn.execute(text("SELECT config_json FROM run WHERE id = 1")).scalar_one())
+        assert cfg["checks"]["near_duplicate"]["within_prompt"] is True, cfg
+    finally:
+        engine.dispose()
+
+
+def test_the_index_is_built_from_a_stream_in_bounded_memory(tmp_path: Path) -> None:
+    """A 7 MB JSONL file (1,000 rows of 7 KB, 1,200 words each) is indexed with under 4 MB of Python memory at its peak: rows are read
+    one at a time and signatures written per batch, never the file held whole (tracemalloc counts every allocation
+    of the interpreter's; the libraries are imported first). The index then reads back whole with every row."""
+    import random
+    import tracemalloc
+
+    import datasketch  # noqa: F401 - its import (scipy) is not the index's memory
+
+    from synthwatch.quality.dedup_index import ensure, load
+
+    rng = random.Random(1)
+    words = [f"w{i}" for i in range(5000)]
+    src = tmp_path / "big.jsonl"
+    with src.open("w") as fh:
+        for _ in range(1000):
+            fh.write(json.dumps({"text": " ".join(rng.choices(words, k=1200))}) + "\n")
+    size = src.stat().st_size
+    assert size > 6_000_000
+    s = _settings(against=str(src))
+    db_url = f"sqlite:///{tmp_path / 'big.db'}"
+    tracemalloc.start()
+    try:
+        idx, built = ensure(db_url, s)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert built and idx.parent == tmp_path
+    assert peak < 4_000_000 < size, (peak, size)  # a batch's signatures and a 1 MB read buffer, not the file
+    rows, values = load(db_url, s)
+    assert len(rows) == 1000 and values.shape == (1000, 64) and list(rows[:3]) == [1, 2, 3]
