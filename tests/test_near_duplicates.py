@@ -353,3 +353,18 @@ def test_the_index_is_built_from_a_stream_in_bounded_memory(tmp_path: Path) -> N
     assert peak < 4_000_000 < size, (peak, size)  # a batch's signatures and a 1 MB read buffer, not the file
     rows, values = load(db_url, s)
     assert len(rows) == 1000 and values.shape == (1000, 64) and list(rows[:3]) == [1, 2, 3]
+
+
+def test_a_postgresql_database_keeps_the_index_in_the_cache_folder(tmp_path: Path, monkeypatch: Any) -> None:
+    """No database file to sit beside: the index goes under $XDG_CACHE_HOME/synthwatch/dedup, one per database and
+    file, found whole the second time; the password in the URL is not in its name."""
+    from synthwatch.quality.dedup_index import ensure
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    old = _existing_jsonl(tmp_path / "old.jsonl", EXISTING)
+    url = "postgresql+psycopg://sw:s3cret-pw@127.0.0.1:5432/synthwatch"
+    idx, built = ensure(url, _settings(against=str(old)))
+    assert built and idx.parent == tmp_path / "cache" / "synthwatch" / "dedup" and "s3cret" not in idx.name
+    assert ensure(url, _settings(against=str(old))) == (idx, False)
+    other, built = ensure(url.replace("/synthwatch", "/other"), _settings(against=str(old)))
+    assert built and other != idx
