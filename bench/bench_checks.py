@@ -113,7 +113,7 @@ def main(quick: bool = False) -> dict[str, Any]:
     for c in pool_checks(settings):
         rows.append((c.name, per_record_us(lambda v, row, c=c: run_check(c, v, row), recs)))
     from synthwatch.check_extended import NearDuplicateSettings
-    from synthwatch.quality.language import NearDuplicates
+    from synthwatch.quality.neardup import NearDuplicates
 
     nd = NearDuplicates(NearDuplicateSettings.model_validate({"enabled": True}))
     rows.append(("near_duplicate", per_record_us(lambda v, row: nd.check(v), recs)))

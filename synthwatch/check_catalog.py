@@ -125,10 +125,23 @@ DEFAULT_RULES: dict[str, Rule] = {r.name: r for r in (
 )}
 
 
+# The near-duplicate checks (extended: a verdict per record, no bit): across prompts (an answer repeats another
+# prompt's, or a row of an existing dataset) and within a prompt (a sample repeats an earlier sample of its prompt).
+NEAR_DUPLICATE = "near_duplicate"
+NEAR_DUPLICATE_IN_PROMPT = "near_duplicate_in_prompt"
+# extended checks whose default rule is their own (the others have extended_rule's): k samples of a prompt may
+# share a sentence or two (easy prompts converge), but a quarter of the samples repeating an earlier one of their
+# prompt is a sampling that does not vary (temperature 0, a seed or cache the server reuses): a warning, no pause
+EXTENDED_RULES: dict[str, Rule] = {r.name: r for r in (
+    Rule(NEAR_DUPLICATE_IN_PROMPT, "Samples of a prompt repeat each other", 100, 0.25, 20, severity="warning"),
+)}
+
+
 def extended_rule(name: str) -> Rule:
-    """An extended check's default rule: a warning at 5% of the last 100 judged records (from 20 on), no pause.
-    A run turns auto-pause on per check in [checks.rules."<name>"], as for a built-in check."""
-    return Rule(name, f"Check {name} fails", 100, 0.05, 20, severity="warning")
+    """An extended check's default rule: a warning at 5% of the last 100 judged records (from 20 on), no pause
+    (EXTENDED_RULES: a check with its own). A run turns auto-pause on per check in [checks.rules."<name>"], as for
+    a built-in check."""
+    return EXTENDED_RULES.get(name) or Rule(name, f"Check {name} fails", 100, 0.05, 20, severity="warning")
 
 
 class RuleOverride(BaseModel):
@@ -222,7 +235,9 @@ class CheckSettings(BaseModel):
         if self.language.enabled:
             names.append("language")
         if self.near_duplicate.enabled:
-            names.append("near_duplicate")
+            names.append(NEAR_DUPLICATE)
+        if self.near_duplicate.within_prompt:
+            names.append(NEAR_DUPLICATE_IN_PROMPT)
         return names
 
     def extended_info(self) -> dict[str, str]:
@@ -246,9 +261,14 @@ class CheckSettings(BaseModel):
         if self.language.enabled:
             want = "the prompt's" if self.language.expect == "prompt" else self.language.expect
             out["language"] = f"the answer is not in {want} language (lingua, among {', '.join(self.language.languages)})"
-        if self.near_duplicate.enabled:
-            out["near_duplicate"] = (f"the {self.near_duplicate.field} is a near-duplicate of an earlier record's "
-                                     f"(MinHash LSH, Jaccard >= {self.near_duplicate.threshold:g})")
+        nd = self.near_duplicate
+        if nd.enabled:
+            out[NEAR_DUPLICATE] = (f"the {nd.field} is a near-duplicate of another prompt's earlier answer"
+                                   + (" or of a row of the --dedup-against dataset" if nd.against else "")
+                                   + f" (MinHash LSH, {nd.shingling} shingles, Jaccard >= {nd.threshold:g})")
+        if nd.within_prompt:
+            out[NEAR_DUPLICATE_IN_PROMPT] = (f"the {nd.field} is a near-duplicate of an earlier sample of the same "
+                                             f"prompt (MinHash, {nd.shingling} shingles, Jaccard >= {nd.threshold:g})")
         return out
 
     def row_fields(self) -> tuple[str, ...]:

@@ -132,17 +132,34 @@ class LanguageSettings(BaseModel):
 
 
 class NearDuplicateSettings(BaseModel):
-    """`[checks.near_duplicate]`: MinHash LSH over the run's answers (datasketch)."""
+    """`[checks.near_duplicate]`: MinHash LSH over the run's answers (datasketch), scoped across prompts; the
+    samples of one prompt compared with each other are a check of their own (within_prompt); an existing dataset
+    (against) is part of the index (docs/checks.md "Near-duplicates")."""
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = False
-    threshold: float = Field(0.8, gt=0.0, lt=1.0, description="Estimated Jaccard similarity of word 3-shingles.")
+    enabled: bool = Field(False, description="near_duplicate: an answer is a near-duplicate of another prompt's "
+                          "answer (or of a row of `against`); a prompt's own samples are not compared with each other.")
+    within_prompt: bool = Field(False, description="near_duplicate_in_prompt: a sample is a near-duplicate of an "
+                                "earlier sample of the same prompt (k samples that repeat each other).")
+    threshold: float = Field(0.8, gt=0.0, lt=1.0, description="Estimated Jaccard similarity of the shingles.")
+    shingling: Literal["auto", "words", "chars"] = Field(
+        "auto", description="auto: word shingles, and character shingles for the scripts written without spaces "
+        "(Chinese, Japanese, Thai, Lao, Khmer, Myanmar, Tibetan) in the same text; words: word shingles only; "
+        "chars: character shingles only.")
+    shingle_size: int = Field(3, ge=1, le=10, description="Tokens per shingle (words, or characters of a script "
+                              "written without spaces).")
     num_perm: int = Field(64, ge=16, le=256, description="MinHash permutations (memory per record grows with it).")
-    max_records: int = Field(250_000, ge=1, description="Answers kept in the index; later ones are checked only "
-                             "(memory: about 2 KB per answer at num_perm 64, docs/checks.md).")
+    max_records: int = Field(250_000, ge=1, description="Answers kept in the index (the rows of `against` count); "
+                             "later ones are checked only (memory: about 2 KB per answer at num_perm 64, docs/checks.md).")
     min_chars: int = Field(50, ge=1, description="Shorter answers are not judged (pass).")
     field: Literal["content", "reasoning", "both"] = "content"
+    against: str | None = Field(None, max_length=4096, description="An existing dataset (JSONL or Parquet) the "
+                                "answers are checked against (`synthwatch run --dedup-against FILE`); its MinHash "
+                                "index is built once and kept beside the database. Never settable from the dashboard.")
+    against_column: str | None = Field(None, min_length=1, max_length=200, description="The column of `against` "
+                                       "holding the text (default: the first of completion, response, output, "
+                                       "answer, content, text, or the last assistant message of messages).")
 
 
 class ExtendedSettings(BaseModel):

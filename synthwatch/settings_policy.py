@@ -342,6 +342,8 @@ def _entry_point_name() -> Rule:
 
 NO_IMPORT = ("an import path runs Python code, which the dashboard may not set: put it in your own TOML file and give it "
              "to the run or checks command with --config")
+DEDUP_FILE = ("a file on the worker's machine, which the dashboard may not name: give it to the run command "
+              "(`synthwatch run --dedup-against FILE`) or put it in your own TOML file given with --config")
 TEXT = _text(200)
 LONG_TEXT = _text(20_000)
 URL = _text(2000, r"https?://\S+", "not an http(s) URL (expected e.g. http://127.0.0.1:8000/v1)")
@@ -421,8 +423,10 @@ POLICY: dict[type[BaseModel], dict[str, Rule]] = {
                         "min_chars": _int(0, 10**9), "max_chars": _int(0, 10**9), "language": TEXT},
     LanguageSettings: {"enabled": _flag(), "expect": TEXT, "languages": _text_list(20, 10),
                        "min_chars": _int(1, 100_000), "max_chars": _int(20, 100_000)},
-    NearDuplicateSettings: {"enabled": _flag(), "threshold": SHARE, "num_perm": _int(16, 256),
-                            "max_records": _int(1, 100_000_000), "min_chars": _int(1, 100_000), "field": TEXT},
+    NearDuplicateSettings: {"enabled": _flag(), "within_prompt": _flag(), "threshold": SHARE,
+                            "shingling": TEXT, "shingle_size": _int(1, 10), "num_perm": _int(16, 256),
+                            "max_records": _int(1, 100_000_000), "min_chars": _int(1, 100_000), "field": TEXT,
+                            "against": _deny(DEDUP_FILE), "against_column": TEXT},
     ExtendedSettings: {"pool_processes": _int(1, 32), "queue_max": _int(10, 10_000_000),
                        "drain_grace_s": _float(0, 600), "row_fields": _text_list(50, 200)},
 }

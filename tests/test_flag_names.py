@@ -41,6 +41,8 @@ EXCEPTIONS = {
                                "without a run's settings"),
     "tokenizer.chat_template": ("--chat-template", "as --tokenizer: shared with `export` and `tokens`"),
     "tokenizer.trust_remote_code": ("--trust-remote-code", "as --tokenizer: shared with `export` and `tokens`"),
+    "checks.near_duplicate.against": ("--dedup-against", "says what it does on the command line (dedup this run "
+                                      "against a dataset) and turns the near-duplicate check on with it"),
 }
 # keys without a flag: set in the TOML file (or the dashboard's settings)
 NO_FLAG = {

@@ -221,10 +221,12 @@ def checks_help_page(request: Request) -> Response:
     extended += [("user:<name>", "your Python function (entry point or module:function) returns a failing verdict"),
                  ("rule:<name>", "a TOML rule (regex, length bounds, language) does not hold"),
                  ("language", "the answer is not in the prompt's (or the configured) language (lingua)"),
-                 ("near_duplicate", "the answer is a near-duplicate of an earlier one (MinHash LSH)")]
+                 ("near_duplicate", "the answer is a near-duplicate of another prompt's earlier answer, or of a row "
+                  "of the --dedup-against dataset (MinHash LSH)"),
+                 ("near_duplicate_in_prompt", "a sample is a near-duplicate of an earlier sample of the same prompt")]
     return render(request, "help_checks.html", {
-        "rules": [DEFAULT_RULES[n] for n in CHECK_NAMES if n in DEFAULT_RULES], "extended": extended,
-        "extended_rule": extended_rule("x"), "entry_points": sorted(installed_entry_points().items())})
+        "rules": [DEFAULT_RULES[n] for n in CHECK_NAMES if n in DEFAULT_RULES],
+        "extended": [(name, what, extended_rule(name)) for name, what in extended], "entry_points": sorted(installed_entry_points().items())})
 
 
 @router.get("/runs/{run_id}/checks", include_in_schema=False)

@@ -126,7 +126,10 @@ def handle(a: argparse.Namespace) -> int:
     if a.recompute or a.pending:
         from ..quality.extended import recheck
 
-        extended = recheck(engine, run_id, all_records=bool(a.recompute))
+        try:  # a --dedup-against file gone or changed into bad input: one line, exit 2 (#38)
+            extended = recheck(engine, run_id, all_records=bool(a.recompute))
+        except ChecksConfigError as exc:
+            raise CliError(str(exc)) from None
         if extended["records"] or a.pending:
             print(f"extended checks: {extended['records']} records checked", file=sys.stderr)
     retried = None

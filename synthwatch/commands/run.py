@@ -78,6 +78,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--samples-per-prompt", type=positive_int, metavar="K",
                    help="K answers per prompt, each its own record and request with a distinct seed (--seed or 0, "
                    "plus the sample index); pass@k on the dashboard, export --select per prompt (docs/samples.md)")
+    g.add_argument("--dedup-against", metavar="FILE", help="check the answers against an existing dataset (JSONL or "
+                   "Parquet): a near-duplicate of one of its rows fails near_duplicate; its index is kept beside the "
+                   "database (checks.near_duplicate.against; docs/checks.md)")
     g.add_argument("--max-tokens", type=positive_int, help='max_tokens of each request (sampling.max_tokens)')
     g.add_argument("--temperature", type=float, help='sampling temperature (sampling.temperature)')
     g.add_argument("--top-p", type=float, help='nucleus sampling top_p (sampling.top_p)')
@@ -165,6 +168,9 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
     put("autotune.max", a.autotune_max)
     put("cap", a.cap)
     put("samples_per_prompt", a.samples_per_prompt)
+    if a.dedup_against:  # stored absolute: a resume from another folder reads the same file
+        put("checks.near_duplicate.against", str(Path(a.dedup_against).expanduser().absolute()))
+        put("checks.near_duplicate.enabled", True)
     put("sampling.max_tokens", a.max_tokens)
     put("sampling.temperature", a.temperature)
     put("sampling.top_p", a.top_p)
@@ -248,6 +254,7 @@ KEY_FLAGS = {
     "tokenizer.chat_template": "--chat-template", "tokenizer.trust_remote_code": "--trust-remote-code",
     "autotune.min": "--autotune-min", "autotune.max": "--autotune-max", "autotune.enabled": "--concurrency auto",
     "name": "--name", "shutdown_grace_s": "--shutdown-grace-s",
+    "checks.near_duplicate.against": "--dedup-against",
     "endpoints.price_in_per_mtok": "--price-in-per-mtok", "endpoints.price_out_per_mtok": "--price-out-per-mtok",
 }
 
@@ -321,6 +328,17 @@ def refuse_unloadable_checks(raw_checks: Any) -> None:
     why = loadable_error(raw_checks)
     if why is not None:
         raise CliError(f"{why} (fix it, or remove it from [[checks.user]])")
+
+
+def prepare_dedup(engine: Any, checks: Any) -> None:
+    """--dedup-against: its index built (or found whole) before the run is loaded; a bad file is exit 2 (#38)."""
+    from ..quality.checks import ChecksConfigError
+    from ..quality.dedup_index import prepare
+
+    try:
+        print(prepare(str(engine.url), checks) or "", end="", file=sys.stderr)
+    except ChecksConfigError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _resume_settings(engine: Any, a: argparse.Namespace, run: dict[str, Any], config: Any) -> None:
@@ -442,6 +460,7 @@ def handle(a: argparse.Namespace) -> int:
         if fresh is None:
             check_before_writing(config, dataset=False, preflight=a.preflight)
         run_id, resumed = existing["id"], True
+        prepare_dedup(engine, config.checks)
         from ..workers.judge import unkept_fields
 
         if (why := unkept_fields(engine, run_id, config.judge)) is not None:  # before any request or version (#38)
@@ -453,8 +472,9 @@ def handle(a: argparse.Namespace) -> int:
             check_before_writing(config, dataset=True, preflight=a.preflight)
         config.name = ref or stable_name(config)
         try:
+            prepare_dedup(engine, config.checks)
             run_id, resumed = prepare_run(engine, config)
-        except RunLoadError as exc:
+        except (RunLoadError, CliError) as exc:
             _forget_new_file(engine, new_file)  # a refused dataset leaves no database behind (#37)
             raise CliError(str(exc)) from None
     out = sys.stderr

@@ -104,6 +104,7 @@ class RecordView:
     messages: list[dict[str, Any]] | None = None
     prompt_json: str | None = None
     endpoint: str | None = None
+    prompt_idx: int | None = None  # the prompt's dataset row (k samples share it); None: read from idx
 
     def prompt_messages(self) -> list[dict[str, Any]]:
         if self.messages is None:
@@ -140,7 +141,7 @@ def view_from_row(r: Any) -> RecordView:
     return RecordView(
         r["id"], r["idx"], r["status"], r["reasoning"] or "", r["content"] or "", r["finish_reason"],
         r["completion_tokens"], r["reasoning_tokens"], unread, r["model"], r["system_fingerprint"],
-        prompt_json=r["prompt_json"], endpoint=r["endpoint"],
+        prompt_json=r["prompt_json"], endpoint=r["endpoint"], prompt_idx=r.get("prompt_idx"),
     )
 
 

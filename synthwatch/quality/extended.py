@@ -30,7 +30,7 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from ..check_catalog import CheckSettings, Rule
+from ..check_catalog import NEAR_DUPLICATE, NEAR_DUPLICATE_IN_PROMPT, CheckSettings, Rule
 from ..hints import command as hint
 from ..store import queue as store
 from . import detection
@@ -45,9 +45,10 @@ log = logging.getLogger("synthwatch.checks")
 BATCH = 32
 WRITE_EVERY_S = 0.2
 RELOAD_S = 2.0  # how often a live runner reads its run's rules again
+NEAR_DUPLICATES = (NEAR_DUPLICATE, NEAR_DUPLICATE_IN_PROMPT)  # run in the verdict thread, over every other record
 SUBMIT_WAIT_S = 10.0  # the longest a flush waits for room in the queue (the writer's lease heartbeat is 30 s)
 _COLS = ("id, idx, status, reasoning, content, finish_reason, completion_tokens, reasoning_tokens, extra_json, model,"
-         " system_fingerprint, prompt_json, endpoint, row_json")
+         " system_fingerprint, prompt_json, endpoint, row_json, prompt_idx")
 _STAT_UPSERT = text(
     "INSERT INTO check_stat (run_id, check_name, n_fail, n_total, win_fail, win_total, example_record_id, updated_at)"
     " VALUES (:r, :c, :f, :n, :wf, :wn, :ex, :t) ON CONFLICT (run_id, check_name) DO UPDATE SET"
@@ -87,10 +88,16 @@ class ExtendedRunner:
         n_proc = settings.extended.pool_processes if pool_names else 0
         self.procs = [CheckProcess(settings, pool_names, budget) for _ in range(n_proc)]
         self.neardup: Any = None
-        if settings.near_duplicate.enabled:
-            from .language import NearDuplicates  # noqa: PLC0415 - datasketch loads only when the check is on
+        nd = settings.near_duplicate
+        if nd.enabled or nd.within_prompt:
+            from .neardup import NearDuplicates  # noqa: PLC0415 - datasketch loads only when the check is on
 
-            self.neardup = NearDuplicates(settings.near_duplicate)
+            against = None
+            if nd.enabled and nd.against:  # DedupInputError (a ChecksConfigError): the run is refused, exit 2
+                from . import dedup_index  # noqa: PLC0415
+
+                against = dedup_index.load(str(engine.url), nd)
+            self.neardup = NearDuplicates(nd, against, nd.against or "")
         self.q: queue.Queue[int] = queue.Queue(maxsize=settings.extended.queue_max)
         self.done: queue.SimpleQueue[tuple[int, RecordView, list[Result]]] = queue.SimpleQueue()
         self.outside: queue.SimpleQueue[list[vd.NewVerdict]] = queue.SimpleQueue()  # add_verdicts()
@@ -317,12 +324,14 @@ class ExtendedRunner:
         if self.neardup is not None:
             t0 = time.perf_counter()
             try:
-                verdict = self.neardup.check(view)
+                got = self.neardup.check(view)
             except Exception as exc:
                 # that check's recorded error on this record: the record's other verdicts are still written
                 log.exception("run %d: near-duplicate check failed on record %d", self.run_id, rid)
-                verdict = vd.Verdict("error", None, None, f"the near-duplicate check failed ({exc.__class__.__name__})")
-            out.append(vd.NewVerdict(self.run_id, rid, "near_duplicate", verdict, (time.perf_counter() - t0) * 1000))
+                err = vd.Verdict("error", None, None, f"the near-duplicate check failed ({exc.__class__.__name__})")
+                got = dict.fromkeys([n for n in self.names if n in NEAR_DUPLICATES], err)
+            ms = (time.perf_counter() - t0) * 1000 / max(1, len(got))
+            out.extend(vd.NewVerdict(self.run_id, rid, name, verdict, ms) for name, verdict in got.items())
         return out
 
     def _write(self, buf: list[vd.NewVerdict]) -> None:
@@ -529,7 +538,7 @@ def _only(settings: CheckSettings, name: str) -> CheckSettings:
         "user": [u for u in settings.user if u.check_name == name],
         "rule": [r for r in settings.rule if r.check_name == name],
         "language": settings.language.model_copy(update={"enabled": settings.language.enabled and name == "language"}),
-        "near_duplicate": settings.near_duplicate.model_copy(update={"enabled": False}),
+        "near_duplicate": settings.near_duplicate.model_copy(update={"enabled": False, "within_prompt": False}),
     })
 
 
@@ -541,7 +550,7 @@ def retry_errors(engine: Engine, run_id: int) -> dict[str, Any]:
         row = store.run_row(conn, run_id)
         cfg = orjson.loads(row["config_json"] or "{}") or {}
         settings = CheckSettings.model_validate(cfg.get("checks") or {})
-        todo = {n: errored_ids(conn, run_id, n) for n in settings.extended_names() if n != "near_duplicate"}
+        todo = {n: errored_ids(conn, run_id, n) for n in settings.extended_names() if n not in NEAR_DUPLICATES}
         conn.rollback()
     t0 = time.time()
     retried: dict[str, int] = {}

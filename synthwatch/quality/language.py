@@ -1,22 +1,17 @@
-"""Language and near-duplicate checks (#30), from well-kept libraries.
+"""The language check (#30), from a well-kept library (the near-duplicate checks: synthwatch.quality.neardup).
 
 - language: lingua-language-detector, restricted to the configured languages (its models load per language,
   lazily: a detector over 5 languages holds only those 5 models, and deciding among few is faster). The
   answer's first ``max_chars`` characters are compared with the prompt's language (the last user message)
   or a configured ISO 639-1 code. Texts shorter than ``min_chars`` pass (too short to tell).
-- near_duplicate: datasketch MinHash over word 3-shingles, MinHashLSH over the run's answers. The index holds
-  at most ``max_records`` answers (later ones are checked against it, not added); its memory per answer is
-  measured by bench/bench_checks.py and stated in docs/checks.md. It runs in one thread of the worker
-  process (synthwatch.quality.extended), never in the writer thread: the index is one object per run.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..check_extended import LanguageSettings, NearDuplicateSettings
+from ..check_extended import LanguageSettings
 from .checks import RecordView
 from .verdicts import PASS, Verdict
 
@@ -81,62 +76,3 @@ class LanguageCheck:
         if got == want:
             return Verdict("pass", None, got)
         return Verdict("fail", None, got, f"the answer is in {got}, the expected language is {want}")
-
-
-_WORD = re.compile(r"\w+")
-
-
-def shingles(text: str, k: int = 3) -> set[bytes]:
-    words = _WORD.findall(text.casefold())
-    if len(words) < k:
-        return {" ".join(words).encode()} if words else set()
-    return {" ".join(words[i:i + k]).encode() for i in range(len(words) - k + 1)}
-
-
-class NearDuplicates:
-    """MinHash LSH over a run's answers; check() answers a verdict and adds the answer (up to max_records)."""
-
-    def __init__(self, s: NearDuplicateSettings) -> None:
-        from datasketch import MinHash, MinHashLSH  # noqa: PLC0415 - loaded only when the check is on
-
-        self.s = s
-        self._minhash = MinHash
-        self.lsh = MinHashLSH(threshold=s.threshold, num_perm=s.num_perm)
-        self.size = 0
-
-    def text_of(self, record: RecordView) -> str:
-        if self.s.field == "content":
-            return record.content
-        if self.s.field == "reasoning":
-            return record.reasoning
-        return record.reasoning + "\n" + record.content
-
-    def signature(self, text: str) -> Any:
-        m = self._minhash(num_perm=self.s.num_perm)
-        m.update_batch(list(shingles(text)))
-        return m
-
-    def check(self, record: RecordView) -> Verdict:
-        text = self.text_of(record)
-        if len(text.strip()) < self.s.min_chars:
-            return PASS
-        m = self.signature(text)
-        key = record.record_id
-        same = [k for k in self.lsh.query(m) if k != key]
-        if not same:
-            self.add(key, m)
-            return PASS
-        first = min(same)
-        return Verdict("fail", None, None, f"near-duplicate of record {first} (MinHash LSH, Jaccard >= "
-                                           f"{self.s.threshold:g} estimated)")
-
-    def add(self, key: int, m: Any) -> None:
-        if self.size < self.s.max_records and key not in self.lsh:
-            self.lsh.insert(key, m)
-            self.size += 1
-
-    def seed(self, record: RecordView) -> None:
-        """Add an answer checked earlier (a resumed worker rebuilds its index from the run's records)."""
-        text = self.text_of(record)
-        if len(text.strip()) >= self.s.min_chars:
-            self.add(record.record_id, self.signature(text))
