@@ -33,6 +33,7 @@ class ChipView:
     classes: str
     title: str
     anchor: str  # the element id of an outlined difference ("" for the others)
+    lp: str = ""  # the token's logprobs, shown on hover (data-lp; "" without)
 
 
 @dataclass(frozen=True)
@@ -81,16 +82,19 @@ def logprob_hovers(lt: Any, rec: Mapping[str, Any], chips: list[Any], prompt_len
         return {}
     from ..export.logprobs import aligned
 
-    got = aligned(rec, [c.id for c in chips[prompt_len:]], lt)
+    got = aligned(rec, [c.id for c in chips[prompt_len:]], lt, with_text=True)
     lps = got.get("completion_logprobs") or []
     top_ids, top_lps = got.get("completion_top_ids") or [], got.get("completion_top_logprobs") or []
+    top_text = got.get("completion_top_text") or []
     out: dict[int, str] = {}
     for j, lp in enumerate(lps):
         if lp is None:
             continue
         text = f"p {math.exp(lp):.3f} (logprob {lp:.3f})"
         if j < len(top_ids) and top_ids[j]:
-            alts = [f"{_piece(lt, t)!r} {math.exp(v):.3f}" for t, v in zip(top_ids[j], top_lps[j], strict=False)
+            texts = top_text[j] if j < len(top_text) and top_text[j] else [None] * len(top_ids[j])
+            alts = [f"{(s if s is not None else _piece(lt, t))[:40]!r} {math.exp(v):.3f}"
+                    for t, v, s in zip(top_ids[j], top_lps[j], texts, strict=False)
                     if v is not None][:MAX_HOVER_ALTERNATIVES]
             text += " · top: " + ", ".join(alts)
         out[prompt_len + j] = text
@@ -129,11 +133,11 @@ def chip_views(lt: Any, chips: list[Any], hovers: Mapping[int, str] | None = Non
                 anchor = f"tok-{i}"
                 anchors.append((anchor, i))
                 classes += " differs"
-        title = seen[1] + (" · trained" if c.in_assistant else " · not trained")
-        if hovers and i in hovers:
-            title += " · " + hovers[i]
+        lp = hovers.get(i, "") if hovers else ""
+        if lp:
             classes += " has-lp"
-        out.append(ChipView(seen[0], classes, title, anchor))
+        out.append(ChipView(seen[0], classes, seen[1] + (" · trained" if c.in_assistant else " · not trained"),
+                            anchor, lp))
     return out, Outline(anchors, total, tuple((label, f"tok-{i}", i) for label, i in marks))
 
 

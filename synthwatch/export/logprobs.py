@@ -46,8 +46,10 @@ def _num(v: float) -> float | None:
     return None if math.isnan(v) else float(v)
 
 
-def aligned(rec: Mapping[str, Any], completion_ids: list[int], lt: Any = None) -> dict[str, Any]:
-    """The row's logprob fields (empty when the record has none); never raises on a stored value."""
+def aligned(rec: Mapping[str, Any], completion_ids: list[int], lt: Any = None, *, with_text: bool = False
+            ) -> dict[str, Any]:
+    """The row's logprob fields (empty when the record has none); never raises on a stored value. ``with_text``
+    (the token view): ``completion_top_text`` too, the stored text of each alternative the server named by text."""
     try:
         packed = unpack(rec.get("logprobs_json"))
     except ValueError:
@@ -72,4 +74,7 @@ def aligned(rec: Mapping[str, Any], completion_ids: list[int], lt: Any = None) -
         out["completion_top_ids"] = [
             None if i is None else [_id_of(packed, t, lt, cache) for t in packed.top_ids[i]] for i in at]
         out["completion_top_logprobs"] = [None if i is None else [_num(v) for v in packed.top_lp[i]] for i in at]
+        if with_text:
+            out["completion_top_text"] = [None if i is None else [packed.token_text(t) for t in packed.top_ids[i]]
+                                          for i in at]
     return out
