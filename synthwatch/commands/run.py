@@ -87,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="ask for each completion token's logprob, stored packed and exported with --format tokens "
                    "(sampling.logprobs)")
     g.add_argument("--top-logprobs", type=int, metavar="K",
-                   help="with --logprobs: the K most likely alternatives per token too, 0-20 (sampling.top_logprobs)")
+                   help="the K most likely alternatives per token too, 0-20; implies --logprobs (sampling.top_logprobs)")
     g.add_argument("--extra-body", help='JSON merged into each request, e.g. \'{"chat_template_kwargs": {...}}\'')
     g.add_argument("--turns", choices=["last", "all"],
                    help="multi-turn conversations: generate only the final answer (last, the default) or every "
@@ -175,7 +175,8 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
     put("sampling.top_p", a.top_p)
     put("sampling.seed", a.seed)
     put("sampling.stop", a.stop)
-    put("sampling.logprobs", a.logprobs)
+    # --top-logprobs K asks for logprobs too (the API refuses top_logprobs without logprobs = true)
+    put("sampling.logprobs", True if a.top_logprobs is not None and a.logprobs is None else a.logprobs)
     put("sampling.top_logprobs", a.top_logprobs)
     if a.extra_body:
         put("sampling.extra_body", json_object_flag(a.extra_body, "--extra-body"))
