@@ -195,3 +195,36 @@ def test_pack_round_trip_and_bound() -> None:
                          None, 1 << 20)
     p = unpack(col)
     assert p is not None and math.isnan(p.lp[0]) and p.ids[1] == NO_ID and p.ids[2] == NO_ID and len(problems) >= 3
+
+
+def test_stored_on_both_backends_and_kept_in_history_by_a_rerun(any_engine, sim, prompts) -> None:  # type: ignore[no-untyped-def]
+    # the column on SQLite and PostgreSQL; a re-run empties it with the rest of the output, and the record's history
+    # keeps the replaced output's logprobs whole (no destroyed data)
+    from workerkit import Background
+
+    from synthwatch.repair import actions as repair
+    from synthwatch.repair import history as repair_history
+    from synthwatch.store import versions
+
+    url = sim(seed=13, reasoning_field="reasoning", reasoning_tokens="10-20", content_tokens="5-10")
+    cfg = make_config(url, prompts(3), name="lp-backends", concurrency=3, request_token_ids=True,
+                      sampling={"logprobs": True, "top_logprobs": 2})
+    run_id, final = run_to_end(any_engine, cfg)
+    assert final == "completed"
+    before = {r["id"]: r for r in records(any_engine, run_id)}
+    for r in before.values():
+        packed = unpack(r["logprobs_json"])
+        assert packed is not None and packed.ids == orjson.loads(r["token_ids_json"])["completion"]
+    rid = min(before)
+    versions.change_settings(any_engine, run_id, {"sampling.top_logprobs": 5}, actor="tester")
+    with any_engine.connect() as conn:
+        sel = repair.select(conn, run_id, ids=[rid])
+    assert repair.rerun_records(any_engine, run_id, sel, actor="tester")["queued"] == 1
+    assert Background(any_engine, cfg.model_copy(update={"sampling": cfg.sampling.model_copy(
+        update={"top_logprobs": 5})}), run_id).start().join(60) == "completed"
+    again = {r["id"]: r for r in records(any_engine, run_id)}[rid]
+    new = unpack(again["logprobs_json"])
+    assert new is not None and new.k == 5
+    with any_engine.connect() as conn:
+        [h] = repair_history.history(conn, rid)
+    assert h["logprobs_json"] == before[rid]["logprobs_json"] and unpack(h["logprobs_json"]).k == 2  # type: ignore[union-attr]
