@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from test_export import read_jsonl
 from workerkit import make_config, records, run_to_end
 
-from synthwatch.capture.logprobs import NO_ID, pack, unpack
 from synthwatch.config import RunConfig
 from synthwatch.export.plan import ExportOptions
 from synthwatch.export.stream import export_run
@@ -150,6 +149,8 @@ def test_logprobs_are_exported_aligned_to_the_completion_ids(engine, sim, prompt
 
 
 def test_text_tokens_are_mapped_with_the_runs_tokenizer(engine, sim, prompts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from synthwatch.capture.logprobs import unpack
+
     # a server that names tokens only by their text (no token ids asked for): the export maps them to ids with the
     # run's tokenizer and puts each logprob on its token; the </think> token, never streamed without ids, is null
     url = sim(seed=9, token_ids="deepseek", reasoning_field="reasoning", reasoning_tokens="10-20",
@@ -174,6 +175,8 @@ def test_text_tokens_are_mapped_with_the_runs_tokenizer(engine, sim, prompts, tm
 
 
 def test_pack_round_trip_and_bound() -> None:
+    from synthwatch.capture.logprobs import NO_ID, pack, unpack
+
     content = [{"token": f"token_id:{100 + i}", "logprob": -0.5 * i, "bytes": [],
                 "top_logprobs": [{"token": f"token_id:{100 + i}", "logprob": -0.5 * i},
                                  {"token": "x", "logprob": -9999.0}]} for i in range(50)]
@@ -202,6 +205,7 @@ def test_stored_on_both_backends_and_kept_in_history_by_a_rerun(any_engine, sim,
     # keeps the replaced output's logprobs whole (no destroyed data)
     from workerkit import Background
 
+    from synthwatch.capture.logprobs import unpack
     from synthwatch.repair import actions as repair
     from synthwatch.repair import history as repair_history
     from synthwatch.store import versions
