@@ -232,3 +232,23 @@ def test_stored_on_both_backends_and_kept_in_history_by_a_rerun(any_engine, sim,
     with any_engine.connect() as conn:
         [h] = repair_history.history(conn, rid)
     assert h["logprobs_json"] == before[rid]["logprobs_json"] and unpack(h["logprobs_json"]).k == 2  # type: ignore[union-attr]
+
+
+def test_every_turn_of_a_conversation_keeps_its_own_logprobs(engine, sim, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # turns = all: each turn's reply is stored with its logprobs, and --turns all exports each turn's row aligned
+    from test_turns import write_conversations
+
+    url = sim(seed=7, reasoning_tokens="8-16", content_tokens="4-8")
+    data = write_conversations(tmp_path / "conv.jsonl", 4)
+    cfg = make_config(url, data, name="lp-turns", turns="all", request_token_ids=True,
+                      sampling={"logprobs": True, "top_logprobs": 2})
+    run_id, final = run_to_end(engine, cfg)
+    assert final == "completed"
+    out = tmp_path / "turns.jsonl"
+    export_run(engine, run_id, ExportOptions(format="tokens", out=out, turns="all"))
+    rows = read_jsonl(out)
+    assert len(rows) > 4  # several turns per conversation
+    for row in rows:
+        completion = row["input_ids"][row["prompt_len"]:]
+        assert len(row["completion_logprobs"]) == len(completion) > 0
+        assert [t[0] for t in row["completion_top_ids"]] == completion
