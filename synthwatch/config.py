@@ -187,9 +187,19 @@ class SamplingConfig(_Strict):
     max_tokens: int | None = Field(None, ge=1, le=10_000_000)
     seed: int | None = None
     stop: list[str] | None = None
+    logprobs: bool = Field(False, description="Ask for each completion token's logprob (OpenAI chat API, vLLM); "
+                           "stored packed per record (logprobs_json) and exported with the tokens formats.")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="With logprobs: the most likely alternatives "
+                                     "per token the server also returns (0-20; vLLM's --max-logprobs bounds it).")
     extra_body: dict[str, Any] = Field(
         default_factory=dict, description="Merged into every request body, e.g. chat_template_kwargs."
     )
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> SamplingConfig:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs = true (the OpenAI API and vLLM refuse it alone)")
+        return self
 
 
 class TimeoutConfig(_Strict):
@@ -208,6 +218,9 @@ class LimitsConfig(_Strict):
     max_header_bytes: int = Field(
         8190, ge=256, le=2**20, description="Longest status line or header field of a reply, in bytes.")
     max_headers: int = Field(128, ge=8, le=10_000, description="Most header fields a reply may have.")
+    max_logprobs_bytes: int = Field(
+        4 * 2**20, ge=0, le=2**30, description="Largest packed logprobs column of one record (sampling.logprobs); "
+        "the tokens past it are left out and the record says so.")
 
 
 class RetryConfig(_Strict):
@@ -385,6 +398,12 @@ class RunConfig(_Strict):
                 body[key] = v
         if self.request_token_ids:
             body["return_token_ids"] = True
+        if s.logprobs:
+            body["logprobs"] = True
+            if s.top_logprobs is not None:
+                body["top_logprobs"] = s.top_logprobs
+            if self.request_token_ids:  # vLLM names each logprob's token by its id (token_id:N), not its text
+                body["return_tokens_as_token_ids"] = True
         body.update(s.extra_body)
         return body
 

@@ -374,13 +374,15 @@ POLICY: dict[type[BaseModel], dict[str, Rule]] = {
     TLSConfig: {"ca_bundle": _tls_file(), "client_cert": _tls_file(), "client_key": _tls_file(), "verify": _flag()},
     SamplingConfig: {
         "temperature": _float(0, 5), "top_p": _float(0, 1), "max_tokens": _int(1, 10_000_000),
-        "seed": _int(0, 2**63 - 1), "stop": _text_list(16, 200), "extra_body": _json(65_536),
+        "seed": _int(0, 2**63 - 1), "stop": _text_list(16, 200), "logprobs": _flag(),
+        "top_logprobs": _int(0, 20), "extra_body": _json(65_536),
     },
     TimeoutConfig: {"connect_s": SECONDS, "total_s": SECONDS, "idle_s": SECONDS},
     LimitsConfig: {
         "max_body_bytes": _int(1024, 2**30), "max_event_bytes": _int(1024, 2**30),
         "max_reply_bytes": _int(1024, 2**30), "max_partial_chars": _int(0, 2**30),
         "max_header_bytes": _int(256, 2**20), "max_headers": _int(8, 10_000),
+        "max_logprobs_bytes": _int(0, 2**30),
     },
     RetryConfig: {"max_attempts": _int(1, 100), "backoff_base_s": _float(0, 3600), "backoff_max_s": _float(0, 3600)},
     ReasoningConfig: {"mode": TEXT, "expect": _flag(), "think_open": TEXT, "think_close": TEXT,

@@ -521,7 +521,7 @@ def _tokens_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         return ctx
     show_all = q.get("all") == "1"
     shown = r.chips if show_all else r.chips[:MAX_CHIPS]
-    views, outline = token_chips.chip_views(lt, shown)
+    views, outline = token_chips.chip_views(lt, shown, token_chips.logprob_hovers(lt, rec, shown, r.prompt_len))
     ctx.update({
         "r": r, "lt": lt, "chunks": token_chips.chunked(views), "outline": outline,
         "hidden_chips": len(r.chips) - len(shown),

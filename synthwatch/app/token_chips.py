@@ -7,7 +7,9 @@ than "almost all differ" and hides where the first one is.
 
 from __future__ import annotations
 
+import math
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +17,8 @@ from ..review import display as review_display
 
 CHIP_CHUNK = 400
 """Chips per block; a block ends early after a line end once it holds a quarter of this (lines stay whole)."""
+MAX_HOVER_ALTERNATIVES = 5
+"""Alternatives a token's hover lists (the most likely first)."""
 DIFF_OUTLINE = 20
 """Differences from the server's ids outlined (with jump links); the count says how many there are in all."""
 
@@ -29,6 +33,7 @@ class ChipView:
     classes: str
     title: str
     anchor: str  # the element id of an outlined difference ("" for the others)
+    lp: str = ""  # the token's logprobs, shown on hover (data-lp; "" without)
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,46 @@ def landmarks(chips: list[Any]) -> list[tuple[str, int]]:
     return sorted(out.items(), key=lambda kv: kv[1])
 
 
-def chip_views(lt: Any, chips: list[Any]) -> tuple[list[ChipView], Outline]:
-    """One view per chip (the template escapes every field), and the outline of the first differences."""
+def logprob_hovers(lt: Any, rec: Mapping[str, Any], chips: list[Any], prompt_len: int) -> dict[int, str]:
+    """Chip index -> what its hover adds (#38 item 5): the chosen token's p and logprob, and the top alternatives
+    with theirs, from the record's logprobs aligned to its completion tokens (export/logprobs.py). Plain text: the
+    template escapes it like all model text."""
+    if not rec.get("logprobs_json"):
+        return {}
+    from ..export.logprobs import aligned
+
+    got = aligned(rec, [c.id for c in chips[prompt_len:]], lt, with_text=True)
+    lps = got.get("completion_logprobs") or []
+    top_ids, top_lps = got.get("completion_top_ids") or [], got.get("completion_top_logprobs") or []
+    top_text = got.get("completion_top_text") or []
+    out: dict[int, str] = {}
+    for j, lp in enumerate(lps):
+        if lp is None:
+            continue
+        text = f"p {math.exp(lp):.3f} (logprob {lp:.3f})"
+        if j < len(top_ids) and top_ids[j]:
+            texts = top_text[j] if j < len(top_text) and top_text[j] else [None] * len(top_ids[j])
+            alts = [f"{(s if s is not None else _piece(lt, t))[:40]!r} {math.exp(v):.3f}"
+                    for t, v, s in zip(top_ids[j], top_lps[j], texts, strict=False)
+                    if v is not None][:MAX_HOVER_ALTERNATIVES]
+            text += " · top: " + ", ".join(alts)
+        out[prompt_len + j] = text
+    return out
+
+
+def _piece(lt: Any, tid: int) -> str:
+    if tid < 0:
+        return "?"
+    try:
+        return str(lt.tok.decode([tid]))[:40]
+    except Exception:  # an id the tokenizer does not know
+        return f"id {tid}"
+
+
+def chip_views(lt: Any, chips: list[Any], hovers: Mapping[int, str] | None = None
+               ) -> tuple[list[ChipView], Outline]:
+    """One view per chip (the template escapes every field), and the outline of the first differences; ``hovers``:
+    chip index -> text its hover adds (the token's logprobs)."""
     cache = _CHIP_CACHE.setdefault(lt, {})
     out = []
     anchors: list[tuple[str, int]] = []
@@ -90,7 +133,11 @@ def chip_views(lt: Any, chips: list[Any]) -> tuple[list[ChipView], Outline]:
                 anchor = f"tok-{i}"
                 anchors.append((anchor, i))
                 classes += " differs"
-        out.append(ChipView(seen[0], classes, seen[1] + (" · trained" if c.in_assistant else " · not trained"), anchor))
+        lp = hovers.get(i, "") if hovers else ""
+        if lp:
+            classes += " has-lp"
+        out.append(ChipView(seen[0], classes, seen[1] + (" · trained" if c.in_assistant else " · not trained"),
+                            anchor, lp))
     return out, Outline(anchors, total, tuple((label, f"tok-{i}", i) for label, i in marks))
 
 

@@ -107,6 +107,8 @@ class Extracted:
     # reasoning tokens counted from the completion's ids (synthwatch.capture.token_count): the ids of a stream's
     # reasoning chunks, or the ids before the think-close token where the run's tokenizer names its id
     reasoning_ids: int | None = None
+    # choices[0].logprobs packed (synthwatch.capture.logprobs, the record's logprobs_json); None when none were sent
+    logprobs: str | None = None
 
 
 # --------------------------------------------------------------------------------------------

@@ -109,7 +109,7 @@ TURN_COLS = (
     "prompt_tokens", "completion_tokens", "reasoning_tokens", "reasoning_tokens_source", "usage_json",
     "token_ids_json", "model",
     "system_fingerprint", "response_id", "extra_json", "endpoint", "latency_s", "ttft_s", "n_chunks",
-    "finished_at", "gen_version",
+    "finished_at", "gen_version", "logprobs_json",
 )
 
 

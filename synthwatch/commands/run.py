@@ -86,6 +86,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--top-p", type=float, help='nucleus sampling top_p (sampling.top_p)')
     g.add_argument("--seed", type=int, help="sampling seed sent with each request")
     g.add_argument("--stop", action="append", help="stop string; repeat for several")
+    g.add_argument("--logprobs", action="store_true", default=None,
+                   help="ask for each completion token's logprob, stored packed and exported with --format tokens "
+                   "(sampling.logprobs)")
+    g.add_argument("--top-logprobs", type=int, metavar="K",
+                   help="the K most likely alternatives per token too, 0-20; implies --logprobs (sampling.top_logprobs)")
     g.add_argument("--extra-body", help='JSON merged into each request, e.g. \'{"chat_template_kwargs": {...}}\'')
     g.add_argument("--turns", choices=["last", "all"],
                    help="multi-turn conversations: generate only the final answer (last, the default) or every "
@@ -176,6 +181,9 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
     put("sampling.top_p", a.top_p)
     put("sampling.seed", a.seed)
     put("sampling.stop", a.stop)
+    # --top-logprobs K asks for logprobs too (the API refuses top_logprobs without logprobs = true)
+    put("sampling.logprobs", True if a.top_logprobs is not None and a.logprobs is None else a.logprobs)
+    put("sampling.top_logprobs", a.top_logprobs)
     if a.extra_body:
         put("sampling.extra_body", json_object_flag(a.extra_body, "--extra-body"))
     put("request_token_ids", a.request_token_ids)
@@ -246,6 +254,7 @@ KEY_FLAGS = {
     "stream": "--no-stream", "request_token_ids": "--request-token-ids", "concurrency": "--concurrency",
     "cap": "--cap", "samples_per_prompt": "--samples-per-prompt", "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature",
     "sampling.top_p": "--top-p", "sampling.seed": "--seed", "sampling.stop": "--stop",
+    "sampling.logprobs": "--logprobs", "sampling.top_logprobs": "--top-logprobs",
     "sampling.extra_body": "--extra-body", "turns": "--turns", "history_reasoning": "--history-reasoning",
     "timeouts.connect_s": "--timeouts-connect-s", "timeouts.total_s": "--timeouts-total-s",
     "timeouts.idle_s": "--timeouts-idle-s", "retries.max_attempts": "--retries-max-attempts",

@@ -38,19 +38,24 @@ class JsonlSink:
 
 
 class ParquetSink:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, logprobs: bool = False) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         self.pa = pa
         self.path = path
-        self.schema = pa.schema([
+        fields = [
             ("id", pa.string()),
             ("input_ids", pa.list_(pa.int32())),
             ("loss_mask", pa.list_(pa.int8())),
             ("prompt_len", pa.int32()),
             ("source", pa.string()),
-        ])
+        ]
+        if logprobs:  # the run asked for sampling.logprobs (export/logprobs.py): null on a record without them
+            fields += [("completion_logprobs", pa.list_(pa.float32())),
+                       ("completion_top_ids", pa.list_(pa.list_(pa.int32()))),
+                       ("completion_top_logprobs", pa.list_(pa.list_(pa.float32())))]
+        self.schema = pa.schema(fields)
         self.writer = pq.ParquetWriter(str(path), self.schema, compression="zstd")
 
     def write(self, rows: list[dict[str, Any]]) -> None:

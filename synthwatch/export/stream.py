@@ -294,7 +294,7 @@ def _columns(fmt: str) -> str:
     if fmt == "raw":
         return "*"
     if fmt == "tokens":
-        return _MESSAGE_COLS + ", token_ids_json, extra_json"
+        return _MESSAGE_COLS + ", token_ids_json, extra_json, logprobs_json"
     if fmt == "speculators":
         return _MESSAGE_COLS + ", token_ids_json, usage_json, extra_json"
     # extra_json: what the record shows the model wrote (the content as sent, the stop reason: export.unwritten)
@@ -385,7 +385,8 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
     scanned = exported = 0
     sources: Counter[str] = Counter()
     repaired = {"rederived": 0, "rerun": 0, "generated": Counter(), "derived": Counter()}
-    sink: JsonlSink | ParquetSink = ParquetSink(partial) if plan.parquet else JsonlSink(partial)
+    logprobs = bool((plan.config.get("sampling") or {}).get("logprobs"))  # its columns (sinks.ParquetSink)
+    sink: JsonlSink | ParquetSink = ParquetSink(partial, logprobs) if plan.parquet else JsonlSink(partial)
     history_reasoning = history_reasoning_of(plan.config)
     which = plan.options.turns if fmt != "raw" else "raw"
     conversations = 0

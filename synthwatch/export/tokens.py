@@ -75,8 +75,13 @@ def tokens_tokenizer(
 def row_tokens(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
     """input_ids + loss_mask + prompt_len: the server's ids when stored, else re-tokenized."""
     row, source = training_row(rec, plan)
-    return {"id": record_id(rec, plan.run["name"]), "input_ids": row.input_ids, "loss_mask": row.loss_mask,
-            "prompt_len": len(row.prompt_ids), "source": source}
+    out = {"id": record_id(rec, plan.run["name"]), "input_ids": row.input_ids, "loss_mask": row.loss_mask,
+           "prompt_len": len(row.prompt_ids), "source": source}
+    if rec.get("logprobs_json"):  # sampling.logprobs: one per completion token (export/logprobs.py)
+        from .logprobs import aligned
+
+        out.update(aligned(rec, row.completion_ids, plan.tokenizer))
+    return out
 
 
 def training_row(rec: Mapping[str, Any], plan: ExportPlan, *, as_generated: bool | None = None

@@ -25,7 +25,8 @@ from ..capture import turns as turns_mod
 
 EXPORT_TURNS = ("last", "all")
 # a stored turn's columns that replace the record's in the row of that turn
-_TURN_FIELDS = ("reasoning", "content", "finish_reason", "token_ids_json", "extra_json", "usage_json")
+_TURN_FIELDS = ("reasoning", "content", "finish_reason", "token_ids_json", "extra_json", "usage_json",
+                "logprobs_json")
 
 
 def turn_rows(rec: Mapping[str, Any], which: str, history_reasoning: str) -> Iterator[Mapping[str, Any]]:

@@ -54,6 +54,7 @@ OUTPUT_COLS = (
     "usage_json", "token_ids_json", "latency_s", "ttft_s", "n_chunks", "attempts", "attempts_json", "error_kind", "error", "endpoint", "model",
     "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags", "check_json", "gen_version",
     "derive_version", "turns_json", "turns_done", "billed_prompt_tokens", "billed_completion_tokens", "billed_estimated",
+    "logprobs_json",
 )
 _COLS = ", ".join(OUTPUT_COLS)
 
@@ -599,8 +600,8 @@ def rerun_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "
                     " billed_prompt_tokens = NULL, billed_completion_tokens = NULL, billed_estimated = NULL, token_ids_json = NULL,"
                     " latency_s = NULL, ttft_s = NULL, n_chunks = NULL, attempts = 0, attempts_json = NULL,"
                     " error_kind = NULL, error = NULL, endpoint = NULL, model = NULL, system_fingerprint = NULL,"
-                    " response_id = NULL, extra_json = NULL, finished_at = NULL, check_flags = 0, check_json = NULL,"
-                    " turns_json = NULL, turns_done = 0, worker_id = NULL, lease_until = NULL, claimed_at = NULL"
+                    " response_id = NULL, extra_json = NULL, logprobs_json = NULL, finished_at = NULL, check_flags = 0,"
+                    " check_json = NULL, turns_json = NULL, turns_done = 0, worker_id = NULL, lease_until = NULL, claimed_at = NULL"
                     f" WHERE id IN ({chunk})"), {"rnd": store.PENDING_RND})
             conn.execute(text(
                 "UPDATE run SET n_ok = n_ok - :ok, n_error = n_error - :err, n_timeout = n_timeout - :to,"

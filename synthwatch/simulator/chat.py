@@ -9,6 +9,7 @@ import orjson
 
 from .config import PARSER_MODES, SimConfig
 from .http import error_json
+from .logprobs import MAX_LOGPROBS, LogprobSpec
 from .plan import Plan
 
 # --------------------------------------------------------------------------------------------
@@ -96,6 +97,7 @@ class ChatRequest:
     max_tokens: int | None = None
     stops: list[str] = field(default_factory=list)
     with_ids: bool = False
+    logprobs: LogprobSpec | None = None  # logprobs / top_logprobs / return_tokens_as_token_ids (vLLM)
     with_prompt_text: bool = False
     thinking: bool = True
     tool: dict[str, Any] | None = None
@@ -138,10 +140,32 @@ class ChatRequest:
             max_tokens=max_tokens,
             stops=[s for s in stops if isinstance(s, str) and s],
             with_ids=body.get("return_token_ids") is True,
+            logprobs=_logprobs(body),
             with_prompt_text=body.get("return_prompt_text") is True,
             thinking=not thinking_off,
             tool=_tool_to_call(body.get("tools"), body.get("tool_choice"), messages),
         )
+
+
+def _logprobs(body: dict[str, Any]) -> LogprobSpec | None:
+    """The request's logprobs, refused as vLLM refuses them (its ChatCompletionRequest validators)."""
+    top = body.get("top_logprobs")
+    want = body.get("logprobs")
+    if want is not None and type(want) is not bool:
+        raise bad_request("logprobs must be a boolean", "logprobs")
+    if top is not None:
+        if type(top) is not int:
+            raise bad_request("top_logprobs must be an integer", "top_logprobs")
+        if not want:
+            raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+        if top < 0:
+            raise bad_request("`top_logprobs` must be a positive value.", "top_logprobs")
+        if top > MAX_LOGPROBS:
+            raise bad_request(f"Requested top logprobs of {top}, which is greater than max allowed: {MAX_LOGPROBS}",
+                              "top_logprobs")
+    if not want:
+        return None
+    return LogprobSpec(top or 0, body.get("return_tokens_as_token_ids") is True)
 
 
 def _tool_to_call(tools: Any, choice: Any, messages: list[Any]) -> dict[str, Any] | None:
@@ -213,10 +237,11 @@ def completion_body(reply: Reply, config: SimConfig) -> dict[str, Any]:
         message["reasoning_content"] = reasoning
     if mode != "reasoning_content":
         message["reasoning"] = reasoning
+    lp = reply.plan.logprobs
     choice = {
         "index": 0,
         "message": message,
-        "logprobs": None,
+        "logprobs": {"content": [e for row in lp[: reply.cut] for e in row]} if lp is not None else None,
         "finish_reason": reply.finish,
         "stop_reason": reply.stop_reason,
         "token_ids": [i for e in events for i in e[2]] if reply.chat.with_ids else None,

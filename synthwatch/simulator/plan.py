@@ -53,12 +53,16 @@ def _render(key: str | None, text: str) -> tuple[bytes, bytes]:
 class Plan:
     """A reply laid out for one mode; the streamed chunks are pre-serialised on first use."""
 
-    __slots__ = ("events", "mode", "with_ids", "cum_tokens", "cum_reasoning", "_stream")
+    __slots__ = ("events", "mode", "with_ids", "cum_tokens", "cum_reasoning", "_stream", "logprobs", "lp_json")
 
-    def __init__(self, events: list[Event], mode: str, with_ids: bool) -> None:
+    def __init__(self, events: list[Event], mode: str, with_ids: bool,
+                 logprobs: list[list[dict[str, object]]] | None = None) -> None:
         self.events = events
         self.mode = mode
         self.with_ids = with_ids
+        # per event, its tokens' logprobs.content entries (simulator/logprobs.py); None: the request asked for none
+        self.logprobs = logprobs
+        self.lp_json: list[bytes] = []  # per shown event, its chunk's "logprobs" value (set by stream())
         self.cum_tokens = list(itertools.accumulate(e[3] for e in events))
         self.cum_reasoning = list(itertools.accumulate(e[4] for e in events))
         self._stream: tuple[list[int], list[bytes], list[bytes], list[bytes]] | None = None
@@ -69,7 +73,16 @@ class Plan:
             events, with_ids = self.events, self.with_ids
             # The </think> event (key "") produces a chunk only when token ids are returned.
             shown = [i for i, e in enumerate(events) if e[0] is not None and (e[0] or with_ids)]
-            if with_ids:
+            if self.logprobs is not None:
+                lp = self.logprobs
+                self.lp_json = [b'{"content":' + orjson.dumps(lp[i]) + b"}" for i in shown]
+                deltas = [delta_json(events[i][0], events[i][1]) for i in shown]
+                ids_json = [orjson.dumps(events[i][2]) if with_ids else b"null" for i in shown]
+                suffixes = [
+                    _CHUNK_HEAD + d + b',"logprobs":' + p + b',"finish_reason":null,"token_ids":' + j + b"}]}\n\n"
+                    for d, p, j in zip(deltas, self.lp_json, ids_json, strict=True)
+                ]
+            elif with_ids:
                 deltas = [delta_json(events[i][0], events[i][1]) for i in shown]
                 ids_json = [orjson.dumps(events[i][2]) for i in shown]
                 suffixes = [

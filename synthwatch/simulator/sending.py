@@ -119,8 +119,12 @@ class ReplySender:
             delta, ids_json = deltas[shown - 1], ids_jsons[shown - 1]
         else:
             delta, ids_json = b'{"content":""}', b"[]" if chat.with_ids else b"null"
-        last = b'"choices":[{"index":0,"delta":%s,"logprobs":null,"finish_reason":"%s","stop_reason":%s,' % (
+        lp_json = b"null"
+        if plan.logprobs is not None:
+            lp_json = plan.lp_json[shown - 1] if shown else b'{"content":[]}'
+        last = b'"choices":[{"index":0,"delta":%s,"logprobs":%s,"finish_reason":"%s","stop_reason":%s,' % (
             delta,
+            lp_json,
             reply.finish.encode(),
             orjson.dumps(reply.stop_reason),
         )

@@ -59,6 +59,7 @@ from .chat import (
 )
 from .config import FAULT_KINDS, PARSER_MODES, SimConfig
 from .http import JSON_TYPE, Conn, HttpRequest, error_json
+from .logprobs import entries as logprob_entries
 from .plan import Plan
 from .sending import ReplySender
 from .server_view import ServerView
@@ -319,11 +320,15 @@ class Simulator(ReplySender):
         cfg = self.config
         gen = self._gen(chat, raw_body)
         ids = self._token_ids()
-        plan_key = (cfg.reasoning_field, chat.with_ids, faults.empty_reasoning, chat.tool is not None)
+        spec = chat.logprobs
+        plan_key = (cfg.reasoning_field, chat.with_ids, faults.empty_reasoning, chat.tool is not None, spec)
         plan = gen.plans.get(plan_key)
         if plan is None:
-            events = plan_events(gen, cfg.reasoning_field, faults.empty_reasoning, ids, chat.with_ids, chat.tool)
-            plan = gen.plans[plan_key] = Plan(events, cfg.reasoning_field, chat.with_ids)
+            # logprobs need every token's id, as token ids do
+            events = plan_events(gen, cfg.reasoning_field, faults.empty_reasoning, ids,
+                                 chat.with_ids or spec is not None, chat.tool)
+            lp = logprob_entries(events, spec, ids) if spec is not None else None
+            plan = gen.plans[plan_key] = Plan(events, cfg.reasoning_field, chat.with_ids, lp)
         prompt_text = gen.rendered_prompt
         if gen.thinking and (
             cfg.reasoning_field == "inline-no-open" or (cfg.token_ids == "deepseek" and cfg.reasoning_field in PARSER_MODES)
@@ -343,7 +348,8 @@ class Simulator(ReplySender):
         if chat.stops:
             events, stop_reason = apply_stop(plan.events, chat.stops)
             if stop_reason is not None:
-                plan = Plan(events, plan.mode, chat.with_ids)
+                lp = logprob_entries(events, spec, ids) if spec is not None else None
+                plan = Plan(events, plan.mode, chat.with_ids, lp)
         cut = plan.cut(budget if chat.max_tokens is None else min(chat.max_tokens, budget))
         finish = ("tool_calls" if chat.tool is not None else "stop") if cut == len(plan.events) else "length"
         reply = Reply(

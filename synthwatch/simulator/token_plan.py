@@ -64,6 +64,10 @@ class TokenIds:
             self._cache[piece] = out
         return out
 
+    def decode(self, tid: int) -> str | None:
+        """The text of one id with the DeepSeek tokenizer (None with word ids: the piece is the token)."""
+        return None if self._tok is None else str(self._tok.decode([tid]))
+
     def prompt(self, text: str, with_ids: bool) -> tuple[int, list[int] | None]:
         if self._tok is not None:
             ids = list(self._tok.encode(text, add_special_tokens=False))

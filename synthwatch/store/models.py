@@ -68,6 +68,8 @@ class RecordOutput(SQLModel):
     billed_prompt_tokens: int | None = Field(default=None, sa_type=TOKENS)
     billed_completion_tokens: int | None = Field(default=None, sa_type=TOKENS)
     billed_estimated: int | None = Field(default=None, sa_type=TOKENS)
+    # choices[0].logprobs packed (synthwatch.capture.logprobs; migration 0021): NULL unless sampling.logprobs
+    logprobs_json: str | None = Field(default=None, sa_type=Text)
 
 
 class Run(SQLModel, table=True):

@@ -276,7 +276,8 @@ FTS_PREFIX_CHARS = 40_000
 """Characters of each of a record's reasoning, answer and prompt that PostgreSQL's full-text index reads
 (migration 0019_store; docs/limits.md): beyond them a word is not found by a search, and the text is stored whole."""
 
-RECORD_TEXT = ("reasoning", "content", "error", "turns_json", "attempts_json", "extra_json", "usage_json")
+RECORD_TEXT = ("reasoning", "content", "error", "turns_json", "attempts_json", "extra_json", "usage_json",
+               "logprobs_json")
 """The record's text columns: NUL and lone surrogates made storable by workers/record_writes.py, each record in a
 savepoint of its own when its batch is refused (a refused record is kind store_refused)."""
 

@@ -24,6 +24,7 @@ import aiohttp
 import orjson
 from aiohttp import http_exceptions
 
+from ..capture.logprobs import pack_extracted as pack_logprobs
 from ..capture.reasoning import Extracted, ResponseShapeError, extract_response
 from ..capture.safety import DEEP_MIN_BYTES, MAX_JSON_DEPTH, depth_over, may_be_deep
 from ..capture.stream import StreamAccumulator
@@ -205,6 +206,8 @@ class Requester:
             split = reasoning_from_ids(ex.token_ids, self.think_ids[0], self.think_ids[1], ex.reasoning, ex.content)
             if split is not None:
                 ex.reasoning_ids = split
+        if ex is not None:
+            pack_logprobs(ex, self.limits.max_logprobs_bytes)  # choices[0].logprobs -> the compact column (#38)
         if res.message:
             res.message = redact(res.message)
         return res

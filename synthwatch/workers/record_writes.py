@@ -213,7 +213,7 @@ FINAL_COLS = (
     "error", "endpoint", "model", "system_fingerprint", "response_id", "extra_json", "finished_at", "check_flags",
     "check_json", "rnd",
     "gen_version", "derive_version", "rerun", "turns_json", "turns_done", "billed_prompt_tokens",
-    "billed_completion_tokens", "billed_estimated",
+    "billed_completion_tokens", "billed_estimated", "logprobs_json",
 )
 FINAL_ROW = operator.itemgetter(*FINAL_COLS, "id", "w")  # a row's parameters, in C
 # run through the driver (exec_driver_sql, positional parameters): SQLAlchemy's processing of ~30 named
@@ -235,6 +235,6 @@ _REFUSED_UPDATE = text(
     " reasoning = NULL, content = NULL, reasoning_source = NULL, reasoning_len = NULL, content_len = NULL,"
     " finish_reason = NULL, prompt_tokens = NULL, completion_tokens = NULL, reasoning_tokens = NULL,"
     " reasoning_tokens_source = NULL, usage_json = NULL, token_ids_json = NULL, model = NULL, system_fingerprint = NULL, response_id = NULL,"
-    " extra_json = NULL, latency_s = NULL, ttft_s = NULL, n_chunks = 0, worker_id = NULL, lease_until = NULL"
-    " WHERE id = :id AND status = 'in_flight' AND worker_id = :w"
+    " extra_json = NULL, logprobs_json = NULL, latency_s = NULL, ttft_s = NULL, n_chunks = 0, worker_id = NULL,"
+    " lease_until = NULL WHERE id = :id AND status = 'in_flight' AND worker_id = :w"
 )

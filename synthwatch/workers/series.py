@@ -55,7 +55,7 @@ def _usage_int(usage: dict[str, Any] | None, key: str, sub: str | None = None) -
 _EXTRACTED_COLS = (
     "reasoning", "content", "reasoning_source", "reasoning_len", "content_len", "finish_reason", "prompt_tokens",
     "completion_tokens", "reasoning_tokens", "reasoning_tokens_source", "usage_json", "token_ids_json", "model",
-    "system_fingerprint", "response_id", "extra_json",
+    "system_fingerprint", "response_id", "extra_json", "logprobs_json",
 )
 
 
@@ -94,7 +94,7 @@ def record_columns(ex: Any, extra: dict[str, Any] | None = None) -> dict[str, An
         "reasoning_tokens": reasoning, "reasoning_tokens_source": reasoning_source,
         "usage_json": orjson.dumps(usage).decode() if usage is not None else None,
         "token_ids_json": token_ids, "model": ex.model, "system_fingerprint": ex.system_fingerprint,
-        "response_id": ex.response_id,
+        "response_id": ex.response_id, "logprobs_json": ex.logprobs,
     }
     # written out rather than a loop over the columns: this runs for every record (a generator cost ~3 us)
     fr, model, fp, rid = ex.finish_reason, ex.model, ex.system_fingerprint, ex.response_id
