@@ -327,6 +327,10 @@ class RunConfig(_Strict):
     samples_per_prompt: int = Field(
         1, ge=1, le=1000, description="k answers per prompt, each its own record and request with a distinct seed "
         "(sampling.seed or 0, plus the sample index); pass@k and export --select read them per prompt.")
+    samples_in_one_request: bool = Field(
+        False, description="samples_per_prompt > 1: ask for a prompt's pending samples as one request with n = their "
+        "count (one prefill on vLLM), each choice its own record; a server that answers fewer choices has the rest "
+        "asked one request each. The seed is sampling.seed (or 0) plus the first sample's index.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)

@@ -8,6 +8,8 @@ request offering one tool, then reports:
 - whether token ids come back (vLLM's ``return_token_ids``), whether the prompt ends with a prefilled
   ``<think>`` and whether the completion ends with EOS when the reply stopped;
 - whether tool calls come back and parse (a function name and JSON arguments);
+- whether the server answers ``n`` choices in one request (a tiny request with n = 2: a server that ignores ``n``
+  answers one), which ``samples_in_one_request`` needs;
 - with a tokenizer: what its chat template does to the probe's answer (the trained span, whether the
   reasoning survives, whether the template's prompt is the server's prompt id for id).
 
@@ -74,6 +76,7 @@ class ProbeReport:
     reasoning: dict[str, Any] = field(default_factory=dict)
     token_ids: dict[str, Any] = field(default_factory=dict)
     tool_calls: dict[str, Any] = field(default_factory=dict)
+    n_choices: dict[str, Any] = field(default_factory=dict)  # n in one request: supported, choices, detail
     tokenizer: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what the output says about the settings (empty content)
@@ -83,7 +86,7 @@ class ProbeReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("verdict", "ready", "settings", "server", "reasoning", "token_ids",
-                                              "tool_calls", "tokenizer", "problems", "warnings")}
+                                              "tool_calls", "n_choices", "tokenizer", "problems", "warnings")}
 
 
 class ProbeError(Exception):
@@ -183,6 +186,7 @@ async def _probe(options: ProbeOptions) -> ProbeReport:
                             "prompt_tail": (ex.prompt_token_ids or [])[-3:], "completion_tail": (ex.token_ids or [])[-3:],
                             "finish_reason": ex.finish_reason}
         report.tool_calls = await _tools(client, base, options)
+        report.n_choices = await _n_support(client, base, options)
     tail = (ex.prompt_token_ids or [])[-2:]
     known = next((KNOWN_THINK_IDS[i] for i in tail if i in KNOWN_THINK_IDS), None)
     if known is not None:
@@ -299,6 +303,37 @@ async def _tools(client: _Client, base: str, options: ProbeOptions) -> dict[str,
             "finish_reason": ex.finish_reason, "detail": detail}
 
 
+N_QUESTION = "Say OK."
+
+
+async def _n_support(client: _Client, base: str, options: ProbeOptions) -> dict[str, Any]:
+    """Does the server answer n choices in one request? A tiny request with n = 2 (``samples_in_one_request``)."""
+    body = {"model": options.model, "messages": [{"role": "user", "content": N_QUESTION}], "max_tokens": 8,
+            **(options.extra_body or {}), "n": 2}
+    try:
+        r = await _post(client, base, body)
+    except ProbeError as exc:
+        return {"supported": None, "choices": 0, "detail": f"not known: {exc}"}
+    if r.status != 200:
+        return {"supported": False, "choices": 0,
+                "detail": f"the server refused a request with n = 2 ({r.status}): {r.quoted(200)}; leave "
+                          "samples_in_one_request off"}
+    try:
+        data = orjson.loads(r.body)
+    except ValueError:
+        return {"supported": False, "choices": 0, "detail": "the reply to a request with n = 2 is not JSON"}
+    choices = data.get("choices") if isinstance(data, dict) else None
+    got = len(choices) if isinstance(choices, list) else 0
+    indexes = sorted(int(c["index"]) for c in choices if isinstance(c, dict) and type(c.get("index")) is int) \
+        if isinstance(choices, list) else []
+    if got == 2 and indexes == [0, 1]:
+        return {"supported": True, "choices": 2, "detail": "n = 2 answered 2 choices (index 0 and 1): set "
+                "samples_in_one_request = true to ask for a prompt's k samples in one request"}
+    return {"supported": False, "choices": got,
+            "detail": f"n = 2 answered {got} choice{'s' if got != 1 else ''}: the server ignores n; leave "
+                      "samples_in_one_request off (with it on, the samples it does not answer are asked one by one)"}
+
+
 # ----------------------------------------------------------------------------------------- tokenizer
 
 
@@ -405,6 +440,8 @@ def _verdict(report: ProbeReport, options: ProbeOptions) -> None:
     else:
         settings["request_token_ids"] = False
         caveats.append("no token ids come back: exports re-tokenize (give --tokenizer, or [tokenizer] name_or_path)")
+    if report.n_choices.get("supported") is not None:
+        settings["samples_in_one_request"] = bool(report.n_choices.get("supported"))
     if ids.get("think_single_ids") is False:
         blockers.append("the tokenizer does not encode <think>/</think> to single ids (wrong tokenizer?)")
     if options.tokenizer:
@@ -441,7 +478,8 @@ def _verdict(report: ProbeReport, options: ProbeOptions) -> None:
     report.settings = settings
 
 
-@register("probe", "synthwatch probe (probe.py): /models, /version, a request non-streamed, streamed and with a tool",
+@register("probe", "synthwatch probe (probe.py): /models, /version, a request non-streamed, streamed, with a tool"
+          " and with n = 2",
           12.0)
 def _drive_probe(base_url: str, key_env: str) -> str:
     from .redact import secret_from_env

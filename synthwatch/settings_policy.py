@@ -357,6 +357,7 @@ POLICY: dict[type[BaseModel], dict[str, Rule]] = {
     RunConfig: {
         "name": _text(200), "model": TEXT, "stream": _flag(), "request_token_ids": _flag(),
         "concurrency": _int(1, 100_000), "cap": _int(1, 10**12), "samples_per_prompt": _int(1, 1000),
+        "samples_in_one_request": _flag(),
         "turns": TEXT, "history_reasoning": TEXT, "webhook_url": URL,
         "lease_s": _float(2, 3600), "flush_interval_ms": _int(10, 10_000), "shutdown_grace_s": _float(0, 3600),
     },

@@ -137,3 +137,32 @@ def test_probe_never_prints_an_extra_body_value(sim) -> None:  # type: ignore[no
                    "--extra-body", orjson.dumps({"user": secret}).decode())
     assert secret not in proc.stdout and secret not in proc.stderr
     assert orjson.loads(proc.stdout)["reasoning"]["extra_body_keys"] == ["user"]
+
+
+def test_probe_says_whether_the_server_answers_n_choices(sim, live_app) -> None:  # type: ignore[no-untyped-def]
+    """#38: samples_in_one_request needs n; the probe asks for n = 2 and says what to set (CLI, report, dashboard)."""
+    import httpx
+
+    url = sim(seed=3)
+    report = probe(ProbeOptions(url, "sim-reasoner"))
+    assert report.n_choices["supported"] is True and report.n_choices["choices"] == 2
+    assert report.settings["samples_in_one_request"] is True
+    ignores = sim(seed=3, ignore_n=True)
+    report = probe(ProbeOptions(ignores, "sim-reasoner"))
+    assert report.n_choices["supported"] is False and report.n_choices["choices"] == 1
+    assert "the server ignores n" in report.n_choices["detail"]
+    assert report.settings["samples_in_one_request"] is False and report.ready  # not a caveat for other runs
+    proc = run_cli("probe", "--base-url", url, "--model", "sim-reasoner")
+    assert "n choices:  n = 2 answered 2 choices" in proc.stdout, proc.stdout
+    assert "with --samples-per-prompt K: --samples-in-one-request (samples_in_one_request = true)" in proc.stdout
+    run_line = next(line for line in proc.stdout.splitlines() if line.startswith("run with:"))
+    assert "--samples-in-one-request" not in run_line  # only with k samples per prompt: a note, not in the line
+    proc = run_cli("probe", "--base-url", ignores, "--model", "sim-reasoner")
+    assert "n = 2 answered 1 choice: the server ignores n" in proc.stdout, proc.stdout
+    srv = live_app()
+    form = {"dataset": "", "endpoints": ignores, "model": "sim-reasoner", "reasoning_mode": "auto", "stream": "on"}
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        r = c.post("/runs/new/probe", data=form)
+        assert r.status_code == 200, r.text[-2000:]
+        assert 'data-testid="probe-n">n in one request: n = 2 answered 1 choice' in r.text
+        assert "samples_in_one_request = False" in r.text

@@ -98,6 +98,8 @@ def handle(args: argparse.Namespace) -> int:
                      f"(finish {ids['finish_reason']})")
     print(line)
     print(f"tool calls: {tools.get('detail')}")
+    if report.n_choices:
+        print(f"n choices:  {report.n_choices.get('detail')}")
     tok = report.tokenizer
     if tok is not None:
         if tok.get("problem"):
@@ -144,6 +146,9 @@ def recommended(settings: dict[str, object]) -> tuple[list[tuple[str, str]], lis
         if key == "request_token_ids":
             flags.append(("--request-token-ids", "request_token_ids = true") if value
                           else ("no --request-token-ids", "request_token_ids = false"))
+        elif key == "samples_in_one_request":  # only with --samples-per-prompt K: a note, not a flag of the line
+            notes.append("with --samples-per-prompt K: --samples-in-one-request (samples_in_one_request = true)" if value
+                         else "samples_in_one_request = false (the server does not answer n choices)")
         elif key in _FLAGS and value not in (None, False):
             flag, toml = _FLAGS[key]
             flags.append((flag.format(v=value), toml.format(v=value)))

@@ -81,6 +81,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--dedup-against", metavar="FILE", help="check the answers against an existing dataset (JSONL or "
                    "Parquet): a near-duplicate of one of its rows fails near_duplicate; its index is kept beside the "
                    "database (checks.near_duplicate.against; docs/checks.md)")
+    g.add_argument("--samples-in-one-request", action="store_true", default=None,
+                   help="--samples-per-prompt K: ask for a prompt's samples as one request with n = K (one prefill "
+                   "on vLLM; `synthwatch probe` says whether the server supports n)")
     g.add_argument("--max-tokens", type=positive_int, help='max_tokens of each request (sampling.max_tokens)')
     g.add_argument("--temperature", type=float, help='sampling temperature (sampling.temperature)')
     g.add_argument("--top-p", type=float, help='nucleus sampling top_p (sampling.top_p)')
@@ -176,6 +179,7 @@ def _flags_to_config(a: argparse.Namespace) -> dict[str, Any]:
     if a.dedup_against:  # stored absolute: a resume from another folder reads the same file
         put("checks.near_duplicate.against", str(Path(a.dedup_against).expanduser().absolute()))
         put("checks.near_duplicate.enabled", True)
+    put("samples_in_one_request", a.samples_in_one_request)
     put("sampling.max_tokens", a.max_tokens)
     put("sampling.temperature", a.temperature)
     put("sampling.top_p", a.top_p)
@@ -252,7 +256,8 @@ def resolve_config(a: argparse.Namespace, stored: dict[str, Any] | None = None, 
 KEY_FLAGS = {
     "endpoints.base_url": "--base-url", "endpoints.api_key_env": "--api-key-env", "model": "--model",
     "stream": "--no-stream", "request_token_ids": "--request-token-ids", "concurrency": "--concurrency",
-    "cap": "--cap", "samples_per_prompt": "--samples-per-prompt", "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature",
+    "cap": "--cap", "samples_per_prompt": "--samples-per-prompt",
+    "samples_in_one_request": "--samples-in-one-request", "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature",
     "sampling.top_p": "--top-p", "sampling.seed": "--seed", "sampling.stop": "--stop",
     "sampling.logprobs": "--logprobs", "sampling.top_logprobs": "--top-logprobs",
     "sampling.extra_body": "--extra-body", "turns": "--turns", "history_reasoning": "--history-reasoning",

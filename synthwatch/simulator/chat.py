@@ -100,6 +100,7 @@ class ChatRequest:
     logprobs: LogprobSpec | None = None  # logprobs / top_logprobs / return_tokens_as_token_ids (vLLM)
     with_prompt_text: bool = False
     thinking: bool = True
+    n: int = 1  # choices asked for (synthwatch/simulator/multi.py)
     tool: dict[str, Any] | None = None
     """The function the reply calls: the first of ``tools`` when the last message is the user's (not a tool
     result) and ``tool_choice`` is not "none"."""
@@ -125,6 +126,11 @@ class ChatRequest:
             raise bad_request("max_tokens must be an integer >= 1", "max_tokens")
         stop = body.get("stop")
         stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+        n = body.get("n")
+        if n is None:
+            n = 1
+        if type(n) is not int or not 1 <= n <= 128:
+            raise bad_request("n must be an integer from 1 to 128", "n")
         stream = body.get("stream") is True
         options = body.get("stream_options")
         kwargs = body.get("chat_template_kwargs")
@@ -143,6 +149,7 @@ class ChatRequest:
             logprobs=_logprobs(body),
             with_prompt_text=body.get("return_prompt_text") is True,
             thinking=not thinking_off,
+            n=n,
             tool=_tool_to_call(body.get("tools"), body.get("tool_choice"), messages),
         )
 

@@ -90,6 +90,9 @@ class SimConfig:
             answer's ``**N**`` (or ``\\boxed{N}``) is the sum the judged question ``What is A + B?`` asks for, "bad" (0.1) when it is
             another number, "bad" (0.5) when there is none. No reasoning; ``response_format`` is accepted, unless
         refuse_response_format: A request with ``response_format`` is answered 400 (a server without guided decoding).
+        ignore_n: A request's ``n`` is ignored and one choice comes back (a server without ``n`` support); otherwise
+            ``n`` choices come back as vLLM sends them (synthwatch/simulator/multi.py), choice i being what the same
+            request with ``seed + i`` would get.
         capacity: At most this many paced requests generate at once (0 = unlimited); the others wait in a
             queue, so throughput saturates at the knee and latency grows past it (``sim_server_view``).
         rate_preempt: With a capacity, the share of paced streams preempted once half-way while requests queue
@@ -138,6 +141,7 @@ class SimConfig:
     rate_wrong_answer: float = 0.0
     judge: bool = False
     refuse_response_format: bool = False
+    ignore_n: bool = False
     boxed_answers: bool = False
     token_ids: str = "words"
     capacity: int = 0

@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "boxed_answers": "give the arithmetic result as $\\boxed{N}$ (what math verifiers read) instead of **N**",
         "judge": "answer as a judge: a JSON verdict {score, label, reason} on the answer in the prompt",
         "refuse_response_format": "answer 400 to a request with response_format (no guided decoding)",
+        "ignore_n": "ignore a request's n and answer one choice (a server without n support)",
     }
     group = parser.add_argument_group("simulator")
     for f in dataclasses.fields(SimConfig):

@@ -31,6 +31,20 @@ class ReplySender:
         self.stats["in_flight"] -= 1
         self.stats["completed"] += 1
 
+    # what multi.py (n choices in one request) sends with
+    def finished(self) -> None:
+        self._finished()
+
+    def stream_parts(self, reply: Reply) -> list[bytes]:
+        return self._stream_parts(reply)
+
+    def chunk_prefix(self, request_id: bytes, created: int) -> bytes:
+        return self._chunk_prefix % (request_id, created)
+
+    def delayed_reply(self, conn: Conn, delay: float, payload: bytes, keep_alive: bool,
+                      tokens: tuple[int, int]) -> Any:
+        return self._delayed_reply(conn, delay, payload, keep_alive, tokens)
+
     # non-streamed replies
     def _send_json(
         self, conn: Conn, req: HttpRequest, reply: Reply, faults: Faults, request_id: bytes, created: int

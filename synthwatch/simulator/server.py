@@ -33,7 +33,8 @@ The package: config.py (SimConfig, modes, fault kinds), answers.py (what the mod
 (token ids, events, pre-serialised plans), http.py (the HTTP protocol), chat.py (one request and its reply
 body), server.py (the Simulator: routing, faults, caches), sending.py (writing replies: at once, delayed or paced,
 with the stream faults), server_view.py (the engine's queue and
-/metrics), launch.py (flags, a blocking run, a server in a thread).
+/metrics), launch.py (flags, a blocking run, a server in a thread), multi.py (a request with ``n`` > 1: n choices,
+interleaved by index when streamed, usage summed, one prefill).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from typing import Any
 
 import orjson
 
+from . import multi
 from .answers import Gen, generate_answer
 from .chat import (
     CACHE_TOKENS,
@@ -88,6 +90,9 @@ class Simulator(ReplySender):
             "max_in_flight": 0,
             "connections": 0,
             "max_connections": 0,
+            "prefills": 0,  # chat requests whose prompt was prefilled (one per request, whatever its n)
+            "prefill_tokens": 0,  # the prompt tokens of those prefills
+            "n_asked": {},  # requests per n asked for ("1", "4", ...), answered or not
         }
         self.conns: set[Conn] = set()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -273,6 +278,8 @@ class Simulator(ReplySender):
                 raise bad_request("response_format is not supported by this server", "response_format")
             if self.config.keep_requests:
                 self._kept.append(chat.messages)
+            asked = self.stats["n_asked"]
+            asked[str(chat.n)] = asked.get(str(chat.n), 0) + 1
             faults = NO_FAULTS
             if self._any_faults:
                 faults = self._draw_faults(chat.stream)
@@ -294,6 +301,15 @@ class Simulator(ReplySender):
             stats["max_in_flight"] = stats["in_flight"]
         request_id = b"chatcmpl-%032x" % random.getrandbits(128)
         created = int(time.time())
+        if chat.n > 1 and not self.config.ignore_n:
+            try:
+                multi.send(self, conn, req, chat, raw, request_id, created)
+            except RequestError as exc:
+                self._finished()
+                conn.respond(exc.status, exc.body(), req.keep_alive)
+            return
+        stats["prefills"] += 1
+        stats["prefill_tokens"] += reply.prompt_tokens
         if chat.stream:
             stats["streamed"] += 1
             self._send_stream(conn, req, reply, faults, request_id, created)
@@ -314,6 +330,10 @@ class Simulator(ReplySender):
         else:
             return False
         return True
+
+    def build_reply(self, chat: ChatRequest, key: bytes) -> Reply:
+        """The reply to ``chat`` without faults, cached under ``key`` (multi.py: one choice of n)."""
+        return self._reply(chat, NO_FAULTS, key)
 
     def _reply(self, chat: ChatRequest, faults: Faults, raw_body: bytes) -> Reply:
         """Lay out the reply to a request body (cached per body unless a fault changes it)."""

@@ -80,6 +80,7 @@ class Claimed:
     n_turns: int = 1  # turns the model writes (synthwatch.capture.turns)
     turns_json: str | None = None  # the finished turns so far: a resumed conversation goes on from the next
     sample_index: int = 0  # which of its prompt's samples (samples_per_prompt): picks the request's seed
+    prompt_idx: int = -1  # the prompt's row in the dataset: a prompt's samples share it (one request with n = k)
 
 
 # ---------------------------------------------------------------- runs
@@ -509,11 +510,30 @@ def claim_sql(skip: str = "") -> str:
     return ("UPDATE record SET status = 'in_flight', worker_id = :w, lease_until = :lease, claimed_at = :t"
             " WHERE id IN (SELECT id FROM record WHERE run_id = :r AND status = 'pending' ORDER BY id"
             f" LIMIT :n{skip}) RETURNING id, idx, prompt_json, attempts, attempts_json, rerun, n_turns, turns_json,"
-            " sample_index")
+            " sample_index, prompt_idx")
 
 
-def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float) -> tuple[list[Claimed], str]:
+def _claim_rest_of_prompt(conn: Connection, run_id: int, worker_id: int, prompt_idx: int, room: int, t: float,
+                          lease_s: float) -> list[Any]:
+    """The pending samples of ``prompt_idx`` a claim left behind (at most ``room``): a prompt's samples go out as
+    one request with n = k (samples_in_one_request)."""
+    if room <= 0:
+        return []
+    skip = " FOR UPDATE SKIP LOCKED" if is_pg(conn) else ""
+    return list(conn.execute(
+        text("UPDATE record SET status = 'in_flight', worker_id = :w, lease_until = :lease, claimed_at = :t"
+             " WHERE id IN (SELECT id FROM record WHERE run_id = :r AND status = 'pending' AND prompt_idx = :p"
+             f" ORDER BY id LIMIT :n{skip}) RETURNING id, idx, prompt_json, attempts, attempts_json, rerun, n_turns,"
+             " turns_json, sample_index, prompt_idx"),
+        {"w": worker_id, "lease": t + lease_s, "t": t, "r": run_id, "p": prompt_idx, "n": room}).all())
+
+
+def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float, *,
+          whole_prompts: bool = False) -> tuple[list[Claimed], str]:
     """Claim up to n pending records; never more than the cap allows. Returns (claimed, why_short).
+
+    ``whole_prompts`` (samples_in_one_request): the last prompt's other pending samples come too, beyond n but
+    never beyond the cap, so that a prompt's samples go out together as one request.
 
     why_short: "" (got n), "empty" (fewer pending than asked), "cap" (cap reached counting
     in-flight), "cap_done"/"done" (nothing left anywhere: the run is complete), or the run's
@@ -551,15 +571,23 @@ def claim(conn: Connection, run_id: int, worker_id: int, n: int, lease_s: float)
         text(claim_sql(" FOR UPDATE SKIP LOCKED" if is_pg(conn) else "")),
         {"w": worker_id, "lease": t + lease_s, "t": t, "r": run_id, "n": n},
     ).all()
+    asked = len(rows)
+    if whole_prompts and rows:
+        room = (cap - n_ok - n_in_flight - len(rows)) if cap is not None else 1 << 30
+        if left is not None:
+            room = min(room, left - len(rows))
+        last = max(rows, key=lambda r: r[0])[9]
+        if last is not None:
+            rows = list(rows) + _claim_rest_of_prompt(conn, run_id, worker_id, last, room, t, lease_s)
     if rows:
         conn.execute(
             text("UPDATE run SET n_in_flight = n_in_flight + :k, n_pending = n_pending - :k WHERE id = :r"),
             {"k": len(rows), "r": run_id},
         )
-    claimed = [Claimed(r[0], r[1], orjson.loads(r[2]), r[3] or 0, r[4], bool(r[5]), r[6] or 1, r[7], r[8] or 0)
-               for r in rows]
+    claimed = [Claimed(r[0], r[1], orjson.loads(r[2]), r[3] or 0, r[4], bool(r[5]), r[6] or 1, r[7], r[8] or 0,
+                       r[9] if r[9] is not None else -1) for r in rows]
     claimed.sort(key=lambda c: c.id)
-    return claimed, limited if len(claimed) == n else "empty"
+    return claimed, limited if asked == n else "empty"
 
 
 def live_runs(conn: Connection) -> list[dict[str, Any]]:

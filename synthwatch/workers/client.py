@@ -24,6 +24,7 @@ import aiohttp
 import orjson
 from aiohttp import http_exceptions
 
+from ..capture.choices import ChoiceStreams, choice_usage, split_response
 from ..capture.logprobs import pack_extracted as pack_logprobs
 from ..capture.reasoning import Extracted, ResponseShapeError, extract_response
 from ..capture.safety import DEEP_MIN_BYTES, MAX_JSON_DEPTH, depth_over, may_be_deep
@@ -144,12 +145,16 @@ class Requester:
     def accumulator(self) -> StreamAccumulator:
         return StreamAccumulator(self.mode, self.think_open, self.think_close, self.prefilled_open)
 
-    async def attempt(self, ep: Endpoint, body: bytes, stream: bool, live: Any = None) -> AttemptResult:
-        """One request. ``live``: the stream's synthwatch.workers.inflight.LiveStream, told after each read."""
+    async def attempt(self, ep: Endpoint, body: bytes, stream: bool, live: Any = None,
+                      n_choices: int = 1) -> AttemptResult:
+        """One request. ``live``: the stream's synthwatch.workers.inflight.LiveStream, told after each read.
+        ``n_choices``: the choices the body asks for (its ``n``); with more than one, each choice that came is in
+        ``res.choices`` (capture/choices.py)."""
         session = self._session
         assert session is not None, "use `async with Requester(...)`"
         t0 = time.perf_counter()
-        acc = self.accumulator() if stream else None
+        acc: Any = (self.accumulator() if n_choices == 1 else ChoiceStreams(self.accumulator, n_choices)) \
+            if stream else None
         res = AttemptResult(ok=False, endpoint=ep.label)
         watch: _IdleWatch | None = None
         try:
@@ -169,7 +174,7 @@ class Requester:
                         elif acc is not None:
                             await self._read_stream(resp, acc, res, t0, watch, live)
                         else:
-                            await self._read_whole(resp, res)
+                            await self._read_whole(resp, res, n_choices)
         except _Limit as exc:
             res.kind, res.message = exc.kind, exc.message
         except aiohttp.ConnectionTimeoutError:
@@ -197,17 +202,22 @@ class Requester:
         res.latency_s = time.perf_counter() - t0
         if acc is not None:
             res.n_chunks = acc.n_chunks
+            if n_choices > 1:
+                res.choices = acc.results()
+                res.extracted = res.choices[0][1]
             if res.extracted is None:
                 res.extracted = acc.result()  # partial text is kept on failures
             if not res.ok:
-                _bound_partial(res.extracted, self.limits.max_partial_chars)
-        ex = res.extracted
-        if ex is not None and ex.token_ids is not None and self.think_ids is not None:
-            split = reasoning_from_ids(ex.token_ids, self.think_ids[0], self.think_ids[1], ex.reasoning, ex.content)
-            if split is not None:
-                ex.reasoning_ids = split
-        if ex is not None:
-            pack_logprobs(ex, self.limits.max_logprobs_bytes)  # choices[0].logprobs -> the compact column (#38)
+                for _, one in res.choices or [(0, res.extracted)]:
+                    _bound_partial(one, self.limits.max_partial_chars)
+        for _, ex in res.choices or [(0, res.extracted)]:
+            if ex is not None and ex.token_ids is not None and self.think_ids is not None:
+                split = reasoning_from_ids(ex.token_ids, self.think_ids[0], self.think_ids[1], ex.reasoning,
+                                           ex.content)
+                if split is not None:
+                    ex.reasoning_ids = split
+            if ex is not None:
+                pack_logprobs(ex, self.limits.max_logprobs_bytes)  # each choice's logprobs -> its compact column (#38)
         if res.message:
             res.message = redact(res.message)
         return res
@@ -326,7 +336,7 @@ class Requester:
         ex_ = acc.result()
         res.extracted = ex_
         if not done:
-            if ex_.finish_reason is None:
+            if ex_.finish_reason is None or acc.finish_reason is None:  # n > 1: any choice unfinished
                 res.kind = "dropped"
                 res.message = f"stream ended without [DONE] or finish_reason after {acc.n_chunks} chunks"
                 leftover = parser.pending()
@@ -353,7 +363,7 @@ class Requester:
             pass
         resp.close()  # the body did not end properly: the connection is not reused
 
-    async def _read_whole(self, resp: aiohttp.ClientResponse, res: AttemptResult) -> None:
+    async def _read_whole(self, resp: aiohttp.ClientResponse, res: AttemptResult, n: int = 1) -> None:
         # the smaller of the two limits that apply to a reply that is not streamed, each its own error kind
         lim = self.limits
         kind, cap, name = ("body_too_large", lim.max_body_bytes, "max_body_bytes") \
@@ -400,7 +410,17 @@ class Requester:
             return
         del raw  # the body is parsed: its bytes are not kept while the record is built
         try:
-            res.extracted = extract_response(body, self.mode, self.think_open, self.think_close, self.prefilled_open)
+            if n > 1:  # each choice read on its own (capture/choices.py)
+                res.choices = []
+                split = split_response(body)
+                for i, one in split:
+                    ex = extract_response(one, self.mode, self.think_open, self.think_close, self.prefilled_open)
+                    choice_usage(ex, None, body.get("usage"), n, i, len(split) == 1)
+                    res.choices.append((i, ex))
+                res.extracted = res.choices[0][1]
+            else:
+                res.extracted = extract_response(body, self.mode, self.think_open, self.think_close,
+                                                 self.prefilled_open)
         except ResponseShapeError as exc:
             res.kind = "error_body" if "error" in body else "malformed"
             res.message = str(exc)

@@ -137,11 +137,13 @@ class RunWorker:
 
     # ------------------------------------------------------------ request bodies
 
-    def body_for(self, messages: list[dict[str, Any]] | dict[str, Any], sample_index: int = 0) -> bytes:
+    def body_for(self, messages: list[dict[str, Any]] | dict[str, Any], sample_index: int = 0, n: int = 1) -> bytes:
         body = dict(self._body_base)
         seed = self.config.sample_seed(sample_index)
         if seed is not None:  # samples_per_prompt > 1: each sample of a prompt asks with its own seed
             body["seed"] = seed
+        if n > 1:  # samples_in_one_request: n samples of a prompt, from sample_index on, in one request
+            body["n"] = n
         if isinstance(messages, dict):  # a prompt with tools: {"messages": [...], "tools": [...]}
             body["messages"] = messages["messages"]
             body["tools"] = messages["tools"]
@@ -260,6 +262,7 @@ class RunWorker:
             heartbeat_s=get_settings().worker_heartbeat_s, gauges=self._gauges, hooks=self.hooks,
             on_control=self._loop_wake,
         )
+        self.writer.whole_prompts = self.config.samples_in_one_request and self.config.samples_per_prompt > 1
         self.writer.start()
         self.streams = StreamBoard.for_writer(run_rules(cfg), self.writer, self.hooks)
         sup = self.supervisor
@@ -536,8 +539,20 @@ class RunWorker:
                 return  # a new cap: the loop hands the reserve back and claims again under it
             if ctl.get("desired", "run") != "run" or self.local_stop is not None:
                 return  # paused (an alarm's auto-pause lands here at once) or stopping: nothing new starts
+        group = self.config.samples_in_one_request and self.config.samples_per_prompt > 1
         while ready and len(tasks) < self._slots and self.state == "running":
-            task = asyncio.create_task(self.records.process(ready.popleft()))
+            first = ready.popleft()
+            if group and first.n_turns == 1 and first.prompt_idx >= 0:
+                # the prompt's other claimed samples (next in the reserve) go with it, as one request with n = k
+                batch = [first]
+                while ready and ready[0].prompt_idx == first.prompt_idx and ready[0].n_turns == 1:
+                    batch.append(ready.popleft())
+                if len(batch) > 1:
+                    task = asyncio.create_task(self.records.process_group(batch))
+                    tasks.add(task)
+                    task.add_done_callback(self._task_done)
+                    continue
+            task = asyncio.create_task(self.records.process(first))
             tasks.add(task)
             task.add_done_callback(self._task_done)
 

@@ -20,6 +20,7 @@ from ..config import RunConfig
 from ..redact import redact
 from ..store import queue as store
 from . import faults
+from . import record_group as group_mod
 from .client import Requester
 from .endpoints import EndpointPool
 from .inflight import StreamBoard
@@ -46,8 +47,9 @@ class RecordHost(Protocol):
     interrupted: list[Outcome]  # outcomes of interrupted records, for a release without the writer
     streams: StreamBoard  # the streams in flight: judged while written, shown live (workers/inflight.py)
 
-    def body_for(self, messages: list[dict[str, Any]] | dict[str, Any], sample_index: int = 0) -> bytes:
-        """The request body for one prompt (or one turn's history), sample ``sample_index`` of it."""
+    def body_for(self, messages: list[dict[str, Any]] | dict[str, Any], sample_index: int = 0, n: int = 1) -> bytes:
+        """The request body for one prompt (or one turn's history), sample ``sample_index`` of it (``n``: that many
+        samples from it on, in one request)."""
         ...
 
 
@@ -74,7 +76,7 @@ class RecordTasks:
             ep.done.append((time.monotonic(), tokens, latency_s / tokens if tokens else None))
 
     async def _attempts(self, body: bytes, attempts: list[dict[str, Any]], record_id: int,
-                        where: dict[str, Any]) -> AttemptResult:
+                        where: dict[str, Any], n_choices: int = 1) -> AttemptResult:
         """One request with its retries; each attempt is appended to ``attempts``; the last one is returned.
         ``where`` carries the stage and the endpoint out, for the caller's error path."""
         host = self.host
@@ -97,7 +99,8 @@ class RecordTasks:
             where["body_len"] = len(body)
             try:
                 faults.hit("send")
-                res = await host.requester.attempt(ep, body, host.config.stream, live)
+                res = await (host.requester.attempt(ep, body, host.config.stream, live, n_choices=n_choices) if n_choices > 1
+                             else host.requester.attempt(ep, body, host.config.stream, live))
             finally:
                 ep.outstanding -= 1
                 if live is not None:
@@ -107,7 +110,8 @@ class RecordTasks:
             faults.hit("capture")
             last = res
             # what this attempt is billed, ok or not; the record's columns add up all of its attempts
-            res.billed = b = billed_tokens(res.extracted, len(body))
+            res.billed = b = billed_tokens(res.extracted, len(body)) if res.choices is None \
+                else group_mod.request_billed(res.choices, len(body))
             t = where.get("billed") or (0, 0, 0)
             where["billed"] = (t[0] + b[0], t[1] + b[1], t[2] + b[2])
             attempts.append(res.attempt_dict(len(attempts) + 1, started))
@@ -141,6 +145,19 @@ class RecordTasks:
             await asyncio.sleep(self._backoff(n, None if limited else res.retry_after_s))
         assert last is not None
         return last
+
+    async def process_group(self, group: list[store.Claimed]) -> None:
+        """A prompt's claimed samples as one request with n = len(group) (samples_in_one_request): each choice
+        its own record (synthwatch.workers.record_group), the samples a server did not answer one request each."""
+        await group_mod.process_group(self, group)
+
+    async def attempts(self, body: bytes, attempts: list[dict[str, Any]], record_id: int, where: dict[str, Any],
+                       n: int = 1) -> AttemptResult:
+        """One request with its retries (record_group's door to :meth:`_attempts`)."""
+        return await self._attempts(body, attempts, record_id, where, n_choices=n)
+
+    def count_ok(self, ex: Any, latency_s: float, ep: Any) -> None:
+        self._count_ok(ex, latency_s, ep)
 
     async def process(self, claimed: store.Claimed) -> None:
         """One record: its request (with retries), or with ``turns = "all"`` each of its turns in order, every

@@ -32,6 +32,8 @@ class AttemptResult:
     retry_after_s: float | None = None
     endpoint: str = ""
     billed: tuple[int, int, int] = (0, 0, 0)  # (prompt, completion, estimated part): capture.token_count.billed_tokens
+    # a request with n > 1 (samples_in_one_request): (choice index, its reading) of each choice that came
+    choices: list[tuple[int, Any]] | None = None
 
     def attempt_dict(self, n: int, started_at: float) -> dict[str, Any]:
         return {

@@ -78,6 +78,7 @@ class Writer:
         self.engine = engine
         self.run_id = run_id
         self.worker_id = worker_id
+        self.whole_prompts = False  # samples_in_one_request: a claim takes the rest of its last prompt's samples
         self.flush_interval_s = flush_interval_s
         self.lease_s = lease_s
         self.heartbeat_s = heartbeat_s
@@ -393,7 +394,8 @@ class Writer:
         with self._write_conn() as conn, store.write_begin(conn):
             store.lock_run(conn, self.run_id)
             for it in claims:
-                res = store.claim(conn, self.run_id, self.worker_id, it[1], self.lease_s)
+                res = store.claim(conn, self.run_id, self.worker_id, it[1], self.lease_s,
+                                  whole_prompts=self.whole_prompts)
                 answers.append((it[2], res))
             claimed = self.claimed + sum(len(res[0]) for _, res in answers)
             # the workers table shows what each worker holds, even one killed before its next heartbeat
@@ -475,7 +477,8 @@ class Writer:
                 else:
                     claim_results.append((it[2], it[1](conn), True))
             for it in claims:
-                res = store.claim(conn, self.run_id, self.worker_id, it[1], self.lease_s)
+                res = store.claim(conn, self.run_id, self.worker_id, it[1], self.lease_s,
+                                  whole_prompts=self.whole_prompts)
                 self.claimed += len(res[0])
                 claim_results.append((it[2], res, True))
             if lease:
