@@ -202,3 +202,22 @@ def test_a_claim_takes_the_rest_of_its_last_prompt_never_past_the_cap(any_engine
     assert claim(1, cap=14) == [(3, 0), (3, 1)]  # 12 in flight, a cap of 14: never past it
     with any_engine.connect() as conn:
         assert store.run_row(conn, rid)["n_in_flight"] == 14
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_each_choice_keeps_its_own_logprobs(engine, tmp_path, sim, stream) -> None:  # type: ignore[no-untyped-def]
+    """n = k with logprobs (#38 items 4 and 5 together): each choice's record packs its own choice's logprobs, equal
+    to what the same sample got alone, never choice 0's copied to all (nor none)."""
+    single = sim(seed=5, reasoning_tokens="6-20", content_tokens="4-10")
+    multi = sim(seed=5, reasoning_tokens="6-20", content_tokens="4-10")
+    data = write_prompts(tmp_path / "p.jsonl", 4)
+    common = {"samples_per_prompt": 3, "request_token_ids": True, "stream": stream,
+              "sampling": {"seed": 11, "max_tokens": 20, "logprobs": True, "top_logprobs": 2}}
+    a_id, _ = run_to_end(engine, make_config(single, data, name="lp-singles", **common))
+    b_id, _ = run_to_end(engine, make_config(multi, data, name="lp-in-one", samples_in_one_request=True, **common))
+    key = ("prompt_idx", "sample_index", "logprobs_json")
+    a = [tuple(r[f] for f in key) for r in records(engine, a_id)]
+    b = [tuple(r[f] for f in key) for r in records(engine, b_id)]
+    assert len(b) == 12 and all(r[2] for r in b), b[:3]
+    assert b == a
+    assert len({r[2] for r in b if r[0] == 0}) == 3  # the three samples of a prompt differ
