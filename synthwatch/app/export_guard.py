@@ -79,8 +79,9 @@ class OpenAlarms:
 
 def left_out_by(select: str | None, check: str | None) -> tuple[str, ...]:
     """The checks whose failing records an export's per-prompt selection leaves out (export/select.py): --select
-    passing or first-passing exports only records that pass its check, so that check's alarm does not hold it."""
-    return (check,) if check and select in ("passing", "first-passing") else ()
+    passing or first-passing exports only records that pass its check, so that check's alarm does not hold it; nor
+    does it hold --pairs (select "pairs", export/pairs.py), whose rejected samples fail that check by design."""
+    return (check,) if check and select in ("passing", "first-passing", "pairs") else ()
 
 
 def left_out_for(options: Any, select_check: str | None, *, expects_reasoning: bool) -> tuple[str, ...]:
@@ -92,7 +93,7 @@ def left_out_for(options: Any, select_check: str | None, *, expects_reasoning: b
     from ..export.plan import DEFAULT_CHECKS, check_bit_map
 
     bits = check_bit_map()
-    out = list(left_out_by(options.select, select_check))
+    out = list(left_out_by("pairs" if options.format == "pairs" else options.select, select_check))
     for name in (n.strip() for n in options.exclude_checks if n.strip()):
         if name == "empty_reasoning" and not expects_reasoning:
             continue  # not applied: the run does not expect reasoning (export/stream.exclusion_reason)

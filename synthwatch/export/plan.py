@@ -15,7 +15,8 @@ from ..check_catalog import ALL_STATUS_CHECKS, BIT
 if TYPE_CHECKING:
     from ..tokens.tokenizer import LoadedTokenizer
 
-FORMATS = ("messages", "sharegpt", "tokens", "raw", "specforge", "speculators")
+FORMATS = ("messages", "sharegpt", "tokens", "raw", "specforge", "speculators", "pairs")
+"""pairs: chosen/rejected preference rows from k samples (export/pairs.py, ``--pairs``)."""
 PRESET_FORMATS = ("specforge", "speculators")
 """Formats that are trainer presets (synthwatch.export.presets): ``--for NAME``."""
 TOKEN_FORMATS = ("tokens", "speculators")
@@ -89,6 +90,10 @@ class ExportOptions:
     """k samples per prompt: all | passing | first-passing | best, by the verdicts of select_check (export/select.py)."""
     select_check: str | None = None
     """The check whose verdicts the selection reads (default: the run's first verifier)."""
+    pairs_per_prompt: int = 1
+    """pairs: at most this many chosen/rejected pairs per prompt (export/pairs.py)."""
+    pair_margin: float | None = None
+    """pairs: the chosen sample's score must exceed the rejected one's by at least this much."""
 
 
 @dataclass

@@ -32,6 +32,7 @@ from ..hints import command as hint
 from ..quality.detection.overrides import list_overrides
 from ..store import queue as store
 from . import unwritten
+from .pairs import Pairing, check_options, pair_up
 from .plan import (
     DEFAULT_CHECKS,
     FORMATS,
@@ -57,6 +58,7 @@ from .plan import (
     strip_secrets,
     text_content,
 )
+from .select import Selection
 from .sinks import PARTIAL_SUFFIX, JsonlSink, ParquetSink, write_atomic
 from .turns import EXPORT_TURNS, manifest_part, turn_rows
 from .unwritten import TEXT_FORMATS, added_by_template
@@ -83,9 +85,10 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
     fmt = options.format
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if (options.think_inline or options.from_value) and fmt != "sharegpt":
+    if (options.think_inline and fmt not in ("sharegpt", "pairs")) or (options.from_value and fmt != "sharegpt"):
         flag = "--think-inline" if options.think_inline else "--from-value"
-        raise ExportError(f"{flag} applies to the sharegpt format only")
+        raise ExportError(f"{flag} applies to the sharegpt format only" + (" and --pairs" * options.think_inline))
+    check_options(options)
     if options.turns not in EXPORT_TURNS:
         raise ExportError(f"turns must be one of {', '.join(EXPORT_TURNS)}, got {options.turns!r}")
     if options.only_good and options.include_flagged:
@@ -190,13 +193,14 @@ def _select_check(engine: Engine, run: dict[str, Any], config: dict[str, Any], o
 
     if options.select not in SELECT_MODES:
         raise ExportError(f"select must be one of {', '.join(SELECT_MODES)}, got {str(options.select)[:40]!r}")
-    if options.select == "all":
+    if options.select == "all" and options.format != "pairs":
         if options.select_check:
             raise ExportError("--select-check goes with --select passing, first-passing or best")
         return None
     check = (options.select_check or "").strip() or verifier_check(config)
     if not check:
-        raise ExportError(f"--select {options.select} picks by a check's verdicts, and run {run['name']!r} has no "
+        what = "--pairs pairs" if options.format == "pairs" else f"--select {options.select} picks"
+        raise ExportError(f"{what} by a check's verdicts, and run {run['name']!r} has no "
                           "answer verifier: name the check with --select-check (e.g. judge)")
     with engine.connect() as conn:
         known = conn.execute(text("SELECT 1 FROM check_verdict WHERE run_id = :r AND check_name = :c LIMIT 1"),
@@ -304,6 +308,10 @@ def row_function(fmt: str) -> Callable[[Mapping[str, Any], ExportPlan], dict[str
         from .tokens import row_tokens
 
         return row_tokens
+    if fmt == "pairs":  # the answer of one side of a pair (export/pairs.py writes the pair)
+        from .pairs import answer_message
+
+        return answer_message
     return ROW_FUNCTIONS[fmt]
 
 
@@ -408,17 +416,18 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
     conversations = 0
     added: Counter[str] = Counter()  # tokens a trainer's template adds that the model did not write (unwritten.py)
     added_rows = 0
-    selection = None
+    selection: Selection | Pairing | None = None
     try:
         if progress:
             progress(0, plan.total)
         if plan.select_check is not None:  # k samples per prompt: which of them, read once before writing
             from .select import SELECT_COLS, select
 
-            selection = select(engine, plan.run, plan.options.select, plan.select_check,
-                               iter_ok_pages(engine, int(plan.run["id"]), SELECT_COLS, plan.options.page_size,
-                                             plan.snapshot_at, plan.snapshot_ids),
-                               lambda r: exclusion_reason(r, plan))
+            pages = iter_ok_pages(engine, int(plan.run["id"]), SELECT_COLS, plan.options.page_size, plan.snapshot_at,
+                                  plan.snapshot_ids)
+            selection = (pair_up(engine, plan, pages, lambda r: exclusion_reason(r, plan)) if fmt == "pairs" else
+                         select(engine, plan.run, plan.options.select, plan.select_check, pages,
+                                lambda r: exclusion_reason(r, plan)))
         for page in iter_ok_pages(engine, int(plan.run["id"]), _columns(fmt), plan.options.page_size,
                                   plan.snapshot_at, plan.snapshot_ids):
             rows = []
@@ -428,7 +437,9 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
                     reason = exclusion_reason(rec, plan)
                     if reason is None and selection is not None:
                         reason = selection.reason(int(rec["id"]))
-                    if reason is None:
+                    if reason is None and isinstance(selection, Pairing):
+                        rows.extend(selection.take(rec, plan))  # the pairs this record completes
+                    elif reason is None:
                         try:
                             row = make_row(rec, plan)
                         except Skip as skip:
@@ -457,6 +468,8 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
         manifest["repairs"] = _repairs_summary(engine, plan, repaired)
         # k samples per prompt: which of them (export/select.py), with pass@k by the check it read
         manifest["selection"]["per_prompt"] = selection.summary if selection is not None else {"mode": "all"}
+        if isinstance(selection, Pairing):  # preference pairs (export/pairs.py): per prompt, with or without pairs
+            manifest["pairs"] = selection.summary
         if selection is not None and selection.lacking:
             manifest.setdefault("warnings", []).append(
                 f"{len(selection.lacking):,} ok records had no pass/fail verdict of {plan.select_check} yet (pending,"
