@@ -10,15 +10,19 @@ import copy
 import json
 import os
 import re
+import time
 from itertools import permutations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from conftest import require, run_cli
+from conftest import HTTP_TIMEOUT_S, require, run_cli
 from hypothesis import given
 from hypothesis import strategies as st
+from sqlalchemy import text
 from test_export import make_run
+from workerkit import wait_for
 
 from synthwatch.export.pairs import Sample, rank_pairs
 from synthwatch.quality import verdicts as vd
@@ -128,6 +132,40 @@ def test_pair_options_are_checked_before_anything_is_written(db_path, tmp_path, 
         res = run_cli("export", "exp", "--db", str(db_path), "--out", str(out), *flags)
         assert res.returncode == 2 and says in res.stderr, (flags, res.stderr)
         assert not out.exists()
+
+
+def alarm(engine: Any, run_id: int, rule: str) -> int:
+    with engine.begin() as conn:
+        return int(conn.execute(text(
+            "INSERT INTO alarm (run_id, rule, severity, title, message, count, raised_at, updated_at, active,"
+            " auto_paused) VALUES (:r, :rule, 'error', 'alarm', 'm', 3, :t, :t, true, false) RETURNING id"),
+            {"r": run_id, "rule": rule, "t": time.time()}).scalar_one())
+
+
+def test_open_alarms_and_the_api(engine, db_path, tmp_path, k_run, live_app) -> None:  # type: ignore[no-untyped-def]
+    """The pair check's own alarm does not hold a pairs export (its failing samples are the rejected side); any other
+    open alarm does, as for every export; the dashboard's API writes the same pairs."""
+    run_id, _recs = k_run
+    alarm(engine, run_id, CHECK)
+    out = tmp_path / "p.jsonl"
+    rows, manifest, _o = export(db_path, out)
+    assert len(rows) == 3 and manifest["confirmed_with_open_alarms"] is False
+    held = run_cli("export", "exp", "--db", str(db_path), "--format", "messages", "--out", str(tmp_path / "m.jsonl"))
+    assert held.returncode == 2 and "--allow-open-alarms" in held.stderr  # the same alarm holds an export of all
+    srv = live_app()
+    with httpx.Client(base_url=srv.url, timeout=HTTP_TIMEOUT_S) as c:
+        r = c.post(f"/api/runs/{run_id}/exports", json={"format": "pairs"})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+        job = wait_for(lambda: (j := c.get(f"/api/runs/{run_id}/exports/{job_id}").json())["status"] != "running"
+                       and j, timeout_s=60, what="the export to finish")
+        assert job["status"] == "done", job
+        assert job["manifest"]["pairs"]["pairs_written"] == 3 and job["manifest"]["file"]["sha256"] == manifest[
+            "file"]["sha256"]  # the same bytes as the command's
+        alarm(engine, run_id, "repetition")  # another check's alarm holds the pairs too
+        assert c.post(f"/api/runs/{run_id}/exports", json={"format": "pairs"}).status_code == 409
+    again = run_cli("export", "exp", "--db", str(db_path), "--pairs", "--out", str(tmp_path / "q.jsonl"))
+    assert again.returncode == 2 and "repetition" in again.stderr
 
 
 # ------------------------------------------------------------------------------------- TRL's own code

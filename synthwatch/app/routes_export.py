@@ -52,6 +52,9 @@ _FORMAT_HELP = {
                  "deepseek-v32) and train_only_last_turn.",
     "speculators": "For speculators (checked against speculators 0.9.0): pre-tokenized rows {id, input_ids, "
                    "loss_mask, metadata} that its prepare-data passes through.",
+    "pairs": "k samples per prompt: preference pairs for TRL's DPO trainer {prompt, chosen, rejected}, a passing and a "
+             "failing sample of one prompt by the check below (one pair per prompt here; more with the command's "
+             "--pairs-per-prompt).",
 }
 class OpenAlarmsError(ExportError):
     """The run has an open data-quality alarm and the export was not confirmed (allow_open_alarms)."""
@@ -181,7 +184,8 @@ def start_export(request: Request, run_id: int, values: dict[str, Any], actor: s
         # itself is judged below, by the guard
         selection = _options_from({k: v for k, v in values.items() if k != CONFIRM_FIELD}, out)
         expects = bool(run["expects_reasoning"]) if run.get("expects_reasoning") is not None else True
-        guard = open_alarms(conn, run_id, left_out=left_out_for(selection, check if select != "all" else None,
+        paired = select != "all" or selection.format == "pairs"  # export/pairs.py reads the check too
+        guard = open_alarms(conn, run_id, left_out=left_out_for(selection, check if paired else None,
                                                                   expects_reasoning=expects))
     if guard is not None and guard.blocking and values.get(CONFIRM_FIELD) is not True:
         raise OpenAlarmsError(guard)
