@@ -149,7 +149,7 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError(f"--pairs writes its own format (prompt, chosen, rejected); drop --format/--for {fmt}")
     fmt = "pairs" if args.pairs else fmt
     if not fmt:
-        raise CliError("give --format FORMAT, --for TRAINER (specforge | speculators) or --pairs")
+        raise CliError("give --format FORMAT or --for TRAINER (specforge | speculators), or --pairs")
     options = ExportOptions(
         format=fmt, out=args.out, parquet=args.parquet, think_inline=args.think_inline,
         from_value=args.from_value,
