@@ -128,10 +128,44 @@ def test_pair_options_are_checked_before_anything_is_written(db_path, tmp_path, 
                         (["--pairs", "--format", "messages"], "drop --format"),
                         (["--pairs", "--turns", "all"], "--turns last"),
                         (["--format", "messages", "--pair-margin", "0.2"], "go with --pairs"),
-                        (["--pairs", "--select-check", "nosuch"], "no verdicts")]:
+                        (["--pairs", "--require-pass"], "drop --require-pass"),
+                        (["--pairs", "--select-check", "nosuch"], "unknown check 'nosuch' (--select-check)"),
+                        (["--pairs", "--select-check", "verify_exat"], "did you mean 'verify_exact'"),
+                        (["--pairs", "--where", "verify_exact=maybe"], "verify_exact"),
+                        (["--pairs", "--exclude-check", "jugde"], "unknown check 'jugde'")]:
         res = run_cli("export", "exp", "--db", str(db_path), "--out", str(out), *flags)
         assert res.returncode == 2 and says in res.stderr, (flags, res.stderr)
         assert not out.exists()
+
+
+def test_pairs_take_their_checks_and_candidates_through_the_catalogue(engine, db_path, tmp_path, k_run) -> None:  # type: ignore[no-untyped-def]
+    """#38: the pairing check is any name of the run's catalogue (an alias, a stored judge), repeated ones combine
+    with AND, and --where / --exclude-check restrict the candidate samples (counted under their own reasons)."""
+    run_id, recs = k_run
+    # the judge fails prompt 0's sample 0 (the verifier's best passing sample) and passes every other sample
+    with engine.begin() as conn:
+        vd.append(conn, [vd.NewVerdict(run_id, r["id"], "judge", vd.Verdict(
+            "fail" if (r["prompt_idx"], r["sample_index"]) == (0, 0) else "pass")) for r in recs])
+    base, _m, _o = export(db_path, tmp_path / "base.jsonl", "--select-check", "verify:exact")
+    assert [r["id"] for r in base] == ["q0>q0#s3", "q4#s1>q4#s3", "q5#s1>q5"]
+    assert base[0]["pair"]["check"] == CHECK  # the alias resolved to the catalogue's name
+    # --where leaves prompt 0's sample 0 out of every pair: prompt 0 pairs its next passing sample
+    rows, manifest, _o = export(db_path, tmp_path / "where.jsonl", "--where", "judge!=fail")
+    assert [r["id"] for r in rows] == ["q0#s2>q0#s3", "q4#s1>q4#s3", "q5#s1>q5"]
+    assert manifest["counts"]["excluded"]["where"] == 1 and manifest["selection"]["expression"] == "not judge=fail"
+    rows, manifest, _o = export(db_path, tmp_path / "excl.jsonl", "--exclude-check", "judge")
+    assert [r["id"] for r in rows] == ["q0#s2>q0#s3", "q4#s1>q4#s3", "q5#s1>q5"]
+    assert manifest["counts"]["excluded"]["check:judge"] == 1
+    # two checks, AND: prompt 0's sample 0 now fails (the judge), so it is a rejected candidate, ranked by the first
+    # check's score (0.9): the worst-scored failing sample, s3, is still the rejected one
+    rows, manifest, _o = export(db_path, tmp_path / "and.jsonl", "--select-check", "verify_exact",
+                                "--select-check", "judge")
+    assert [r["id"] for r in rows] == ["q0#s2>q0#s3", "q4#s1>q4#s3", "q5#s1>q5"]
+    assert rows[0]["pair"]["check"] == "verify_exact and judge"
+    # the judge alone: only prompt 0 has a failing sample, and no prompt is pending (every sample has a verdict)
+    rows, manifest, _o = export(db_path, tmp_path / "judge.jsonl", "--select-check", "judge")
+    assert [r["id"] for r in rows] == ["q0#s1>q0"] and manifest["pairs"]["prompts_without_pairs"]["pending"] == 0
+    assert manifest["pairs"]["check"] == "judge"
 
 
 def alarm(engine: Any, run_id: int, rule: str) -> int:

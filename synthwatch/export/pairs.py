@@ -1,9 +1,12 @@
 """Preference pairs from k samples (#38): ``export --pairs`` writes chosen/rejected rows in TRL's DPO format.
 
 A run with k samples per prompt has, per prompt, samples a check passed and samples it failed. A pair is one
-passing sample (chosen) and one failing sample (rejected) of the same prompt, by the latest verdict of one check
-(the run's first answer verifier by default, or ``--select-check judge``); never two passing or two failing
-samples. With ``--pair-margin M`` a pair also needs the chosen sample's score to exceed the rejected one's by at
+passing sample (chosen) and one failing sample (rejected) of the same prompt, by the checks of ``--select-check``
+(any name of the run's catalogue, synthwatch.quality.selection: a verifier, ``judge``, a user check, a rule, a
+built-in check; the run's first answer verifier by default; repeated, they combine with AND as in export/select.py:
+a sample passes when every one passes, fails when one fails; its score is the first check's); never two passing or
+two failing samples. ``--where`` and ``--exclude-check`` restrict the candidates: a sample they leave out is in no
+pair. With ``--pair-margin M`` a pair also needs the chosen sample's score to exceed the rejected one's by at
 least M (judge scores: confident pairs only; a sample without a score is in no pair).
 
 Per prompt, at most ``--pairs-per-prompt`` P pairs, in a fixed order: passing samples ranked by score (highest
@@ -55,8 +58,9 @@ def check_options(options: ExportOptions) -> None:
         if options.pairs_per_prompt != 1 or options.pair_margin is not None:
             raise ExportError("--pairs-per-prompt and --pair-margin go with --pairs")
         return
-    if options.select != "all":
-        raise ExportError("--pairs makes its own selection (a passing and a failing sample per pair); drop --select")
+    if options.select != "all" or options.require_pass:
+        raise ExportError("--pairs makes its own selection (a passing and a failing sample per pair); drop "
+                          + ("--select" if options.select != "all" else "--require-pass"))
     if options.turns != "last":
         raise ExportError("--pairs pairs whole answers: it takes --turns last only")
     if options.pairs_per_prompt < 1:
@@ -185,13 +189,18 @@ def answer_message(rec: Mapping[str, Any], plan: ExportPlan) -> dict[str, Any]:
     return msg
 
 
-def pair_up(engine: Engine, plan: ExportPlan, pages: Iterable[list[dict[str, Any]]],
+def pair_up(engine: Engine, plan: ExportPlan, bits: Mapping[str, int], pages: Iterable[list[dict[str, Any]]],
             excluded: Callable[[Mapping[str, Any]], str | None]) -> Pairing:
-    """Read the eligible records (select.SELECT_COLS pages) and verdicts once; decide every pair."""
-    assert plan.select_check is not None
+    """Read the eligible records (select.SELECT_COLS pages) and verdicts once; decide every pair. The checks are
+    plan.select_checks (catalogue names, as export/select.py reads them): a sample passes when every one passes, fails
+    when one fails; its score is the first check's. ``bits``: those of them that are built-in checks, with their
+    check_flags bit (pass or fail, no score). ``excluded(rec)``: the export's other exclusions (--where,
+    --exclude-check, ...): a record they leave out is in no pair."""
+    checks = plan.select_checks
+    assert checks
     opts = plan.options
-    pairing = Pairing(plan.select_check, opts.pairs_per_prompt, opts.pair_margin, opts.think_inline)
-    verdicts = verdict_map(engine, int(plan.run["id"]), plan.select_check)
+    pairing = Pairing(" and ".join(checks), opts.pairs_per_prompt, opts.pair_margin, opts.think_inline)
+    verdicts = {c: verdict_map(engine, int(plan.run["id"]), c) for c in checks if c not in bits}
     per_prompt: dict[int, list[Sample]] = {}
     pending: set[int] = set()
     for page in pages:
@@ -200,12 +209,18 @@ def pair_up(engine: Engine, plan: ExportPlan, pages: Iterable[list[dict[str, Any
                 continue
             rid, prompt = int(rec["id"]), int(rec["prompt_idx"])
             samples = per_prompt.setdefault(prompt, [])
-            state, score = verdicts.get(rid, ("", None))
-            if state not in ("pass", "fail"):
+            flags = int(rec.get("check_flags") or 0)
+            states = [(("fail" if flags & bits[c] else "pass"), None) if c in bits else verdicts[c].get(rid, ("", None))
+                      for c in checks]
+            if any(st == "fail" for st, _ in states):
+                passed = False
+            elif all(st == "pass" for st, _ in states):
+                passed = True
+            else:
                 pairing.lacking.add(rid)
                 pending.add(prompt)
                 continue
-            samples.append(Sample(rid, int(rec["sample_index"] or 0), state == "pass", score))
+            samples.append(Sample(rid, int(rec["sample_index"] or 0), passed, states[0][1]))
     pairing.prompts = len(per_prompt)
     for prompt in sorted(per_prompt):
         pairs, why = rank_pairs(per_prompt[prompt], opts.pairs_per_prompt, opts.pair_margin)
