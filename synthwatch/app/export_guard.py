@@ -80,8 +80,9 @@ class OpenAlarms:
 
 def left_out_by(select: str | None, checks: Sequence[str]) -> tuple[str, ...]:
     """The checks whose failing records an export's per-prompt selection leaves out (export/select.py): --select
-    passing or first-passing exports only records that pass its checks, so their alarms do not hold it."""
-    return tuple(c for c in checks if c) if select in ("passing", "first-passing") else ()
+    passing or first-passing exports only records that pass its checks, so their alarms do not hold it; nor do they
+    hold --pairs (select "pairs", export/pairs.py), whose rejected samples fail one of them by design."""
+    return tuple(c for c in checks if c) if select in ("passing", "first-passing", "pairs") else ()
 
 
 def left_out_for(options: Any, select_checks: Sequence[str], *, expects_reasoning: bool,
@@ -92,7 +93,7 @@ def left_out_for(options: Any, select_checks: Sequence[str], *, expects_reasonin
     checks the person named: the default exclusions, which drop empty reasoning as a matter of course, never
     lift an alarm by themselves. A check the export does not leave out entirely is not listed. Any check name of
     the run's catalogue counts (#38); ``also``: more such checks (the top-level conditions of --where)."""
-    out = list(left_out_by(options.select, select_checks))
+    out = list(left_out_by("pairs" if options.format == "pairs" else options.select, select_checks))
     for name in (*(n.strip() for n in options.exclude_checks if n.strip()), *also):
         if name == "empty_reasoning" and not expects_reasoning:
             continue  # not applied: the run does not expect reasoning (export/stream.exclusion_reason)

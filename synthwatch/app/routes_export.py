@@ -54,6 +54,9 @@ _FORMAT_HELP = {
                  "deepseek-v32) and train_only_last_turn.",
     "speculators": "For speculators (checked against speculators 0.9.0): pre-tokenized rows {id, input_ids, "
                    "loss_mask, metadata} that its prepare-data passes through.",
+    "pairs": "k samples per prompt: preference pairs for TRL's DPO trainer {prompt, chosen, rejected}, a passing and a "
+             "failing sample of one prompt by the check below (one pair per prompt here; more with the command's "
+             "--pairs-per-prompt).",
 }
 class OpenAlarmsError(ExportError):
     """The run has an open data-quality alarm and the export was not confirmed (allow_open_alarms)."""
@@ -197,7 +200,8 @@ def start_export(request: Request, run_id: int, values: dict[str, Any], actor: s
         if selection.select not in SELECT_MODES:
             raise ExportError(f"select must be one of {', '.join(SELECT_MODES)}, got {selection.select[:40]!r}")
         crit = resolve(request.app.state.read_engine, run, passk.run_config(run), selection.exclude_checks,
-                       selection.select_checks, selection.where, selection.select)
+                       selection.select_checks, selection.where,
+                       "pairs" if selection.format == "pairs" else selection.select)
         expects = bool(run["expects_reasoning"]) if run.get("expects_reasoning") is not None else True
         guard = open_alarms(conn, run_id, left_out=left_out_for(
             selection, crit.select_checks, expects_reasoning=expects, also=crit.left_out()))

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_db_arg(p)
     p.add_argument("run", metavar="RUN", help="run name or id")
     p.add_argument("--format", "-f", dest="fmt", metavar="FORMAT",
-                   help="messages | sharegpt | tokens | raw (or a trainer preset: specforge | speculators)")
+                   help="messages | sharegpt | tokens | raw (or a trainer preset: specforge | speculators; or "
+                        "pairs, as --pairs)")
     p.add_argument("--for", dest="preset", metavar="TRAINER", choices=("specforge", "speculators"),
                    help="write exactly what this trainer's current reader takes: specforge (regenerated "
                         "conversations JSONL) | speculators (pre-tokenized JSONL); see docs/export.md")
@@ -63,6 +64,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "judge); repeat for several: a sample passes when every one passes")
     g.add_argument("--require-pass", action="store_true",
                    help="--select best: leave out the prompts whose best sample did not pass (counted as no_pass)")
+    g = p.add_argument_group("preference pairs")
+    g.add_argument("--pairs", action="store_true",
+                   help="k samples per prompt: write chosen/rejected pairs (TRL's DPO format: prompt, chosen, "
+                   "rejected), a passing and a failing sample of one prompt by the verdicts of --select-check "
+                   "(default: the run's first answer verifier); --where and --exclude-check restrict the candidate "
+                   "samples; docs/export.md")
+    g.add_argument("--pairs-per-prompt", type=positive_int, default=1, metavar="P",
+                   help="--pairs: at most P pairs per prompt (default 1)")
+    g.add_argument("--pair-margin", type=float, metavar="M",
+                   help="--pairs: the chosen sample's score must exceed the rejected one's by at least M (judge "
+                   "scores)")
     g = p.add_argument_group("tokens")
     g.add_argument("--tokenizer", help="tokenizer folder or cached name (default: the run's)")
     g.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4' (default: the run's)")
@@ -140,8 +152,11 @@ def handle(args: argparse.Namespace) -> int:
     if args.preset and args.fmt and args.fmt != args.preset:
         raise CliError(f"--for {args.preset} writes its own format; drop --format {args.fmt}")
     fmt = args.preset or args.fmt
+    if args.pairs and fmt not in (None, "pairs"):
+        raise CliError(f"--pairs writes its own format (prompt, chosen, rejected); drop --format/--for {fmt}")
+    fmt = "pairs" if args.pairs else fmt
     if not fmt:
-        raise CliError("give --format FORMAT or --for TRAINER (specforge | speculators)")
+        raise CliError("give --format FORMAT or --for TRAINER (specforge | speculators), or --pairs")
     options = ExportOptions(
         format=fmt, out=args.out, parquet=args.parquet, think_inline=args.think_inline,
         from_value=args.from_value,
@@ -152,6 +167,7 @@ def handle(args: argparse.Namespace) -> int:
         retokenize=args.retokenize, template_drops_past_reasoning=args.template_drops_past_reasoning,
         page_size=args.page_size, turns=args.turns, select=args.select,
         select_checks=tuple(args.select_check), where=args.where, require_pass=args.require_pass,
+        pairs_per_prompt=args.pairs_per_prompt, pair_margin=args.pair_margin,
     )
     try:
         engine = open_engine(args.db, readonly=True)
@@ -186,10 +202,15 @@ def handle(args: argparse.Namespace) -> int:
         engine.dispose()
     counts = manifest["counts"]
     excl = ", ".join(f"{k} {v:,}" for k, v in counts["excluded"].items()) or "none"
-    print(f"wrote {counts['exported']:,} of {counts['ok_scanned']:,} ok records to {plan.out}")
+    print(f"wrote {counts['exported']:,} {'pairs from' if fmt == 'pairs' else 'of'} {counts['ok_scanned']:,} ok "
+          f"records to {plan.out}")
     print(f"excluded: {excl}")
     sel = (manifest.get("selection") or {}).get("per_prompt") or {}
-    if sel.get("mode", "all") != "all":
+    if sel.get("mode") == "pairs":
+        print(f"pairs by {sel['check']}: {sel['pairs_written']:,} from {sel['prompts_with_pairs']:,} of "
+              f"{sel['prompts']:,} prompts; without pairs: "
+              + ", ".join(f"{k} {v:,}" for k, v in sel["prompts_without_pairs"].items()))
+    elif sel.get("mode", "all") != "all":
         passk = sel.get("pass_at_k") or {}
         p1, pk = passk.get("pass_at_1"), passk.get("pass_at_k")
         print(f"selection {sel['mode']} by {' and '.join(sel['checks'])}: {sel['records_selected']:,} records from "
@@ -202,7 +223,8 @@ def handle(args: argparse.Namespace) -> int:
                   f"{best['prompts_best_failed']:,}" + (" (left out: --require-pass)" if best["require_pass"] else
                                                          " (exported; --require-pass leaves them out)"))
     prompts = (manifest.get("selection") or {}).get("prompts") or {}
-    if prompts and (sel.get("mode", "all") != "all" or manifest["selection"].get("expression")):
+    if prompts and sel.get("mode") != "pairs" and (sel.get("mode", "all") != "all"
+                                                   or manifest["selection"].get("expression")):
         print(f"prompts: {prompts['selected']:,} selected, {prompts['no_pass']:,} with no pass, "
               f"{prompts['pending']:,} pending, of {prompts['prompts']:,}")
     not_ok = counts["not_ok"]

@@ -109,7 +109,8 @@ class Criteria:
 def resolve(engine: Engine, run: Mapping[str, Any], config: Mapping[str, Any], exclude: Sequence[str],
             select_checks: Sequence[str], where: str | None, select_mode: str) -> Criteria:
     """Resolve the export's check names and expression in the run's catalogue; ExportError (one line, with "did you
-    mean") for an unknown name or a bad expression."""
+    mean") for an unknown name or a bad expression. ``select_mode``: --select's mode, or "pairs" for --pairs (which
+    reads its checks as a selection does: export/pairs.py)."""
     from ..quality.passk import verifier_check
 
     with engine.connect() as conn:
@@ -132,7 +133,8 @@ def resolve(engine: Engine, run: Mapping[str, Any], config: Mapping[str, Any], e
     if not chosen:
         default = verifier_check(dict(config))
         if not default:
-            raise ExportError(f"--select {select_mode} picks by a check's verdicts, and run {run['name']!r} has no "
+            what = "--pairs pairs" if select_mode == "pairs" else f"--select {select_mode} picks"
+            raise ExportError(f"{what} by a check's verdicts, and run {run['name']!r} has no "
                               "answer verifier: name the check with --select-check (e.g. judge)")
         chosen = [cat.resolve(default)] if default in cat else [default]
     crit.select_checks = tuple(dict.fromkeys(chosen))

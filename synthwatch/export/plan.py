@@ -15,7 +15,8 @@ from ..check_catalog import ALL_STATUS_CHECKS, BIT
 if TYPE_CHECKING:
     from ..tokens.tokenizer import LoadedTokenizer
 
-FORMATS = ("messages", "sharegpt", "tokens", "raw", "specforge", "speculators")
+FORMATS = ("messages", "sharegpt", "tokens", "raw", "specforge", "speculators", "pairs")
+"""pairs: chosen/rejected preference rows from k samples (export/pairs.py, ``--pairs``)."""
 PRESET_FORMATS = ("specforge", "speculators")
 """Formats that are trainer presets (synthwatch.export.presets): ``--for NAME``."""
 TOKEN_FORMATS = ("tokens", "speculators")
@@ -94,6 +95,10 @@ class ExportOptions:
     """The checks whose verdicts the selection reads, all of which must pass (default: the run's first verifier)."""
     require_pass: bool = False
     """select best: leave out the prompts whose best sample did not pass."""
+    pairs_per_prompt: int = 1
+    """pairs: at most this many chosen/rejected pairs per prompt (export/pairs.py)."""
+    pair_margin: float | None = None
+    """pairs: the chosen sample's score must exceed the rejected one's by at least this much."""
 
 
 @dataclass

@@ -34,6 +34,7 @@ from ..quality.detection.overrides import list_overrides
 from ..store import queue as store
 from . import unwritten
 from .criteria import PromptTally, resolve
+from .pairs import Pairing, check_options, pair_up
 from .plan import (
     DEFAULT_CHECKS,
     FORMATS,
@@ -59,6 +60,7 @@ from .plan import (
     strip_secrets,
     text_content,
 )
+from .select import Selection
 from .sinks import PARTIAL_SUFFIX, JsonlSink, ParquetSink, write_atomic
 from .turns import EXPORT_TURNS, manifest_part, turn_rows
 from .unwritten import TEXT_FORMATS, added_by_template
@@ -85,9 +87,10 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
     fmt = options.format
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if (options.think_inline or options.from_value) and fmt != "sharegpt":
+    if (options.think_inline and fmt not in ("sharegpt", "pairs")) or (options.from_value and fmt != "sharegpt"):
         flag = "--think-inline" if options.think_inline else "--from-value"
-        raise ExportError(f"{flag} applies to the sharegpt format only")
+        raise ExportError(f"{flag} applies to the sharegpt format only" + (" and --pairs" * options.think_inline))
+    check_options(options)
     if options.turns not in EXPORT_TURNS:
         raise ExportError(f"turns must be one of {', '.join(EXPORT_TURNS)}, got {options.turns!r}")
     if options.only_good and options.include_flagged:
@@ -152,7 +155,7 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
                           "samples only)")
     # every check name and the expression, resolved in the run's one catalogue (#38)
     criteria = resolve(engine, run, config, options.exclude_checks, options.select_checks, options.where,
-                       _select_mode(options.select))
+                       "pairs" if fmt == "pairs" else _select_mode(options.select))
     checks += [n for n in criteria.exclude_builtin if n not in checks]
     options = replace(options, exclude_checks=(*criteria.exclude_builtin, *criteria.exclude_verdicts),
                       select_checks=criteria.select_checks)  # canonical names from here on
@@ -287,6 +290,10 @@ def row_function(fmt: str) -> Callable[[Mapping[str, Any], ExportPlan], dict[str
         from .tokens import row_tokens
 
         return row_tokens
+    if fmt == "pairs":  # the answer of one side of a pair (export/pairs.py writes the pair)
+        from .pairs import answer_message
+
+        return answer_message
     return ROW_FUNCTIONS[fmt]
 
 
@@ -392,7 +399,7 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
     conversations = 0
     added: Counter[str] = Counter()  # tokens a trainer's template adds that the model did not write (unwritten.py)
     added_rows = 0
-    selection = None
+    selection: Selection | Pairing | None = None
     tally = PromptTally()  # per prompt: selected, no pass, pending (#38)
     try:
         if progress:
@@ -403,12 +410,15 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
         if plan.select_checks:  # k samples per prompt: which of them, read once before writing
             from .select import SELECT_COLS, select
 
+            pages = iter_ok_pages(engine, int(plan.run["id"]), SELECT_COLS, plan.options.page_size, plan.snapshot_at,
+                                  plan.snapshot_ids)
             bits = check_bit_map()
-            selection = select(engine, plan.run, plan.options.select, plan.select_checks,
-                               {c: bits[c] for c in plan.select_checks if c in bits},
-                               iter_ok_pages(engine, int(plan.run["id"]), SELECT_COLS, plan.options.page_size,
-                                             plan.snapshot_at, plan.snapshot_ids),
-                               lambda r: exclusion_reason(r, plan), require_pass=plan.options.require_pass)
+            sel_bits = {c: bits[c] for c in plan.select_checks if c in bits}
+            if fmt == "pairs":  # preference pairs by the same checks (export/pairs.py)
+                selection = pair_up(engine, plan, sel_bits, pages, lambda r: exclusion_reason(r, plan))
+            else:
+                selection = select(engine, plan.run, plan.options.select, plan.select_checks, sel_bits, pages,
+                                   lambda r: exclusion_reason(r, plan), require_pass=plan.options.require_pass)
         for page in iter_ok_pages(engine, int(plan.run["id"]), _columns(fmt), plan.options.page_size,
                                   plan.snapshot_at, plan.snapshot_ids):
             rows: list[dict[str, Any]] = []
@@ -419,7 +429,9 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
                     reason = exclusion_reason(rec, plan)
                     if reason is None and selection is not None:
                         reason = selection.reason(int(rec["id"]))
-                    if reason is None:
+                    if reason is None and isinstance(selection, Pairing):
+                        rows.extend(selection.take(rec, plan))  # the pairs this record completes
+                    elif reason is None:
                         try:
                             row = make_row(rec, plan)
                         except Skip as skip:
@@ -453,6 +465,8 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
         manifest["repairs"] = _repairs_summary(engine, plan, repaired)
         # k samples per prompt: which of them (export/select.py), with pass@k by the check it read
         manifest["selection"]["per_prompt"] = selection.summary if selection is not None else {"mode": "all"}
+        if isinstance(selection, Pairing):  # preference pairs (export/pairs.py): per prompt, with or without pairs
+            manifest["pairs"] = selection.summary
         if criteria is not None:
             manifest["selection"].update(criteria.manifest())
         manifest["selection"]["prompts"] = tally.summary(engine, int(plan.run["id"]))
