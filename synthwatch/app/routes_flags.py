@@ -148,7 +148,9 @@ def _ids(raw: Any) -> list[int]:
 def bulk_api(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine,
              body: dict[str, Any] = Body(..., examples=[{"filters": {"finish_reason": "length"}, "verdict": "bad",
                                                          "reason": "truncated"}])) -> Any:
-    """Flag the records matching `filters` (the records-table query parameters). Without `ids` it only previews:
+    """Flag the records matching `filters` (the records-table query parameters: `check` names any check of the run,
+    `where` takes a selection expression such as `user:boxed=fail or language=fail`, the grammar of the records
+    listing; a bad one is a 400 naming the problem). Without `ids` it only previews:
     {count, ids, max_id}, where `ids` pins the set; send the same request with that `ids` to flag exactly those
     records (`flagged` is how many). A `max_id` alone is refused: records pending at the preview have ids below it."""
     run_or_404(conn, run_id)

@@ -34,7 +34,7 @@ from ..check_catalog import BIT, CHECK_NAMES
 from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turns, view_from_row
 from ..quality.detection import open_items, recent_windows
 from ..quality.detection.alarms import AlarmKeeper, effective_rules
-from ..review.filters import Filters, ReviewError, failed_checks
+from ..review.filters import Filters, ReviewError, failed_checks, resolve
 from ..review.flags import max_record_id
 from ..review.queries import Cursor, select_ids
 from ..store import queue as store
@@ -96,15 +96,16 @@ def select(conn: Connection, run_id: int, *, alarm_id: int | None = None, check:
                 raise RepairError(f"run {run_id} has no alarm {alarm_id}")
             if row[0] in ("timeout", "error"):
                 f = Filters(status=row[0])
-            else:
-                f = Filters.from_params({"check": row[0]})
+            else:  # any check of the run's catalogue: built-in, verifier, rule, user, language, judge (#38)
+                f = resolve(conn, run_id, Filters.from_params({"check": row[0]}))
             return Selection(f"records named by alarm #{alarm_id} ({row[1]})", f, max_id)
         if check is not None:
-            return Selection(f"records failing {check}", Filters.from_params({"check": check}), max_id)
+            f = resolve(conn, run_id, Filters.from_params({"check": check}))
+            return Selection(f"records failing {check}", f, max_id)
         if flag is not None:
             return Selection(f"records flagged {flag}", Filters.from_params({"flag": flag}), max_id)
         if params is not None:
-            f = Filters.from_params(params)
+            f = resolve(conn, run_id, Filters.from_params(params))
             desc = ", ".join(f"{k}={v}" for k, v in f.params().items() if k not in ("sort", "order")) or "all records"
             return Selection(f"records matching {desc}", f, max_id)
     except ReviewError as exc:
