@@ -346,3 +346,23 @@ def test_check_and_where_select_the_same_records_on_both_databases(any_engine: A
             conn.rollback()
         with pytest.raises(ReviewError, match="did you mean 'user:boxed'"):
             review.page(conn, run_id, Filters.from_params({"where": "user:boxd"}))
+
+
+def test_random_samples_of_the_records_failing_any_check(engine: Any, live_app: Any) -> None:
+    """The review's `failing` samples take any check of the run too (`check=user:boxed` was "unknown check")."""
+    run_id, ids = verdict_run(engine)
+    srv = live_app()
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        seen = set()
+        for _ in range(20):
+            r = c.get(f"/api/runs/{run_id}/sample", params={"mode": "failing", "check": "user:boxed"})
+            assert r.status_code == 200, r.text
+            seen.add(r.json()["record"]["id"])
+        assert seen == set(pick(ids, 1, 4))
+        r = c.get(f"/api/runs/{run_id}/sample", params={"mode": "failing", "check": "rule:has_boxed"})
+        assert r.json()["record"]["id"] == ids[4]
+        r = c.get(f"/api/runs/{run_id}/sample", params={"mode": "failing", "check": "user:boxd"})
+        assert r.status_code == 400 and "did you mean 'user:boxed'" in r.json()["detail"]
+        # the viewer's sample links name every check of the run
+        page = c.get(f"/runs/{run_id}/records/{ids[1]}", params={"mode": "failing", "check": "user:boxed"})
+        assert page.status_code == 200 and "check=user:boxed" in page.text and "check=judge" in page.text

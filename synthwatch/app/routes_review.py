@@ -130,7 +130,7 @@ def sample_page(request: Request, run_id: int, conn: ReadConn) -> Response:
     if rid is None:
         return render(request, "viewer.html", {
             "run": run, "rec": None, "mode": params.get("mode", "all"), "sample_params": params,
-            "modes": review_filters.SAMPLE_MODES, "check_names": list(review_filters.check_bits()),
+            "modes": review_filters.SAMPLE_MODES, "check_names": [c["name"] for c in check_options(conn, run_id)],
             "session": _session_progress(conn, run, params), "session_done": "s" in request.query_params,
             "restart_url":
                 f"/runs/{run_id}/sample{_qs({k: v for k, v in params.items() if k not in ('s', 't0')})}",
@@ -307,7 +307,7 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         "mode": params.get("mode", "all"),
         "sample_params": params,
         "modes": review_filters.SAMPLE_MODES,
-        "check_names": list(review_filters.check_bits()),
+        "check_names": [c["name"] for c in check_options(conn, run["id"])],
         "prompt": _prompt_blocks(_last_turn_prompt(run, rec), ws),
         "turns": _turn_blocks(rec, ws),
         "reasoning": _text_block(rec["reasoning"], ws,

@@ -376,14 +376,17 @@ def sample(
                     f"SELECT id, rnd FROM record{index_hint(conn, 'ix_record_review')} WHERE run_id = :run"
                     f" AND status = '{status}' AND review = '{verdict}' AND rnd >= :x ORDER BY rnd LIMIT 2"
                 )
+    elif check and check != "any" and check not in check_bits():
+        # a check of the run's catalogue with stored verdicts (#38: user:*, rule:*, verifiers, language, the judge):
+        # ok records in rnd order, each tested by its latest verdict (an unknown name: ReviewError, did you mean)
+        cond = " AND ".join(conditions(Filters(check=check), params, "", conn, run_id))
+        groups.append(f"SELECT id, rnd FROM record{index_hint(conn, 'ix_record_sample')}"
+                      f" WHERE run_id = :run AND status = 'ok' AND {cond} AND rnd >= :x ORDER BY rnd LIMIT 2")
     else:  # failing
         bit = ""
         if check and check != "any":
-            bits = check_bits()
-            if check not in bits:
-                raise ReviewError(f"check: unknown check {check[:40]!r} (one of any, {', '.join(bits)})")
             bit = " AND (check_flags & :bit) != 0"
-            params["bit"] = bits[check]
+            params["bit"] = check_bits()[check]
         for status in ("ok", "error", "timeout"):  # some checks (timeout, error) judge failed records
             groups.append(f"SELECT id, rnd FROM record{index_hint(conn, 'ix_record_failing')}"
                           f" WHERE run_id = :run AND status = '{status}' AND check_flags != 0{bit} AND rnd >= :x"
