@@ -205,7 +205,8 @@ def test_export_passing_best_and_all(engine, db_path, tmp_path, k4_run) -> None:
     assert len({row["id"] for row in rows}) == 48  # the samples of a prompt have distinct row ids
     bad = run_cli("export", "k4", "--db", str(db_path), "--format", "sharegpt", "--out", str(tmp_path / "x.jsonl"),
                   "--select", "best", "--select-check", "nosuch")
-    assert bad.returncode != 0 and "no verdicts" in bad.stderr
+    # an unknown name is refused by the run's one catalogue (#38), with the names it knows
+    assert bad.returncode == 2 and "unknown check 'nosuch' (--select-check)" in bad.stderr and "judge" in bad.stderr
     with engine.connect() as conn:
         assert conn.execute(text("SELECT COUNT(*) FROM check_verdict WHERE run_id = :r"), {"r": run_id}).scalar()
 

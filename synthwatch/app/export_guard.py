@@ -13,6 +13,7 @@ data-quality one is open. Who confirmed, and when, goes into the manifest (``con
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,26 +78,25 @@ class OpenAlarms:
                 "open_items": self.items}
 
 
-def left_out_by(select: str | None, check: str | None) -> tuple[str, ...]:
+def left_out_by(select: str | None, checks: Sequence[str]) -> tuple[str, ...]:
     """The checks whose failing records an export's per-prompt selection leaves out (export/select.py): --select
-    passing or first-passing exports only records that pass its check, so that check's alarm does not hold it."""
-    return (check,) if check and select in ("passing", "first-passing") else ()
+    passing or first-passing exports only records that pass its checks, so their alarms do not hold it."""
+    return tuple(c for c in checks if c) if select in ("passing", "first-passing") else ()
 
 
-def left_out_for(options: Any, select_check: str | None, *, expects_reasoning: bool) -> tuple[str, ...]:
+def left_out_for(options: Any, select_checks: Sequence[str], *, expects_reasoning: bool,
+                 also: Sequence[str] = ()) -> tuple[str, ...]:
     """Every check whose failing records an export is told to leave out, so that its alarm and open items do not
     hold it (#35): the per-prompt selection's check (left_out_by) and each ``--exclude-check`` (a record failing
     it has its bit in check_flags, which is what the exclusion reads; an open item's records are those). Only
     checks the person named: the default exclusions, which drop empty reasoning as a matter of course, never
-    lift an alarm by themselves. A check the export does not leave out entirely is not listed."""
-    from ..export.plan import DEFAULT_CHECKS, check_bit_map
-
-    bits = check_bit_map()
-    out = list(left_out_by(options.select, select_check))
-    for name in (n.strip() for n in options.exclude_checks if n.strip()):
+    lift an alarm by themselves. A check the export does not leave out entirely is not listed. Any check name of
+    the run's catalogue counts (#38); ``also``: more such checks (the top-level conditions of --where)."""
+    out = list(left_out_by(options.select, select_checks))
+    for name in (*(n.strip() for n in options.exclude_checks if n.strip()), *also):
         if name == "empty_reasoning" and not expects_reasoning:
             continue  # not applied: the run does not expect reasoning (export/stream.exclusion_reason)
-        if (name in bits or name in DEFAULT_CHECKS) and name not in out:
+        if name not in out:
             out.append(name)
     return tuple(out)
 

@@ -18,6 +18,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from sqlalchemy.engine import Connection
 
+from ..export.criteria import resolve
 from ..export.jobs import ExportJobs, FileGone, JobNotDone, JobNotFound
 from ..export.manifest import public_manifest, without_paths
 from ..export.plan import (
@@ -31,6 +32,7 @@ from ..export.plan import (
 from ..export.select import SELECT_MODES
 from ..quality import passk
 from ..quality.detection.overrides import list_overrides
+from ..quality.selection import catalogue
 from ..store import queue as store
 from .deps import render
 from .export_guard import CONFIRM_FIELD, OpenAlarms, left_out_for, manifest_items, open_alarms
@@ -121,6 +123,7 @@ def _form_context(request: Request, run_id: int, values: dict[str, Any] | None =
     with request.app.state.read_engine.connect() as conn:
         guard = open_alarms(conn, run_id)
         weakenings = list_overrides(conn, run_id)
+        cat = catalogue(conn, run_id)
     return {
         "open_alarms": guard,
         "weakenings": weakenings,  # the manifest lists them too (#35)
@@ -129,7 +132,8 @@ def _form_context(request: Request, run_id: int, values: dict[str, Any] | None =
         "format_help": _FORMAT_HELP,
         "parquet_formats": PARQUET_FORMATS,
         "default_checks": DEFAULT_CHECKS,
-        "other_checks": sorted(check_bit_map(ok_records_only=True)),
+        # the built-in checks, then the run's other checks (verifiers, user checks, rules, judge: #38)
+        "other_checks": [*sorted(check_bit_map(ok_records_only=True)), *cat.extended],
         "run_tokenizer": tok.get("name_or_path"),
         "server_ids": bool(isinstance(config, dict) and config.get("request_token_ids")),
         "samples_per_prompt": passk.samples_per_prompt({"config": config}),
@@ -140,14 +144,23 @@ def _form_context(request: Request, run_id: int, values: dict[str, Any] | None =
     }
 
 
+def _names(values: dict[str, Any], key: str) -> list[str]:
+    """A list of check names from a form or API field: a JSON list, or one string (comma or space separated)."""
+    names = values.get(key) or []
+    if isinstance(names, str):
+        names = [c for c in re.split(r"[\s,]+", names) if c]
+    if not isinstance(names, list) or not all(isinstance(c, str) for c in names):
+        raise ExportError(f"{key} must be a list of check names")
+    return [c for c in (str(n).strip() for n in names) if c]
+
+
 def _options_from(values: dict[str, Any], out: Path) -> ExportOptions:
     fmt = str(values.get("format") or "").strip()
-    checks = values.get("exclude_checks") or []
-    if isinstance(checks, str):
-        checks = [c for c in re.split(r"[\s,]+", checks) if c]
-    if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
-        raise ExportError("exclude_checks must be a list of check names")
-    for key in (*_FORM_BOOLS, "default_exclusions", "retokenize"):
+    checks = _names(values, "exclude_checks")
+    where = values.get("where")
+    if where is not None and not isinstance(where, str):
+        raise ExportError("where must be a selection expression (text)")
+    for key in (*_FORM_BOOLS, "default_exclusions", "retokenize", "require_pass"):
         if key in values and not isinstance(values[key], bool):
             raise ExportError(f"{key} must be true or false")
     return ExportOptions(
@@ -164,7 +177,9 @@ def _options_from(values: dict[str, Any], out: Path) -> ExportOptions:
         template_drops_past_reasoning=bool(values.get("template_drops_past_reasoning")),
         turns="all" if values.get("all_turns") else "last",
         select=str(values.get("select") or "all"),
-        select_check=(str(values.get("select_check")).strip() or None) if values.get("select_check") else None,
+        select_checks=tuple(_names(values, "select_checks") + _names(values, "select_check")),
+        where=where.strip() or None if where else None,
+        require_pass=bool(values.get("require_pass")),
     )
 
 
@@ -172,17 +187,20 @@ def start_export(request: Request, run_id: int, values: dict[str, Any], actor: s
     """Validate (ExportError on bad input, nothing written), then start the job."""
     with request.app.state.read_engine.connect() as conn:
         run = _run_or_404(conn, run_id)
-        select = str(values.get("select") or "all")
-        check = str(values.get("select_check") or "").strip() or passk.verifier_check(
-            orjson.loads(run.get("config_json") or "{}"))
         jobs = _jobs(request)
         out = jobs.out_path(run["name"], str(values.get("format") or ""), bool(values.get("parquet")))
         # a selection that leaves out every failing record of an alarm's check needs no yes for it (#35); the yes
         # itself is judged below, by the guard
         selection = _options_from({k: v for k, v in values.items() if k != CONFIRM_FIELD}, out)
+        # every check name and the expression resolved in the run's catalogue, as the CLI does (#38): a bad
+        # name is refused here with its "did you mean", before anything starts
+        if selection.select not in SELECT_MODES:
+            raise ExportError(f"select must be one of {', '.join(SELECT_MODES)}, got {selection.select[:40]!r}")
+        crit = resolve(request.app.state.read_engine, run, passk.run_config(run), selection.exclude_checks,
+                       selection.select_checks, selection.where, selection.select)
         expects = bool(run["expects_reasoning"]) if run.get("expects_reasoning") is not None else True
-        guard = open_alarms(conn, run_id, left_out=left_out_for(selection, check if select != "all" else None,
-                                                                  expects_reasoning=expects))
+        guard = open_alarms(conn, run_id, left_out=left_out_for(
+            selection, crit.select_checks, expects_reasoning=expects, also=crit.left_out()))
     if guard is not None and guard.blocking and values.get(CONFIRM_FIELD) is not True:
         raise OpenAlarmsError(guard)
     options = _options_from(values, out)
@@ -224,6 +242,7 @@ async def export_submit(request: Request, run_id: int) -> Response:
         **{k: form.get(k) == "on" for k in (*_FORM_BOOLS, "retokenize")},
         "default_exclusions": form.get("default_exclusions") == "on",
         "select": str(form.get("select") or "all"), "select_check": str(form.get("select_check") or ""),
+        "where": str(form.get("where") or ""), "require_pass": form.get("require_pass") == "on",
     }
     from starlette.concurrency import run_in_threadpool
 
@@ -285,8 +304,10 @@ async def api_start_export(request: Request, run_id: int) -> Response:
     """Start an export. Body: {"format": "messages|sharegpt|tokens|raw|specforge|speculators", "think_inline",
     "only_good", "include_flagged", "default_exclusions", "exclude_checks": [...], "parquet", "retokenize",
     "template_drops_past_reasoning", "all_turns" (conversations regenerated turn by turn: one row per turn),
-    "select": "all|passing|first-passing|best" and "select_check" (k samples per prompt: which per prompt, by
-    that check's verdicts; default the run's first verifier),
+    "select": "all|passing|first-passing|best" and "select_checks" (k samples per prompt: which per prompt, by
+    those checks' verdicts, all passing; default the run's first verifier; "select_check": one name, as before),
+    "require_pass" (select best: leave out prompts whose best did not pass), "where" (a selection expression,
+    docs/export.md; every check name of the run, with "did you mean" when unknown),
     "allow_open_alarms" (needed when the run has an open data-quality alarm: 409 naming them otherwise)}."""
     try:
         body = orjson.loads(await request.body() or b"{}")
@@ -294,7 +315,8 @@ async def api_start_export(request: Request, run_id: int) -> Response:
         return JSONResponse({"detail": f"request body is not JSON: {exc}"}, status_code=400)
     if not isinstance(body, dict):
         return JSONResponse({"detail": "request body must be a JSON object"}, status_code=400)
-    known = {"format", "exclude_checks", "default_exclusions", "retokenize", "select", "select_check", *_FORM_BOOLS}
+    known = {"format", "exclude_checks", "default_exclusions", "retokenize", "select", "select_check",
+             "select_checks", "where", "require_pass", *_FORM_BOOLS}
     unknown = sorted(set(body) - known)
     if unknown:
         return JSONResponse({"detail": f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"},

@@ -43,7 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--only-good", action="store_true", help="export only records reviewed good")
     g.add_argument("--include-flagged", action="store_true", help="keep records flagged bad")
     g.add_argument("--exclude-check", action="append", default=[], metavar="NAME",
-                   help="also leave out records failing this check; repeat for several")
+                   help="also leave out records failing this check (any check of the run: built-in, verify_*, "
+                   "user:*, rule:*, language, near_duplicate, judge); repeat for several")
+    g.add_argument("--where", metavar="EXPR",
+                   help="only records this expression selects, e.g. \"verify:math=pass and language=pass and not "
+                   "near_duplicate\" (grammar: docs/export.md)")
     g.add_argument("--no-default-exclusions", action="store_true",
                    help="keep records with empty reasoning and truncated records")
     g.add_argument("--config-version", type=positive_int, metavar="N",
@@ -54,9 +58,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="k samples per prompt: export all of them (default), the passing ones, the first passing one "
                    "per prompt, or the best by its verdict's score; by the verdicts of --select-check. Records "
                    "without a verdict yet are left out and counted (no_verdict), never silently (docs/export.md)")
-    g.add_argument("--select-check", metavar="CHECK",
-                   help="the check whose verdicts --select reads (default: the run's first answer verifier; e.g. "
-                   "judge)")
+    g.add_argument("--select-check", action="append", default=[], metavar="CHECK",
+                   help="a check whose verdicts --select reads (default: the run's first answer verifier; e.g. "
+                   "judge); repeat for several: a sample passes when every one passes")
+    g.add_argument("--require-pass", action="store_true",
+                   help="--select best: leave out the prompts whose best sample did not pass (counted as no_pass)")
     g = p.add_argument_group("tokens")
     g.add_argument("--tokenizer", help="tokenizer folder or cached name (default: the run's)")
     g.add_argument("--chat-template", help="chat template file (.jinja) or 'deepseek-v4' (default: the run's)")
@@ -144,7 +150,8 @@ def handle(args: argparse.Namespace) -> int:
         config_version=args.config_version, generated_under=args.generated_under,
         tokenizer=args.tokenizer, chat_template=args.chat_template, trust_remote_code=args.trust_remote_code,
         retokenize=args.retokenize, template_drops_past_reasoning=args.template_drops_past_reasoning,
-        page_size=args.page_size, turns=args.turns, select=args.select, select_check=args.select_check,
+        page_size=args.page_size, turns=args.turns, select=args.select,
+        select_checks=tuple(args.select_check), where=args.where, require_pass=args.require_pass,
     )
     try:
         engine = open_engine(args.db, readonly=True)
@@ -157,7 +164,8 @@ def handle(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         with engine.connect() as conn:
             guard = open_alarms(conn, int(plan.run["id"]), left_out=left_out_for(
-                plan.options, plan.select_check, expects_reasoning=plan.expects_reasoning))
+                plan.options, plan.select_checks, expects_reasoning=plan.expects_reasoning,
+                also=plan.criteria.left_out() if plan.criteria is not None else ()))
         if guard is not None and guard.blocking and not args.allow_open_alarms:
             raise CliError(guard.message(cli=True))
         if guard is not None:
@@ -184,10 +192,19 @@ def handle(args: argparse.Namespace) -> int:
     if sel.get("mode", "all") != "all":
         passk = sel.get("pass_at_k") or {}
         p1, pk = passk.get("pass_at_1"), passk.get("pass_at_k")
-        print(f"selection {sel['mode']} by {sel['check']}: {sel['records_selected']:,} records from "
+        print(f"selection {sel['mode']} by {' and '.join(sel['checks'])}: {sel['records_selected']:,} records from "
               f"{sel['prompts_selected']:,} of {sel['prompts']:,} prompts; {sel['records_lacking_verdict']:,} without a "
               f"verdict (left out, no_verdict); pass@1 {'-' if p1 is None else f'{p1:.3f}'}, "
               f"pass@{passk.get('k')} {'-' if pk is None else f'{pk:.3f}'}")
+        best = sel.get("best")
+        if best:
+            print(f"best sample per prompt: passed in {best['prompts_best_passed']:,}, did not pass in "
+                  f"{best['prompts_best_failed']:,}" + (" (left out: --require-pass)" if best["require_pass"] else
+                                                         " (exported; --require-pass leaves them out)"))
+    prompts = (manifest.get("selection") or {}).get("prompts") or {}
+    if prompts and (sel.get("mode", "all") != "all" or manifest["selection"].get("expression")):
+        print(f"prompts: {prompts['selected']:,} selected, {prompts['no_pass']:,} with no pass, "
+              f"{prompts['pending']:,} pending, of {prompts['prompts']:,}")
     not_ok = counts["not_ok"]
     if not_ok:
         print("not ok (never exported): " + ", ".join(f"{k} {v:,}" for k, v in not_ok.items()))

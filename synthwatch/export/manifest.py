@@ -36,6 +36,11 @@ def build_manifest(plan: ExportPlan, scanned: int, exported: int, excluded: Coun
             checks_applied.append({"name": name, "rule": rule, "check_flags_bit": plan.check_bits[name]})
             continue
         checks_applied.append({"name": name, "rule": rule})
+    crit = plan.criteria
+    for name in (crit.exclude_verdicts if crit is not None else ()):  # checks with stored verdicts (#38)
+        entry = crit.cat.entries[name]
+        checks_applied.append({"name": name, "rule": entry.info or entry.kind,
+                               "verdict": "its latest verdict is fail (check_verdict)"})
     tok: dict[str, Any] | None = None
     if opts.format in TOKEN_FORMATS:
         as_generated = opts.format == "speculators" or opts.template_drops_past_reasoning

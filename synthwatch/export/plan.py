@@ -63,7 +63,10 @@ class ExportOptions:
     default_exclusions: bool = True
     """Exclude empty reasoning (when the run expects reasoning) and truncated records."""
     exclude_checks: tuple[str, ...] = ()
-    """More checks whose failing records are excluded (names from synthwatch.quality.checks)."""
+    """More checks whose failing records are excluded: any name of the run's catalogue (synthwatch.quality.selection:
+    a built-in check's bit, or another check's verdict in force being fail)."""
+    where: str | None = None
+    """Only records this selection expression selects (synthwatch.quality.selection; export/criteria.py)."""
     tokenizer: str | None = None
     chat_template: str | None = None
     trust_remote_code: bool | None = None
@@ -86,9 +89,11 @@ class ExportOptions:
     """Who said "export anyway" while a data-quality alarm or open item was open (cli | ui | api), or None."""
     confirmed_at: float | None = None
     select: str = "all"
-    """k samples per prompt: all | passing | first-passing | best, by the verdicts of select_check (export/select.py)."""
-    select_check: str | None = None
-    """The check whose verdicts the selection reads (default: the run's first verifier)."""
+    """k samples per prompt: all | passing | first-passing | best, by the verdicts of select_checks (export/select.py)."""
+    select_checks: tuple[str, ...] = ()
+    """The checks whose verdicts the selection reads, all of which must pass (default: the run's first verifier)."""
+    require_pass: bool = False
+    """select best: leave out the prompts whose best sample did not pass."""
 
 
 @dataclass
@@ -113,8 +118,10 @@ class ExportPlan:
     """ok records to scan (the progress denominator)."""
     db_url: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    select_check: str | None = None
-    """The check the selection reads, resolved (None: every sample is exported)."""
+    select_checks: tuple[str, ...] = ()
+    """The checks the selection reads, resolved (empty: every sample is exported)."""
+    criteria: Any = None
+    """The export's checks and expression resolved in the run's catalogue (export/criteria.Criteria)."""
     snapshot_at: float | None = None
     """The cut (#35): only ok records finished at or before this time (epoch seconds, fixed when the export was
     prepared) are read; None reads every ok record (a plan made by hand)."""

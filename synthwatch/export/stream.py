@@ -20,6 +20,7 @@ from array import array
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from ..hints import command as hint
 from ..quality.detection.overrides import list_overrides
 from ..store import queue as store
 from . import unwritten
+from .criteria import PromptTally, resolve
 from .plan import (
     DEFAULT_CHECKS,
     FORMATS,
@@ -145,15 +147,15 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
 
     bits = check_bit_map()
     checks: list[str] = list(DEFAULT_CHECKS) if options.default_exclusions else []
-    for name in options.exclude_checks:
-        name = name.strip()
-        if not name:
-            continue
-        if name not in DEFAULT_CHECKS and name not in bits:
-            known = sorted(set(DEFAULT_CHECKS) | set(bits))
-            raise ExportError(f"unknown check {name!r}; known checks: {', '.join(known)}")
-        if name not in checks:
-            checks.append(name)
+    if options.require_pass and options.select != "best":
+        raise ExportError("--require-pass goes with --select best (passing and first-passing export passing "
+                          "samples only)")
+    # every check name and the expression, resolved in the run's one catalogue (#38)
+    criteria = resolve(engine, run, config, options.exclude_checks, options.select_checks, options.where,
+                       _select_mode(options.select))
+    checks += [n for n in criteria.exclude_builtin if n not in checks]
+    options = replace(options, exclude_checks=(*criteria.exclude_builtin, *criteria.exclude_verdicts),
+                      select_checks=criteria.select_checks)  # canonical names from here on
 
     from .tokens import tokens_tokenizer
 
@@ -169,7 +171,6 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
             lt = None
     elif options.tokenizer or options.chat_template:
         raise ExportError("--tokenizer/--chat-template apply to the tokens, speculators and specforge formats only")
-    select_check = _select_check(engine, run, config, options)
     if options.template_drops_past_reasoning and fmt != "tokens":
         raise ExportError("--template-drops-past-reasoning applies to the tokens format only (speculators "
                           "always appends the answer as generated)")
@@ -179,34 +180,16 @@ def prepare_export(engine: Engine, run_ref: int | str, options: ExportOptions) -
         check_bits={n: bits[n] for n in checks if n not in DEFAULT_CHECKS}, expects_reasoning=expects,
         think_open=think_open, think_close=think_close, server_ids=server_ids, tokenizer=lt,
         tokenizer_info=tok_info, status_counts=status_counts, total=len(in_snapshot), db_url=db_url,
-        select_check=select_check, snapshot_at=cut, snapshot_ids=in_snapshot, overrides=weakened,
+        select_checks=criteria.select_checks, criteria=criteria, snapshot_at=cut, snapshot_ids=in_snapshot, overrides=weakened,
     )
 
 
-def _select_check(engine: Engine, run: dict[str, Any], config: dict[str, Any], options: ExportOptions) -> str | None:
-    """The check an export's per-prompt selection reads (None for --select all); ExportError when there is none."""
-    from ..quality.passk import verifier_check
+def _select_mode(mode: str) -> str:
     from .select import SELECT_MODES
 
-    if options.select not in SELECT_MODES:
-        raise ExportError(f"select must be one of {', '.join(SELECT_MODES)}, got {str(options.select)[:40]!r}")
-    if options.select == "all":
-        if options.select_check:
-            raise ExportError("--select-check goes with --select passing, first-passing or best")
-        return None
-    check = (options.select_check or "").strip() or verifier_check(config)
-    if not check:
-        raise ExportError(f"--select {options.select} picks by a check's verdicts, and run {run['name']!r} has no "
-                          "answer verifier: name the check with --select-check (e.g. judge)")
-    with engine.connect() as conn:
-        known = conn.execute(text("SELECT 1 FROM check_verdict WHERE run_id = :r AND check_name = :c LIMIT 1"),
-                             {"r": run["id"], "c": check}).first() is not None
-        conn.rollback()
-    configured = check == verifier_check(config) or check == "judge"
-    if not known and not configured:
-        raise ExportError(f"check {check!r} has no verdicts in run {run['name']!r} (--select-check names a verifier, "
-                          "a user check, a rule or judge)")
-    return check
+    if mode not in SELECT_MODES:
+        raise ExportError(f"select must be one of {', '.join(SELECT_MODES)}, got {str(mode)[:40]!r}")
+    return mode
 
 
 # ---------------------------------------------------------------------------------------- selection
@@ -238,7 +221,7 @@ def exclusion_reason(rec: Mapping[str, Any], plan: ExportPlan) -> str | None:
             bit = plan.check_bits.get(name)
             if bit and int(rec.get("check_flags") or 0) & bit:
                 return f"check:{name}"
-    return None
+    return plan.criteria.reason(int(rec["id"])) if plan.criteria is not None else None
 
 
 # ------------------------------------------------------------------------------------------- rows
@@ -409,21 +392,28 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
     added: Counter[str] = Counter()  # tokens a trainer's template adds that the model did not write (unwritten.py)
     added_rows = 0
     selection = None
+    tally = PromptTally()  # per prompt: selected, no pass, pending (#38)
     try:
         if progress:
             progress(0, plan.total)
-        if plan.select_check is not None:  # k samples per prompt: which of them, read once before writing
+        criteria = plan.criteria
+        if criteria is not None:  # the records the checks and --where select, read once (#38)
+            criteria.load(engine, int(plan.run["id"]))
+        if plan.select_checks:  # k samples per prompt: which of them, read once before writing
             from .select import SELECT_COLS, select
 
-            selection = select(engine, plan.run, plan.options.select, plan.select_check,
+            bits = check_bit_map()
+            selection = select(engine, plan.run, plan.options.select, plan.select_checks,
+                               {c: bits[c] for c in plan.select_checks if c in bits},
                                iter_ok_pages(engine, int(plan.run["id"]), SELECT_COLS, plan.options.page_size,
                                              plan.snapshot_at, plan.snapshot_ids),
-                               lambda r: exclusion_reason(r, plan))
+                               lambda r: exclusion_reason(r, plan), require_pass=plan.options.require_pass)
         for page in iter_ok_pages(engine, int(plan.run["id"]), _columns(fmt), plan.options.page_size,
                                   plan.snapshot_at, plan.snapshot_ids):
-            rows = []
+            rows: list[dict[str, Any]] = []
             for stored in page:
                 conversations += bool(stored.get("turns_json"))
+                before = len(rows)
                 for rec in turn_rows(stored, which, history_reasoning):
                     reason = exclusion_reason(rec, plan)
                     if reason is None and selection is not None:
@@ -445,6 +435,11 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
                                 sources[source] += 1
                     if reason is not None:
                         excluded[reason] += 1
+                if int(stored.get("idx") or 0) >= 0:  # canaries are not prompts
+                    sid = int(stored["id"])
+                    tally.see(int(stored["idx"] if stored.get("prompt_idx") is None else stored["prompt_idx"]),
+                              len(rows) > before, criteria is not None and criteria.is_pending(sid)
+                              or (selection is not None and sid in selection.lacking))
             sink.write(rows)
             scanned += len(page)
             exported += len(rows)
@@ -457,9 +452,13 @@ def run_export(engine: Engine, plan: ExportPlan, progress: ProgressFn | None = N
         manifest["repairs"] = _repairs_summary(engine, plan, repaired)
         # k samples per prompt: which of them (export/select.py), with pass@k by the check it read
         manifest["selection"]["per_prompt"] = selection.summary if selection is not None else {"mode": "all"}
+        if criteria is not None:
+            manifest["selection"].update(criteria.manifest())
+        manifest["selection"]["prompts"] = tally.summary(engine, int(plan.run["id"]))
         if selection is not None and selection.lacking:
             manifest.setdefault("warnings", []).append(
-                f"{len(selection.lacking):,} ok records had no pass/fail verdict of {plan.select_check} yet (pending,"
+                f"{len(selection.lacking):,} ok records had no pass/fail verdict of {' and '.join(plan.select_checks)}"
+                " yet (pending,"
                 " or the check's own error) and were left out under no_verdict; export again once they have one")
         pending = _pending_checks(engine, plan)
         if pending is not None:
