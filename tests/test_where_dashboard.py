@@ -366,3 +366,18 @@ def test_random_samples_of_the_records_failing_any_check(engine: Any, live_app: 
         # the viewer's sample links name every check of the run
         page = c.get(f"/runs/{run_id}/records/{ids[1]}", params={"mode": "failing", "check": "user:boxed"})
         assert page.status_code == 200 and "check=user:boxed" in page.text and "check=judge" in page.text
+
+
+def test_a_repair_records_the_expression_in_its_normal_form(engine: Any, live_app: Any) -> None:
+    """What a repair row keeps of an expression is its normalised text (canonical names, lower-case keywords): only
+    names, keywords, operators and parentheses reach the store, whatever spacing or case was typed."""
+    run_id, ids = verdict_run(engine)
+    srv = live_app()
+    with httpx.Client(base_url=srv.url, timeout=30, headers={**SAME, "Origin": srv.url}) as c:
+        r = c.post(f"/api/runs/{run_id}/rerun", json={"filter": {"where": "  JUDGE=FAIL   OR (verify:math=error)"}})
+        assert r.status_code == 202, r.text
+        body = _wait_job(c, run_id)
+        assert body["job"]["state"] == "done" and body["n_rerun_queued"] == 2
+    with engine.connect() as conn:
+        sel = conn.execute(text("SELECT selection FROM repair WHERE run_id = :r"), {"r": run_id}).scalar_one()
+    assert f'"where":"judge=fail or {VERIFY}=error"' in sel, sel
