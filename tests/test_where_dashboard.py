@@ -162,13 +162,17 @@ def test_bulk_flag_by_expression_and_by_any_check(engine: Any, live_app: Any) ->
     run_id, ids = verdict_run(engine)
     srv = live_app()
     with httpx.Client(base_url=srv.url, timeout=30, headers={**SAME, "Origin": srv.url}) as c:
-        body: dict[str, Any] = {"filters": {"where": "user:boxed=fail or language=fail"}, "verdict": "bad",
+        body: dict[str, Any] = {"filters": {"where": "user:boxed=fail OR  Language=fail"}, "verdict": "bad",
                                 "reason": "other"}
         preview = c.post(f"/api/runs/{run_id}/flags/bulk", json=body).json()["preview"]
         assert preview["count"] == 3
         done = c.post(f"/api/runs/{run_id}/flags/bulk", json={**body, "ids": preview["ids"]}).json()
         assert done["flagged"] == 3
         assert listed(c, run_id, flag="bad") == pick(ids, 1, 2, 4)
+        with engine.connect() as conn:  # the audit log names the selection, its expression normalised
+            detail = conn.execute(text("SELECT detail FROM control_event WHERE run_id = :r AND action = 'bulk_flag'"),
+                                  {"r": run_id}).scalar_one()
+        assert detail == "3 records flagged bad: where=user:boxed=fail or language=fail", detail
         assert c.post(f"/api/runs/{run_id}/flags/undo").json()["undone"] == 3
         # by a user check
         body = {"filters": {"check": "judge"}, "verdict": "bad"}
