@@ -239,3 +239,32 @@ def test_the_export_api_takes_the_same_options(engine, k3_run, live_app) -> None
         assert r.status_code == 202, r.text
         page = c.get(f"/runs/{run_id}/export").text
         assert 'data-testid="export-where"' in page and 'value="user:boxed"' in page
+
+
+# ------------------------------------------------------------------ the same names in rerun and rederive
+
+
+def test_rerun_takes_any_check_and_rederive_refuses_the_ones_it_cannot_recompute(  # type: ignore[no-untyped-def]
+        engine, db_path, k3_run) -> None:
+    run_id, ids = k3_run
+
+    def repair(*args: str) -> Any:
+        return run_cli(*args, "--db", str(db_path))
+
+    dry = repair("rerun", "k3", "--check", "user:boxed", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["selected"] == 1 and "records failing user:boxed" in dry.stdout
+    dry = repair("rerun", "k3", "--check", "verify:math", "--dry-run", "--json")
+    assert json.loads(dry.stdout)["selected"] == sum(v == "fail" for v in WANT["verify_math"].values()) == 5
+    done = repair("rerun", "k3", "--check", "user:boxed", "--yes", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["queued"] == 1, done.stdout + done.stderr
+    with engine.connect() as conn:
+        status = dict(conn.execute(text("SELECT id, status FROM record WHERE run_id = :r"), {"r": run_id}).all())
+    assert status[ids[(1, 2)]] == "pending" and sum(s == "pending" for s in status.values()) == 1
+    # a re-derive does not recompute a user check's verdict: refused, saying what to do instead (a command that works)
+    no = repair("rederive", "k3", "--check", "verify:math", "--dry-run")
+    assert no.returncode == 2 and "a re-derive cannot choose records by verify_math" in no.stderr, no.stderr
+    assert f"synthwatch rerun k3 --check verify_math --db {db_path}" in no.stderr
+    assert repair("rederive", "k3", "--check", "truncated", "--dry-run").returncode == 0  # a built-in one: as before
+    bad = repair("rerun", "k3", "--check", "usr:boxed", "--dry-run")
+    assert bad.returncode == 2 and "unknown check 'usr:boxed' (--check); did you mean 'user:boxed'?" in bad.stderr

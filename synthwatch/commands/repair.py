@@ -73,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         add_db_arg(q)
         q.add_argument("run", help="run name or id")
         q.add_argument("--alarm", type=int, metavar="ALARM_ID", help="the records this alarm names")
-        q.add_argument("--check", help="records failing this check")
+        q.add_argument("--check", help="records failing this check: any check of the run (built-in, verify_*, "
+                       "user:*, rule:*, language, near_duplicate, judge; rederive: built-in checks only)")
         q.add_argument("--flag", choices=["good", "bad", "flagged", "unreviewed"], help="records with this flag")
         q.add_argument("--filter", metavar="QUERY",
                        help="a records-table filter as in its URL, e.g. 'status=ok&finish_reason=length'")
@@ -193,7 +194,12 @@ def handle_repair(a: argparse.Namespace) -> int:
     run_id = int(run["id"])
     sel = _selection(a, engine, run_id)
     out = sys.stdout
-    preview = preview_rederive(engine, run_id, sel) if a.verb == "rederive" else preview_rerun(engine, run_id, sel)
+    try:
+        preview = preview_rederive(engine, run_id, sel) if a.verb == "rederive" else preview_rerun(engine, run_id, sel)
+    except RepairError as exc:
+        again = (f" ({hint('rerun', '--check', sel.check, run=run['name'], db=a.db)})"
+                 if a.verb == "rederive" and sel.check is not None else "")
+        raise CliError(f"{exc}{again}") from None
     if a.json and a.dry_run:
         print(json.dumps({"dry_run": True, **preview}, default=str), file=out)
         return 0

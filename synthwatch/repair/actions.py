@@ -34,6 +34,7 @@ from ..check_catalog import BIT, CHECK_NAMES
 from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turns, view_from_row
 from ..quality.detection import open_items, recent_windows
 from ..quality.detection.alarms import AlarmKeeper, effective_rules
+from ..quality.selection import BUILTIN, UnknownCheck, catalogue, check_is, record_ids
 from ..review.filters import Filters, ReviewError, failed_checks, resolve
 from ..review.flags import max_record_id
 from ..review.queries import Cursor, select_ids
@@ -72,6 +73,9 @@ class Selection:
     filters: Filters
     max_id: int
     ids: tuple[int, ...] | None = None
+    check: str | None = None
+    """The check that chose the records (--check), canonical; with its kind in the run's catalogue."""
+    check_kind: str | None = None
 
     def as_json(self) -> str:
         return orjson.dumps({"description": self.description, "filters": self.filters.params(),
@@ -97,11 +101,11 @@ def select(conn: Connection, run_id: int, *, alarm_id: int | None = None, check:
             if row[0] in ("timeout", "error"):
                 f = Filters(status=row[0])
             else:  # any check of the run's catalogue: built-in, verifier, rule, user, language, judge (#38)
-                f = resolve(conn, run_id, Filters.from_params({"check": row[0]}))
+                failing = _failing(conn, run_id, row[0], max_id)
+                return replace(failing, description=f"records named by alarm #{alarm_id} ({row[1]})")
             return Selection(f"records named by alarm #{alarm_id} ({row[1]})", f, max_id)
         if check is not None:
-            f = resolve(conn, run_id, Filters.from_params({"check": check}))
-            return Selection(f"records failing {check}", f, max_id)
+            return _failing(conn, run_id, check, max_id)
         if flag is not None:
             return Selection(f"records flagged {flag}", Filters.from_params({"flag": flag}), max_id)
         if params is not None:
@@ -116,6 +120,33 @@ def select(conn: Connection, run_id: int, *, alarm_id: int | None = None, check:
         raise RepairError("at most 1,000,000 ids at a time")
     return Selection(f"{len(clean):,} chosen record{'' if len(clean) == 1 else 's'}", Filters(), max_id,
                      tuple(clean))
+
+
+def _failing(conn: Connection, run_id: int, check: str, max_id: int) -> Selection:
+    """The records failing any check of the run's catalogue (#38): a built-in check by its bit (the records-table
+    filter), any other by its verdict in force (their ids, pinned here)."""
+    cat = catalogue(conn, run_id)
+    try:
+        entry = cat.entry(check, "--check")
+    except UnknownCheck as exc:
+        raise RepairError(str(exc)) from None
+    if entry.kind == BUILTIN:
+        return Selection(f"records failing {entry.name}", Filters.from_params({"check": entry.name}), max_id,
+                         check=entry.name, check_kind=entry.kind)
+    ids = record_ids(conn, run_id, check_is(cat, entry.name), max_id=max_id)
+    return Selection(f"records failing {entry.name}", Filters(), max_id, tuple(ids), check=entry.name,
+                     check_kind=entry.kind)
+
+
+def rederive_applies(sel: Selection) -> None:
+    """A re-derive reads stored answers again and re-runs the built-in checks on them; it does not recompute
+    the verdicts of the other checks, so records chosen by one of those are refused (RepairError says what to do)."""
+    if sel.check is not None and sel.check_kind not in (None, BUILTIN):
+        raise RepairError(
+            f"a re-derive cannot choose records by {sel.check}: it reads the stored answers again and re-runs the "
+            f"built-in checks only, and {sel.check} is a {sel.check_kind} check whose verdicts it does not "
+            "recompute. Re-run those records instead (rerun with the same --check), or choose them by a built-in "
+            "check, a filter or ids")
 
 
 def iter_ids(engine: Engine, run_id: int, sel: Selection, chunk: int = CHUNK) -> Iterator[list[int]]:
@@ -334,6 +365,7 @@ def preview_rederive(engine: Engine, run_id: int, sel: Selection, *, examples: i
                      config: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a re-derive would do: counts, why some cannot be re-derived, and before/after for a few records
     (under ``config``, a proposed next version, when given)."""
+    rederive_applies(sel)
     shown: list[dict[str, Any]] = []
     cannot_examples: list[dict[str, Any]] = []
 
@@ -395,6 +427,7 @@ _REDERIVE_UPDATE = (f"UPDATE record SET {', '.join(c + ' = {m}' for c in _DERIVE
 def rederive_records(engine: Engine, run_id: int, sel: Selection, *, actor: str = "cli",
                      progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Re-derive the selection under the run's current reading settings; returns the repair's summary."""
+    rederive_applies(sel)
     with engine.connect() as conn, store.write_begin(conn):
         _run, _cfg, version = run_info(conn, run_id)
         repair_id = start_repair(conn, run_id, "rederive", sel, version, actor)
