@@ -268,3 +268,8 @@ def test_rerun_takes_any_check_and_rederive_refuses_the_ones_it_cannot_recompute
     assert repair("rederive", "k3", "--check", "truncated", "--dry-run").returncode == 0  # a built-in one: as before
     bad = repair("rerun", "k3", "--check", "usr:boxed", "--dry-run")
     assert bad.returncode == 2 and "unknown check 'usr:boxed' (--check); did you mean 'user:boxed'?" in bad.stderr
+    # turning a check's auto-pause off names it the same way
+    off = repair("autopause", "k3", "verify:math", "off", "--reason", "rejection sampling fails a third")
+    assert off.returncode == 0 and "auto-pause for verify_math is off" in off.stdout, off.stderr
+    bad = repair("autopause", "k3", "user:boxd", "off", "--reason", "a typo in the name")
+    assert bad.returncode == 2 and "did you mean 'user:boxed'?" in bad.stderr, bad.stderr

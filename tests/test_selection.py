@@ -249,8 +249,53 @@ def test_sql_selection_equals_python_evaluation(any_engine, data, expr, seed) ->
         got = sel.record_ids(conn, run_id, where)
         negated = sel.record_ids(conn, run_id, sel.negate(where))
         again = sel.record_ids(conn, run_id, sel.parse_where(where.text, cat()))
+        by_text = [int(r[0]) for r in conn.execute(text(  # the same clause inside a hand-written query
+            f"SELECT r.id FROM record r WHERE r.run_id = :run AND ({sel.where_sql(where, conn.dialect, 'r')})"
+            " ORDER BY r.id"), {"run": run_id})]
     assert got == want, (src, where.text)
     assert sorted(got + negated) == ids  # never NULL: NOT selects exactly the rest
-    assert again == got  # the normal form selects the same records
+    assert again == got == by_text  # the normal form selects the same records, and so does the SQL text
     assert [rid for rid, (flags, states) in zip(ids, data, strict=True)
             if where.evaluate(flags, {n: s[-1] for n, s in states.items() if s})] == want
+
+
+# ------------------------------------------------------------------------------- the export on both backends
+
+
+def test_an_export_by_expression_and_best_on_sqlite_and_postgresql(any_engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The export's criteria (export/criteria.py) and per-prompt choice over the same stored verdicts on each
+    backend: 3 prompts of 2 samples; verdicts appended as the checks append them (the latest row wins)."""
+    import json
+
+    from synthwatch.export.plan import ExportOptions
+    from synthwatch.export.stream import export_run
+
+    cfg = {"samples_per_prompt": 2, "checks": {"verifiers": [{"kind": "math"}], "language": {"enabled": True}}}
+    math = {(0, 0): "pass", (0, 1): "fail", (1, 0): "fail", (1, 1): "fail", (2, 0): "fail", (2, 1): "pass"}
+    lang = {(0, 0): "pass", (0, 1): "pass", (1, 0): "pass", (1, 1): "fail", (2, 0): "pass", (2, 1): "pending"}
+    with any_engine.begin() as conn:
+        run_id = store.create_run(conn, "both", None, snapshot=cfg)
+        store.insert_prompts(conn, run_id, [Prompt(p, p + 1, f"q{p}", [{"role": "user", "content": "q"}])
+                                            for p in range(3)], samples=2)
+        ids = {(int(p), int(s)): int(i) for i, p, s in conn.execute(text(
+            "SELECT id, prompt_idx, sample_index FROM record WHERE run_id = :r"), {"r": run_id})}
+        conn.execute(text("UPDATE record SET status = 'ok', reasoning = 'r', content = 'c', finish_reason = 'stop',"
+                          " finished_at = 1 WHERE run_id = :r"), {"r": run_id})
+        vd.append(conn, [vd.NewVerdict(run_id, ids[k], "verify_math", vd.Verdict("error")) for k in ids])
+        vd.append(conn, [vd.NewVerdict(run_id, ids[k], "verify_math", vd.Verdict(math[k])) for k in ids])
+        vd.append(conn, [vd.NewVerdict(run_id, ids[k], "language", vd.Verdict(lang[k])) for k in ids])
+
+    def export(**opts: Any) -> tuple[list[str], dict[str, Any]]:
+        out = tmp_path / f"e{len(list(tmp_path.iterdir()))}.jsonl"
+        m = export_run(any_engine, run_id, ExportOptions(format="messages", out=out, **opts))
+        return sorted(json.loads(line)["id"] for line in out.read_text().splitlines()), m
+
+    rows, m = export(where="verify:math=pass and not language")
+    assert rows == ["q0", "q2#s1"]
+    assert m["selection"]["prompts"] == {**m["selection"]["prompts"], "selected": 2, "no_pass": 1, "pending": 0}
+    rows, m = export(where="language", exclude_checks=("verify_math",))
+    assert rows == [] and m["counts"]["excluded"] == {"check:verify_math": 4, "where": 2}
+    rows, m = export(select="best", select_checks=("verify:math",), require_pass=True)
+    assert rows == ["q0", "q2#s1"] and m["selection"]["per_prompt"]["best"]["failed_prompts"] == ["q1"]
+    rows, m = export(select="passing", select_checks=("verify:math", "language"))
+    assert rows == ["q0"] and m["selection"]["prompts"]["pending"] == 1  # q2#s1 waits for language

@@ -314,6 +314,6 @@ def handle_autopause(a: argparse.Namespace) -> int:
     except OverrideError as exc:
         raise CliError(str(exc)) from None
     state = "on" if res["auto_pause"] else "off"
-    print(f"run {run['name']!r}: auto-pause for {a.check} is {state}"
+    print(f"run {run['name']!r}: auto-pause for {res['check']} is {state}"
           + ("" if res["changed"] else " (it already was)"), file=sys.stdout)
     return 0

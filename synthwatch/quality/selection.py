@@ -35,6 +35,7 @@ Python answer for one record (:meth:`Where.evaluate`); a property test keeps the
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ from typing import Any
 import orjson
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
-from sqlalchemy import and_, column, false, func, literal, not_, or_, select, table, text, true
+from sqlalchemy import and_, column, false, func, literal, literal_column, not_, or_, select, table, text, true
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.expression import FromClause
 
@@ -461,23 +462,23 @@ _VERDICT = table("check_verdict", column("id"), column("record_id"), column("che
 
 def latest_state(record: FromClause, name: str) -> ColumnElement[Any]:
     """The latest verdict state of check ``name`` for the record row, 'pending' when it has none (never NULL)."""
+    return _latest(record.c.id, name)
+
+
+def _latest(record_id: ColumnElement[Any], name: str) -> ColumnElement[Any]:
     v = _VERDICT.alias("cv")
-    latest = (select(v.c.state).where(v.c.record_id == record.c.id, v.c.check_name == literal(name))
+    latest = (select(v.c.state).where(v.c.record_id == record_id, v.c.check_name == literal(name))
               .order_by(v.c.id.desc()).limit(1).scalar_subquery())
     return func.coalesce(latest, literal("pending"))
 
 
-def where_clause(where: Where, record: FromClause | None = None) -> ColumnElement[bool]:
-    """The expression as a WHERE clause over ``record`` (default: the table itself; pass an alias such as
-    ``RECORD.alias("r")`` to join it). Never NULL: NOT of it is the complement. SQLite and PostgreSQL."""
-    rec = RECORD if record is None else record
-
+def _clause(where: Where, record_id: ColumnElement[Any], flags: ColumnElement[Any]) -> ColumnElement[bool]:
     def sql(n: Node) -> ColumnElement[bool]:
         if isinstance(n, Atom):
             if n.bit is not None:
-                failed = func.coalesce(rec.c.check_flags, 0).op("&")(n.bit) != 0
+                failed = func.coalesce(flags, 0).op("&")(n.bit) != 0
                 return failed if n.outcome == "fail" else not_(failed)
-            return latest_state(rec, n.name) == n.outcome
+            return _latest(record_id, n.name) == n.outcome
         if isinstance(n, Not):
             return not_(sql(n.item))
         if isinstance(n, And):
@@ -485,6 +486,26 @@ def where_clause(where: Where, record: FromClause | None = None) -> ColumnElemen
         return or_(false(), *(sql(i) for i in n.items)) if n.items else false()
 
     return sql(where.node)
+
+
+def where_clause(where: Where, record: FromClause | None = None) -> ColumnElement[bool]:
+    """The expression as a WHERE clause over ``record`` (default: the table itself; pass an alias such as
+    ``RECORD.alias("r")`` to join it). Never NULL: NOT of it is the complement. SQLite and PostgreSQL."""
+    rec = RECORD if record is None else record
+    return _clause(where, rec.c.id, rec.c.check_flags)
+
+
+_ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def where_sql(where: Where, dialect: Any, alias: str = "record") -> str:
+    """The expression as SQL text for a hand-written query over ``record`` (named ``alias`` there, e.g. ``r`` in
+    ``FROM record r``), for ``dialect`` (``conn.dialect``). Check names are SQL literals quoted by SQLAlchemy
+    (they come from the catalogue, and are escaped whatever they hold)."""
+    if not _ALIAS.match(alias):
+        raise ValueError(f"alias must be an SQL identifier, got {alias[:40]!r}")
+    clause = _clause(where, literal_column(f"{alias}.id"), literal_column(f"{alias}.check_flags"))
+    return str(clause.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
 
 
 def record_ids(conn: Any, run_id: int, where: Where, *, status: str | None = None,
@@ -502,4 +523,4 @@ def record_ids(conn: Any, run_id: int, where: Where, *, status: str | None = Non
 __all__ = ["BUILTIN", "BUILTIN_OUTCOMES", "FALSE", "JUDGE", "OUTCOMES", "RECORD", "TRUE", "And", "Atom", "Catalogue",
            "CheckEntry", "Not", "Or", "UnknownCheck", "Where", "WhereError", "all_of", "any_of", "catalogue",
            "catalogue_of", "check_is", "excludes_failing", "latest_state", "negate", "parse_where", "record_ids", "stored_names",
-           "where_clause"]
+           "where_clause", "where_sql"]

@@ -32,6 +32,7 @@ from ...store import queue as store
 from ...store import rows as store_rows
 from ...store.dashboards import dashboard_url
 from ..alarm_text import describe, hint_ctx, server_said
+from ..selection import UnknownCheck, catalogue
 from ..verdicts import configured_checks
 from .windows import MAX_ACK_MINUTES, MAX_ACK_RECORDS, Hysteresis, RuleState, load_states, save_state, step
 
@@ -504,10 +505,16 @@ def set_auto_pause(engine: Engine, run_id: int, check: str, on: bool, *, reason:
     if check not in DEFAULT_RULES:
         with engine.connect() as conn:
             cfg = conn.execute(text("SELECT config_json FROM run WHERE id = :r"), {"r": run_id}).scalar()
+            cat = catalogue(conn, run_id)
             conn.rollback()
         known = [*DEFAULT_RULES, *configured_checks(cfg)]  # the run's extended checks have rules too (#30)
+        try:  # the run's one catalogue of names (#38): aliases such as verify:math, and "did you mean"
+            check = cat.resolve(check)
+        except UnknownCheck as exc:
+            raise OverrideError(str(exc)) from None
         if check not in known:
-            raise OverrideError(f"unknown check {check[:60]!r} (one of {', '.join(known)})")
+            raise OverrideError(f"{check} has no alarm rule in this run, so no auto-pause to turn on or off (checks "
+                                f"with one: {', '.join(known)})")
     reason = (reason or "").strip()
     if not on and len(reason) < MIN_REASON_CHARS:
         raise OverrideError(f"turning auto-pause off for {check} needs a reason of at least {MIN_REASON_CHARS}"
