@@ -352,7 +352,8 @@ def test_filter_params_are_validated() -> None:
         ({"reasoning_len_min": "ten"}, "reasoning_len_min: not a whole number"),
         ({"content_len_max": "-1"}, "content_len_max: must be >= 0"),
         ({"sort": "prompt"}, "sort: unknown value"),
-        ({"check": "no_such_check"}, "check: unknown check"),
+        ({"check": "x" * 201}, "check: a check name is at most 200 characters"),
+        ({"where": "x" * 2001}, "where: the expression is longer than 2000 characters"),
     ]:
         with pytest.raises(ReviewError, match=message):
             Filters.from_params(params)
@@ -575,15 +576,19 @@ def test_migration_indexes_exist(db_path: Path, engine: Any) -> None:
     assert {"ix_record_review", "ix_record_failing", "ix_record_filter", "record_fts_bd", "record_fts_ad"} <= names
 
 
-def test_every_check_is_a_review_filter_and_an_export_exclusion() -> None:
+def test_every_check_is_a_review_filter_and_an_export_exclusion(engine: Any) -> None:
     """The check filter and the export's exclusions read the checks' bit map directly: every check the writer
-    runs can be filtered on and excluded, and a check that is not one is refused."""
+    runs can be filtered on and excluded, and a check that is not one is refused (in the run's catalogue, #38)."""
     from synthwatch.check_catalog import ALL_STATUS_CHECKS, BIT, CHECK_NAMES
     from synthwatch.export.plan import check_bit_map
+    from synthwatch.review.filters import selections
 
-    for name in CHECK_NAMES:
-        assert Filters.from_params({"check": name}).check == name
-    with pytest.raises(ReviewError, match="unknown check"):
-        Filters.from_params({"check": "no_such_check"})
+    run_id = add_run(engine)
+    with engine.connect() as conn:
+        for name in CHECK_NAMES:
+            f = Filters.from_params({"check": name})
+            assert f.check == name and selections(conn, run_id, f) == []  # answered by the record's bits
+        with pytest.raises(ReviewError, match="check: unknown check 'no_such_check'"):
+            review.count(conn, run_id, Filters.from_params({"check": "no_such_check"}))
     assert check_bit_map() == BIT and len(BIT) == len(CHECK_NAMES)
     assert set(check_bit_map(ok_records_only=True)) == set(CHECK_NAMES) - ALL_STATUS_CHECKS

@@ -7,6 +7,7 @@ from typing import Any
 
 from jinja2 import Environment
 
+from ..check_catalog import CHECK_NAMES
 from ..store.models import LIVE_STATUSES
 from .words import check_help, check_label, plural, status_in_labels
 
@@ -88,4 +89,6 @@ def install(env: Environment) -> None:
     )
     from .launch import shown_url
 
-    env.globals.update(check_label=check_label, check_help=check_help, shown_url=shown_url)
+    # the checks a re-derive can recompute (a record's bits); any other check's records are re-run (#38)
+    env.globals.update(check_label=check_label, check_help=check_help, shown_url=shown_url,
+                       builtin_checks=frozenset(CHECK_NAMES))

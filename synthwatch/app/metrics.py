@@ -9,6 +9,7 @@ and a test parses the output back with the client's own parser.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from ..quality import selection, verdicts
 from ..store.models import RECORD_STATUSES
 
 MAX_RUNS = 200
@@ -41,12 +43,38 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "synthwatch_check_failing_records": ("gauge", "Records of the run failing a data-quality check"),
     "synthwatch_check_records": ("gauge", "Records of the run a data-quality check applied to"),
     "synthwatch_alarms_active": ("gauge", "Active alarms of the run, by severity"),
+    "synthwatch_check_verdicts": ("gauge", "Records of the run by a check's outcome (pass, fail, error, pending), for "
+                                  "every check it knows: built-in, verifier, rule, user, language, near_duplicate, "
+                                  "judge"),
 }
+CHECK_LABEL_MAX = 100  # a check's name in a label: a user check's name comes from a config, a stored one from a row
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_label(name: Any) -> str:
+    """A check name as a label value: printable, at most CHECK_LABEL_MAX characters (the client escapes quotes,
+    backslashes and line ends)."""
+    s = _UNPRINTABLE.sub("?", str(name))
+    return s if len(s) <= CHECK_LABEL_MAX else s[: CHECK_LABEL_MAX - 1] + "…"
 
 
 class RunsCollector(Collector):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # run id -> (its newest verdict id, its verdicts in force by check and state): a run whose verdicts did not
+        # change since the last scrape is not counted again (a finished run's, after its first scrape)
+        self._verdicts: dict[int, tuple[int, dict[str, dict[str, int]]]] = {}
+
+    def _verdict_counts(self, conn: Any, run_id: int) -> dict[str, dict[str, int]]:
+        top = conn.execute(text("SELECT max(id) FROM check_verdict WHERE run_id = :r"), {"r": run_id}).scalar()
+        if top is None:
+            return {}
+        hit = self._verdicts.get(run_id)
+        if hit is not None and hit[0] == int(top):
+            return hit[1]
+        counts = verdicts.state_counts(conn, run_id)
+        self._verdicts[run_id] = (int(top), counts)
+        return counts
 
     def describe(self) -> list[Metric]:
         return []  # collected fresh on every scrape
@@ -64,6 +92,8 @@ class RunsCollector(Collector):
                 labels = ["run", "run_id", "kind"]
             elif name == "synthwatch_tokens_total":
                 labels = ["run", "run_id", "kind"]
+            elif name == "synthwatch_check_verdicts":
+                labels = ["run", "run_id", "check", "kind", "verdict"]
             elif name.startswith("synthwatch_check_"):
                 labels = ["run", "run_id", "check"]
             elif name == "synthwatch_alarms_active":
@@ -75,11 +105,13 @@ class RunsCollector(Collector):
         with self.engine.connect() as conn:
             runs = conn.execute(text(
                 "SELECT id, name, kind, status, cap, concurrency, total, n_pending, n_in_flight, n_ok, n_error,"
-                " n_timeout, n_rerun, config_version FROM run ORDER BY id DESC LIMIT :n"), {"n": MAX_RUNS}).mappings().all()
+                " n_timeout, n_rerun, config_version, config_json FROM run ORDER BY id DESC LIMIT :n"), {"n": MAX_RUNS}).mappings().all()
             ids = [int(r["id"]) for r in runs]
             sums: dict[int, Any] = {}
             checks: dict[int, list[Any]] = {}
             alarms: dict[int, dict[str, int]] = {}
+            cats: dict[int, selection.Catalogue] = {}
+            states: dict[int, dict[str, dict[str, int]]] = {}
             if ids:
                 lo = min(ids)
                 for row in conn.execute(text(
@@ -95,6 +127,12 @@ class RunsCollector(Collector):
                         "SELECT run_id, severity, COUNT(*) FROM alarm WHERE active AND run_id >= :lo"
                         " GROUP BY run_id, severity"), {"lo": lo}):
                     alarms.setdefault(int(run_id), {})[severity] = int(n)
+                for r in runs:
+                    rid = int(r["id"])
+                    cats[rid] = selection.catalogue_of(r["config_json"], selection.stored_names(conn, rid))
+                    states[rid] = self._verdict_counts(conn, rid)
+                for gone in set(self._verdicts) - set(ids):
+                    del self._verdicts[gone]
             conn.rollback()
         for r in runs:
             rid = int(r["id"])
@@ -122,4 +160,31 @@ class RunsCollector(Collector):
                 fam["synthwatch_check_records"].add_metric([*lab, str(name)], int(n_total or 0))
             for severity in ("error", "warning"):
                 fam["synthwatch_alarms_active"].add_metric([*lab, severity], alarms.get(rid, {}).get(severity, 0))
+            self._add_verdicts(fam["synthwatch_check_verdicts"], lab, r, cats.get(rid), checks.get(rid, ()),
+                               states.get(rid, {}))
         yield from fam.values()
+
+    @staticmethod
+    def _add_verdicts(family: Any, lab: list[str], run: Any, cat: selection.Catalogue | None, stats: Any,
+                      states: dict[str, dict[str, int]]) -> None:
+        """Every check of the run's catalogue by outcome: a built-in check's pass and fail from its running totals
+        (check_stat, as the checks page); a stored verdict's (verifier, rule, user, language, near_duplicate, judge)
+        pass, fail, error and pending from the verdicts in force, pending counting the ok records with none yet."""
+        if cat is None:
+            return
+        totals = {str(name): (int(n_fail or 0), int(n_total or 0)) for name, n_fail, n_total in stats}
+        n_ok = int(run["n_ok"] or 0)
+        for entry in cat.entries.values():
+            name = check_label(entry.name)
+            if entry.kind == selection.BUILTIN:
+                if entry.name not in totals:
+                    continue  # not computed for this run (yet)
+                n_fail, n_total = totals[entry.name]
+                family.add_metric([*lab, name, entry.kind, "pass"], max(0, n_total - n_fail))
+                family.add_metric([*lab, name, entry.kind, "fail"], n_fail)
+                continue
+            got = states.get(entry.name, {})
+            answered = sum(got.get(s, 0) for s in ("pass", "fail", "error"))
+            for state in ("pass", "fail", "error"):
+                family.add_metric([*lab, name, entry.kind, state], got.get(state, 0))
+            family.add_metric([*lab, name, entry.kind, "pending"], max(got.get("pending", 0), n_ok - answered))

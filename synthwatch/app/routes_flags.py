@@ -128,7 +128,8 @@ async def bulk_form(request: Request, run_id: int, conn: ReadConn, read: ReadEng
             ctx["preview"] = await run_in_threadpool(review_flags.bulk_preview, conn, run_id, f)
         else:
             ctx["result"] = await run_in_threadpool(review_flags.bulk_flag_ids, write, run_id, _ids(form["ids"]),
-                                                    verdict, reason, note)
+                                                    verdict, reason, note,
+                                                    review_flags.selection_words(conn, run_id, f))
     except ReviewError as exc:
         raise bad(exc) from None
     response = render(request, "_records_bulk.html", ctx)
@@ -148,7 +149,9 @@ def _ids(raw: Any) -> list[int]:
 def bulk_api(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, write: WriteEngine,
              body: dict[str, Any] = Body(..., examples=[{"filters": {"finish_reason": "length"}, "verdict": "bad",
                                                          "reason": "truncated"}])) -> Any:
-    """Flag the records matching `filters` (the records-table query parameters). Without `ids` it only previews:
+    """Flag the records matching `filters` (the records-table query parameters: `check` names any check of the run,
+    `where` takes a selection expression such as `user:boxed=fail or language=fail`, the grammar of the records
+    listing; a bad one is a 400 naming the problem). Without `ids` it only previews:
     {count, ids, max_id}, where `ids` pins the set; send the same request with that `ids` to flag exactly those
     records (`flagged` is how many). A `max_id` alone is refused: records pending at the preview have ids below it."""
     run_or_404(conn, run_id)
@@ -163,7 +166,8 @@ def bulk_api(request: Request, run_id: int, conn: ReadConn, read: ReadEngine, wr
             if body.get("max_id") is not None:
                 raise HTTPException(400, "max_id: no longer pins a bulk flag; send the preview's `ids` instead")
             return {"preview": review_flags.bulk_preview(conn, run_id, f), "search_backlog": backlog}
-        return review_flags.bulk_flag_ids(write, run_id, _ids(body["ids"]), verdict, reason, note)
+        return review_flags.bulk_flag_ids(write, run_id, _ids(body["ids"]), verdict, reason, note,
+                                          review_flags.selection_words(conn, run_id, f), actor="api")
     except ReviewError as exc:
         raise bad(exc) from None
 

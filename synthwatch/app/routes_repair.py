@@ -32,6 +32,7 @@ from ..store import versions
 from .deps import ReadConn, ReadEngine, WriteEngine, render
 from .form_errors import FormErrors
 from .launch import LaunchError
+from .routes_review import check_options
 
 log = logging.getLogger("synthwatch.app.repair")
 router = APIRouter()
@@ -71,6 +72,7 @@ def repair_context(conn: Connection, run_id: int) -> dict[str, Any]:
         "overrides": list_overrides(conn, run_id),
         "check_names": CHECK_NAMES,
         "check_info": CHECK_INFO,
+        "check_options": check_options(conn, run_id),  # every check the run knows (#38): re-run a user check's records
         "reasoning_modes": REASONING_MODES,
         "job": job,
         "alarms": [dict(r) for r in conn.execute(
@@ -394,9 +396,11 @@ RowId = Annotated[int, Field(ge=0, le=ID_MAX)]  # a database id (64-bit): larger
 
 class SelectionBody(BaseModel):
     alarm: RowId | None = Field(None, description="the records this alarm names")
-    check: str | None = Field(None, description="records failing this check")
+    check: str | None = Field(None, max_length=200, description="records failing this check: any check of the run "
+                              "(built-in, verify_*/verify:*, rule:*, user:*, language, near_duplicate, judge)")
     flag: str | None = Field(None, description="good | bad | flagged | unreviewed")
-    filter: dict[str, str] | None = Field(None, description="records-table filter parameters")
+    filter: dict[str, str] | None = Field(None, description="records-table filter parameters, `where` (a selection "
+                                          "expression, e.g. `user:boxed=fail or language=fail`) included")
     ids: list[RowId] | None = Field(None, max_length=1_000_000)
     dry_run: bool = Field(False, description="preview only: change nothing")
     max_id: RowId | None = Field(None, description="pin the selection to ids <= this (from a preview)")

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import orjson
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from ..capture import tool_calls
-from ..quality import judge_view, verdicts
+from ..quality import judge_view, selection, verdicts
 from ..review import display as review_display
 from ..review import filters as review_filters
 from ..review import flags as review_flags
@@ -130,7 +130,7 @@ def sample_page(request: Request, run_id: int, conn: ReadConn) -> Response:
     if rid is None:
         return render(request, "viewer.html", {
             "run": run, "rec": None, "mode": params.get("mode", "all"), "sample_params": params,
-            "modes": review_filters.SAMPLE_MODES, "check_names": list(review_filters.check_bits()),
+            "modes": review_filters.SAMPLE_MODES, "check_names": [c["name"] for c in check_options(conn, run_id)],
             "session": _session_progress(conn, run, params), "session_done": "s" in request.query_params,
             "restart_url":
                 f"/runs/{run_id}/sample{_qs({k: v for k, v in params.items() if k not in ('s', 't0')})}",
@@ -307,7 +307,7 @@ def _viewer_context(request: Request, conn: Any, run: dict[str, Any], rec: dict[
         "mode": params.get("mode", "all"),
         "sample_params": params,
         "modes": review_filters.SAMPLE_MODES,
-        "check_names": list(review_filters.check_bits()),
+        "check_names": [c["name"] for c in check_options(conn, run["id"])],
         "prompt": _prompt_blocks(_last_turn_prompt(run, rec), ws),
         "turns": _turn_blocks(rec, ws),
         "reasoning": _text_block(rec["reasoning"], ws,
@@ -384,22 +384,39 @@ def record_api(run_id: int, record_id: int, conn: ReadConn) -> Any:
 # ------------------------------------------------------------------------------------------- records
 
 
+def check_options(conn: Any, run_id: int) -> list[dict[str, str]]:
+    """Every check the run knows (its catalogue: built-in, verifiers, rules, user checks, language, near-duplicates,
+    the judge, and names with verdicts stored), for the pickers of the records filter and the repair page."""
+    from .words import check_label
+
+    cat = selection.catalogue(conn, run_id)
+    return [{"name": e.name, "kind": e.kind, "info": e.info,
+             "label": check_label(e.name) if e.kind == selection.BUILTIN else e.name}
+            for e in cat.entries.values()]
+
+
 def _records_context(request: Request, conn: Any, run: dict[str, Any], backlog: int) -> dict[str, Any]:
+    """The records page and its table fragment. A filter that cannot be used (an unknown check, an expression
+    with an error) is the table's message, with the form as typed, never a 500."""
     q = request.query_params
     f = parse_filters(q)
+    error = None
     try:
         pg = review.page(conn, run["id"], f, after=q.get("after") or None, before=q.get("before") or None)
     except ReviewError as exc:
-        raise bad(exc) from None
+        conn.rollback()
+        error, pg = str(exc), review.Page([], None, None, f)
     base = f.params()
     found = snippets.for_rows(conn, [r["id"] for r in pg.rows], f.q, f.field) if f.q else {}
     return {
         "run": run, "f": f, "page": pg, "snippets": found, "fq": _qs({**base, "from": "records"}),
+        "filter_error": error, "where_max": selection.WHERE_MAX_CHARS,
         "next_url": f"/runs/{run['id']}/records{_qs({**base, 'after': pg.next_cursor})}" if pg.next_cursor else None,
         "prev_url": f"/runs/{run['id']}/records{_qs({**base, 'before': pg.prev_cursor})}" if pg.prev_cursor else None,
         "count_url": f"/runs/{run['id']}/records/count{_qs(base)}",
         "statuses": review_filters.STATUS_FILTERS, "flags": review_filters.FLAG_FILTERS, "reasons": review_filters.REASONS,
-        "sorts": review_filters.SORTS, "fields": review_filters.SEARCH_FIELDS, "check_names": list(review_filters.check_bits()),
+        "sorts": review_filters.SORTS, "fields": review_filters.SEARCH_FIELDS,
+        "check_options": check_options(conn, run["id"]),
         "finish_reasons": review.distinct_values(conn, run["id"], "finish_reason"),
         "endpoints": review.distinct_values(conn, run["id"], "endpoint"),
         "sources": review.distinct_values(conn, run["id"], "reasoning_source"),
@@ -415,10 +432,11 @@ def records_page(request: Request, run_id: int, backlog: SearchBacklog, conn: Re
     if not request.query_params and not hx:  # the default view: finished records, newest first (any: status=)
         return RedirectResponse(f"/runs/{run_id}/records?status={review_filters.FINISHED}", status_code=303)
     ctx = _records_context(request, conn, run, backlog)
+    status = 400 if ctx["filter_error"] else 200
     if hx and request.headers.get("HX-Target") == "records-table":
-        return render(request, "_records_table.html", ctx)
+        return render(request, "_records_table.html", ctx, status_code=status)
     ctx["last_bulk"] = review_flags.latest_bulk(conn, run_id)
-    return render(request, "records.html", ctx)
+    return render(request, "records.html", ctx, status_code=status)
 
 
 @router.get("/runs/{run_id}/records/count", include_in_schema=False)
@@ -432,12 +450,27 @@ def records_count_fragment(request: Request, run_id: int, backlog: SearchBacklog
     return render(request, "_records_count.html", {"run": run, "n": n, "capped": capped, "search_backlog": backlog})
 
 
+CHECK_HELP = ("Records failing this check: any name of the run's catalogue (a built-in check such as `truncated`, "
+              "a verifier `verify_math` or `verify:math`, a rule `rule:NAME`, a user check `user:NAME`, `language`, "
+              "`near_duplicate`, `judge`), or `any` (failing a built-in check) / `none`. An unknown name is a 400 "
+              "that names the closest known one (did you mean).")
+WHERE_HELP = ("A selection expression over the run's checks, e.g. `verify:math=pass and language=pass and not "
+              "near_duplicate`: `NAME=OUTCOME` (pass, fail, error, pending; a built-in check is pass or fail), "
+              "`NAME!=OUTCOME`, a bare `NAME` (= `NAME=fail`), combined with `and`, `or`, `not` and parentheses "
+              "(`not` binds tightest, then `and`, then `or`). The same grammar as `synthwatch export --where` and bulk "
+              "actions (docs/samples.md). A mistake is a 400 naming its column and the check meant.")
+CheckParam = Annotated[str | None, Query(description=CHECK_HELP, max_length=review_filters.CHECK_NAME_MAX)]
+WhereParam = Annotated[str | None, Query(description=WHERE_HELP)]
+
+
 @router.get("/api/runs/{run_id}/records", tags=["review"])
-def records_api(request: Request, run_id: int, backlog: SearchBacklog, conn: ReadConn) -> Any:
-    """A page of records (filters: status, check, flag, reason, finish_reason, endpoint, reasoning_source,
+def records_api(request: Request, run_id: int, backlog: SearchBacklog, conn: ReadConn, check: CheckParam = None,
+                where: WhereParam = None) -> Any:
+    """A page of records (filters: status, check, where, flag, reason, finish_reason, endpoint, reasoning_source,
     reasoning_len_min/max, content_len_min/max, completion_tokens_min/max, q (+ field), sort, order; pagination:
-    after / before cursors, limit). With `q` on SQLite, `search_backlog` counts finished records not yet in the
-    search index (0 normally; see docs/review.md)."""
+    after / before cursors, limit). `check` and `where` name any check of the run (built-in, verifier, rule, user,
+    language, near-duplicate, judge); a bad one is a 400 whose detail names the problem. With `q` on SQLite,
+    `search_backlog` counts finished records not yet in the search index (0 normally; see docs/review.md)."""
     run_or_404(conn, run_id)
     q = request.query_params
     f = parse_filters(q)
@@ -451,8 +484,10 @@ def records_api(request: Request, run_id: int, backlog: SearchBacklog, conn: Rea
 
 
 @router.get("/api/runs/{run_id}/records/count", tags=["review"])
-def records_count_api(request: Request, run_id: int, backlog: SearchBacklog, conn: ReadConn) -> Any:
-    """How many records match the filters (stops counting at 100,000: capped=true)."""
+def records_count_api(request: Request, run_id: int, backlog: SearchBacklog, conn: ReadConn, check: CheckParam = None,
+                      where: WhereParam = None) -> Any:
+    """How many records match the filters (the records listing's, `check` and `where` included; stops counting at
+    100,000: capped=true)."""
     run_or_404(conn, run_id)
     f = parse_filters(request.query_params)
     try:

@@ -35,7 +35,7 @@ from ..quality.checks import RecordChecker, RunContext, applied_bits, check_turn
 from ..quality.detection import open_items, recent_windows
 from ..quality.detection.alarms import AlarmKeeper, effective_rules
 from ..quality.selection import BUILTIN, UnknownCheck, catalogue, check_is, record_ids
-from ..review.filters import Filters, ReviewError, failed_checks
+from ..review.filters import Filters, ReviewError, failed_checks, resolve
 from ..review.flags import max_record_id
 from ..review.queries import Cursor, select_ids
 from ..store import queue as store
@@ -101,15 +101,16 @@ def select(conn: Connection, run_id: int, *, alarm_id: int | None = None, check:
                 raise RepairError(f"run {run_id} has no alarm {alarm_id}")
             if row[0] in ("timeout", "error"):
                 f = Filters(status=row[0])
-            else:
-                f = Filters.from_params({"check": row[0]})
+            else:  # any check of the run's catalogue: built-in, verifier, rule, user, language, judge (#38)
+                failing = _failing(conn, run_id, row[0], max_id)
+                return replace(failing, description=f"records named by alarm #{alarm_id} ({row[1]})")
             return Selection(f"records named by alarm #{alarm_id} ({row[1]})", f, max_id)
         if check is not None:
             return _failing(conn, run_id, check, max_id)
         if flag is not None:
             return Selection(f"records flagged {flag}", Filters.from_params({"flag": flag}), max_id)
         if params is not None:
-            f = Filters.from_params(params)
+            f = resolve(conn, run_id, Filters.from_params(params))
             desc = ", ".join(f"{k}={v}" for k, v in f.params().items() if k not in ("sort", "order")) or "all records"
             return Selection(f"records matching {desc}", f, max_id)
     except ReviewError as exc:

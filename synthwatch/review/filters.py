@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, cast
 
-from sqlalchemy import text
-from sqlalchemy.engine import Connection
+from sqlalchemy import literal_column, select, text
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine.interfaces import BindTyping
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.expression import FromClause
 
 from ..check_catalog import BIT
+from ..quality import selection
+from ..quality.selection import WHERE_MAX_CHARS, Catalogue, UnknownCheck, Where, WhereError
 from ..store.models import FINISHED_STATUSES, RECORD_STATUSES
 
 REASONS: tuple[tuple[str, str], ...] = (
@@ -44,6 +49,7 @@ SEARCH_FIELDS = ("all", "prompt", "reasoning", "content")
 PAGE_SIZE = 50
 BULK_CHUNK = 2000
 COUNT_CAP = 100_000
+CHECK_NAME_MAX = 200
 RECENT_CAP = 20_000
 
 # Columns the table rows show (never the big texts: previews are cut in SQL).
@@ -78,13 +84,79 @@ def failed_checks(flags: int | None) -> list[str]:
     return names or [f"bitmask {flags:#x}"]
 
 
+def needs_catalogue(f: Filters) -> bool:
+    """Whether the filter names a check the record's bits do not answer (an extended check, the judge, an alias) or
+    gives an expression: both are resolved in the run's catalogue."""
+    return bool(f.where) or (bool(f.check) and f.check not in ("any", "none") and f.check not in check_bits())
+
+
+def selections(conn: Connection, run_id: int, f: Filters, cat: Catalogue | None = None) -> list[Where]:
+    """The filter's `check` (records failing it) and `where` as expressions resolved in the run's catalogue (one
+    catalogue, synthwatch.quality.selection: the same names and "did you mean" as the export and the CLI).
+    ReviewError names the parameter, the problem and its column."""
+    if not needs_catalogue(f):
+        return []
+    cat = cat or selection.catalogue(conn, run_id)
+    out: list[Where] = []
+    if f.check and f.check not in ("any", "none") and f.check not in check_bits():
+        try:
+            out.append(selection.check_is(cat, f.check, "fail"))
+        except (UnknownCheck, WhereError) as exc:
+            raise ReviewError(f"check: {exc}") from None
+    if f.where:
+        try:
+            out.append(selection.parse_where(f.where, cat))
+        except WhereError as exc:
+            raise ReviewError(f"where: {exc}") from None
+    return out
+
+
+def resolve(conn: Connection, run_id: int, f: Filters) -> Filters:
+    """The filter checked against the run's catalogue before it is used (a repair's selection): an unknown check or
+    a bad expression raises ReviewError here, not in the middle of the work. The filter comes back with canonical
+    check names and the expression's normalised text (Where.text: names, keywords, operators and parentheses only),
+    which is what a repair row records."""
+    found = selections(conn, run_id, f)
+    changes: dict[str, Any] = {}
+    if f.check and f.check not in ("any", "none") and f.check not in check_bits():
+        changes["check"] = found.pop(0).names[0]
+    if f.where:
+        changes["where"] = found.pop(0).text
+    return replace(f, **changes) if changes else f
+
+
+_NAMED: dict[type[Dialect], Dialect] = {}
+_BIND = re.compile(r"(?<![:\w]):(\w+)")
+
+
+def clause_sql(conn: Connection, record: FromClause, clause: ColumnElement[Any], params: dict[str, Any]) -> str:
+    """An SQLAlchemy clause over ``record`` (the table or its alias) as text for this module's raw SQL: its values
+    stay bound (added to ``params`` under names of their own), never written into the SQL. It is compiled inside a
+    query over ``record``, so that its subqueries correlate with the outer row instead of adding a FROM of their
+    own, and the text after that query's WHERE is the condition."""
+    kind = type(conn.dialect)
+    if kind not in _NAMED:
+        d: Any = cast(Any, kind)(paramstyle="named")
+        d.bind_typing = BindTyping.NONE  # no `::TYPE` after a name: text() would not see it as a parameter
+        _NAMED[kind] = d
+    compiled = select(literal_column("1")).select_from(record).where(clause).compile(dialect=_NAMED[kind])
+    head, sep, cond = str(compiled).partition("\nWHERE ")
+    assert sep and "WHERE" not in head, str(compiled)
+    names: dict[str, str] = {}
+    for key, value in compiled.params.items():
+        names[key] = f"sel{len(params)}_{key}"
+        params[names[key]] = value
+    return _BIND.sub(lambda m: ":" + names.get(m.group(1), m.group(1)), cond)
+
+
 # ----------------------------------------------------------------------------------------- filters
 
 
 @dataclass(frozen=True)
 class Filters:
     status: str | None = None
-    check: str | None = None  # "any" | "none" | a check name
+    check: str | None = None  # "any" | "none" | any check name of the run's catalogue (synthwatch.quality.selection)
+    where: str | None = None  # a selection expression over the run's checks (quality.selection.parse_where)
     flag: str | None = None  # good | bad | flagged | unreviewed
     reason: str | None = None
     finish_reason: str | None = None
@@ -133,10 +205,12 @@ class Filters:
         for name, allowed in choices.items():
             if name in values and values[name] not in allowed:
                 raise ReviewError(f"{name}: unknown value {values[name][:40]!r} (one of {', '.join(allowed)})")
-        check = values.get("check")
-        if check and check not in ("any", "none") and check not in check_bits():
-            known = ", ".join(["any", "none", *check_bits()])
-            raise ReviewError(f"check: unknown check {check[:40]!r} (one of {known})")
+        # a check name or an expression is resolved against the run's catalogue where the run is known
+        # (:func:`resolve`, :func:`conditions`); here only its size is bounded
+        if len(values.get("check") or "") > CHECK_NAME_MAX:
+            raise ReviewError(f"check: a check name is at most {CHECK_NAME_MAX} characters")
+        if len(values.get("where") or "") > WHERE_MAX_CHARS:
+            raise ReviewError(f"where: the expression is longer than {WHERE_MAX_CHARS} characters")
         if "q" in values and len(values["q"]) > 500:
             raise ReviewError("q: search text longer than 500 characters")
         return cls(**values)
@@ -176,7 +250,10 @@ def sort_expr(f: Filters) -> str:
     return "id" if f.sort == "id" else f"COALESCE({f.sort}, -1)"
 
 
-def conditions(f: Filters, params: dict[str, Any], alias: str = "") -> list[str]:
+def conditions(f: Filters, params: dict[str, Any], alias: str = "", conn: Connection | None = None,
+               run_id: int | None = None) -> list[str]:
+    """SQL conditions of a filter over ``record`` (``alias``: "r." when it is joined as r). A check the bits do not
+    answer, or an expression, needs the run (``conn``, ``run_id``) to resolve its names."""
     p = alias
     conds: list[str] = []
     if f.status == FINISHED:
@@ -188,9 +265,15 @@ def conditions(f: Filters, params: dict[str, Any], alias: str = "") -> list[str]
         conds.append(f"{p}check_flags != 0")
     elif f.check == "none":
         conds.append(f"{p}check_flags = 0")
-    elif f.check:
+    elif f.check in check_bits():
         conds.append(f"({p}check_flags & :check_bit) != 0")
         params["check_bit"] = check_bits()[f.check]
+    if needs_catalogue(f):
+        if conn is None or run_id is None:
+            raise ReviewError("check: a check of the run's catalogue needs the run")
+        rec = selection.RECORD.alias(p.rstrip(".")) if p else selection.RECORD
+        for w in selections(conn, run_id, f):
+            conds.append("(" + clause_sql(conn, rec, selection.where_clause(w, rec), params) + ")")
     if f.flag in VERDICTS:
         conds.append(f"{p}review = :flag")
         params["flag"] = f.flag
@@ -356,7 +439,8 @@ def _pg_window(conn: Connection, where: str, params: dict[str, Any], w_lo: int, 
         col = "id + 0" if gin_only else "id"
         sql = (f"SELECT id FROM record WHERE {where} AND {col} >= :w_lo AND {col} < :w_hi"
                f" ORDER BY id {direction} LIMIT :need")
-    else:  # a few hundred ids: test each row, no index (OFFSET 0 keeps the planner from pushing the test down)
+    else:  # a few hundred ids: test each row, no index (OFFSET 0 keeps the planner from pushing the test down);
+        # named `record` like the table, so a condition naming record.id (a check's verdict subquery) reads its row
         sql = (f"SELECT id FROM (SELECT * FROM record WHERE run_id = :run AND id >= :w_lo AND id < :w_hi"
-               f" OFFSET 0) AS r WHERE {where} ORDER BY id {direction} LIMIT :need")
+               f" OFFSET 0) AS record WHERE {where} ORDER BY id {direction} LIMIT :need")
     return [int(r[0]) for r in conn.execute(text(sql), {**params, "w_lo": w_lo, "w_hi": w_hi, "need": need})]

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection, Engine
 from ..quality.detection import open_items
 from ..store import queue as store
 from . import idset
-from .filters import BULK_CHUNK, REASON_CODES, VERDICTS, Filters, NotFound, ReviewError, index_hint
+from .filters import BULK_CHUNK, REASON_CODES, VERDICTS, Filters, NotFound, ReviewError, index_hint, resolve
 from .queries import Cursor, select_ids
 
 # ------------------------------------------------------------------------------------------- flags
@@ -140,9 +140,10 @@ def bulk_preview(conn: Connection, run_id: int, f: Filters) -> dict[str, Any]:
 
 
 def bulk_flag_ids(write: Engine, run_id: int, ids: list[int], verdict: str, reason: str | None,
-                  note: str | None) -> dict[str, Any]:
+                  note: str | None, selected: str | None = None, actor: str = "ui") -> dict[str, Any]:
     """Flag exactly the records `ids` names (a preview's pinned set; ids of another run are left alone), in short
-    transactions of BULK_CHUNK records; `flagged` is how many."""
+    transactions of BULK_CHUNK records; `flagged` is how many. The audit log gets one `bulk_flag` event naming
+    ``selected`` (the filter that chose them, its expression normalised), through the store's one way in."""
     reason, note = validate_flag(verdict, reason, note)
     bulk_id = uuid.uuid4().hex[:12]
     n = 0
@@ -165,7 +166,20 @@ def bulk_flag_ids(write: Engine, run_id: int, ids: list[int], verdict: str, reas
         n += len(mine)
     with write.connect() as conn, store.write_begin(conn):
         open_items.sync(conn, run_id, actor="review")
+        if n:
+            store.add_event(conn, run_id, "bulk_flag", bulk_id, actor=actor,
+                            detail=f"{n:,} records flagged {verdict}" + (f": {selected}" if selected else ""))
     return {"bulk_id": bulk_id, "flagged": n, "verdict": verdict, "reason": reason}
+
+
+def selection_words(conn: Connection, run_id: int, f: Filters) -> str:
+    """A filter in words for the audit log: its parameters, with canonical check names and the expression's
+    normalised text (filters.resolve); a filter that does not resolve is described as given."""
+    try:
+        f = resolve(conn, run_id, f)
+    except ReviewError:
+        pass
+    return ", ".join(f"{k}={v}" for k, v in f.params().items() if k not in ("sort", "order")) or "every record"
 
 
 def bulk_flag(read: Engine, write: Engine, run_id: int, f: Filters, verdict: str, reason: str | None,
