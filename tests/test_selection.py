@@ -16,6 +16,7 @@ from sqlalchemy import text
 from synthwatch.check_catalog import BIT, CHECK_NAMES
 from synthwatch.quality import selection as sel
 from synthwatch.quality import verdicts as vd
+from synthwatch.review.filters import clause_sql
 from synthwatch.sources.datasets import Prompt
 from synthwatch.store import queue as store
 
@@ -249,9 +250,12 @@ def test_sql_selection_equals_python_evaluation(any_engine, data, expr, seed) ->
         got = sel.record_ids(conn, run_id, where)
         negated = sel.record_ids(conn, run_id, sel.negate(where))
         again = sel.record_ids(conn, run_id, sel.parse_where(where.text, cat()))
-        by_text = [int(r[0]) for r in conn.execute(text(  # the same clause inside a hand-written query
-            f"SELECT r.id FROM record r WHERE r.run_id = :run AND ({sel.where_sql(where, conn.dialect, 'r')})"
-            " ORDER BY r.id"), {"run": run_id})]
+        # the same clause inside a hand-written query, as the records filter renders it (values bound, never inlined)
+        r = sel.RECORD.alias("r")
+        params: dict[str, Any] = {"run": run_id}
+        cond = clause_sql(conn, r, sel.where_clause(where, r), params)
+        by_text = [int(row[0]) for row in conn.execute(text(
+            f"SELECT r.id FROM record r WHERE r.run_id = :run AND ({cond}) ORDER BY r.id"), params)]
     assert got == want, (src, where.text)
     assert sorted(got + negated) == ids  # never NULL: NOT selects exactly the rest
     assert again == got == by_text  # the normal form selects the same records, and so does the SQL text

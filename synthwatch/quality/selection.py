@@ -35,7 +35,6 @@ Python answer for one record (:meth:`Where.evaluate`); a property test keeps the
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +42,7 @@ from typing import Any
 import orjson
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
-from sqlalchemy import and_, column, false, func, literal, literal_column, not_, or_, select, table, text, true
+from sqlalchemy import and_, column, false, func, literal, not_, or_, select, table, text, true
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.expression import FromClause
 
@@ -495,19 +494,6 @@ def where_clause(where: Where, record: FromClause | None = None) -> ColumnElemen
     return _clause(where, rec.c.id, rec.c.check_flags)
 
 
-_ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-
-
-def where_sql(where: Where, dialect: Any, alias: str = "record") -> str:
-    """The expression as SQL text for a hand-written query over ``record`` (named ``alias`` there, e.g. ``r`` in
-    ``FROM record r``), for ``dialect`` (``conn.dialect``). Check names are SQL literals quoted by SQLAlchemy
-    (they come from the catalogue, and are escaped whatever they hold)."""
-    if not _ALIAS.match(alias):
-        raise ValueError(f"alias must be an SQL identifier, got {alias[:40]!r}")
-    clause = _clause(where, literal_column(f"{alias}.id"), literal_column(f"{alias}.check_flags"))
-    return str(clause.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
-
-
 def record_ids(conn: Any, run_id: int, where: Where, *, status: str | None = None,
                max_id: int | None = None) -> list[int]:
     """The ids (ascending) of a run's records the expression selects; ``status`` (e.g. 'ok') and ``max_id`` narrow
@@ -523,4 +509,4 @@ def record_ids(conn: Any, run_id: int, where: Where, *, status: str | None = Non
 __all__ = ["BUILTIN", "BUILTIN_OUTCOMES", "FALSE", "JUDGE", "OUTCOMES", "RECORD", "TRUE", "And", "Atom", "Catalogue",
            "CheckEntry", "Not", "Or", "UnknownCheck", "Where", "WhereError", "all_of", "any_of", "catalogue",
            "catalogue_of", "check_is", "excludes_failing", "latest_state", "negate", "parse_where", "record_ids", "stored_names",
-           "where_clause", "where_sql"]
+           "where_clause"]
