@@ -342,8 +342,8 @@ def _entry_point_name() -> Rule:
 
 NO_IMPORT = ("an import path runs Python code, which the dashboard may not set: put it in your own TOML file and give it "
              "to the run or checks command with --config")
-DEDUP_FILE = ("a file on the worker's machine, which the dashboard may not name: give it to the run command "
-              "(`synthwatch run --dedup-against FILE`) or put it in your own TOML file given with --config")
+DEDUP_FILE = ("a file on the worker's machine, which the dashboard may not name: give it to the run command's "
+              "--dedup-against FILE or put it in your own TOML file given with --config")
 TEXT = _text(200)
 LONG_TEXT = _text(20_000)
 URL = _text(2000, r"https?://\S+", "not an http(s) URL (expected e.g. http://127.0.0.1:8000/v1)")

@@ -352,13 +352,13 @@ def _default_sigint() -> None:
                                   "event_100mb_without_newline", "header_flood_endless"])
 def test_sigint_is_handled_within_two_seconds(case: str, tmp_path: Path) -> None:
     """``synthwatch run`` in a process of its own against a server that answers every request with the case
-    (2,000 records, long timeouts: only the signals end the run): the first SIGINT starts a graceful stop, the
+    (20,000 records, long timeouts: only the signals end the run): the first SIGINT starts a graceful stop, the
     second stops at once, and the process has exited within 2 s of the first, no record left in flight."""
     reply = next(c for c in CASES if c.name == case).reply
     db = tmp_path / "sig.db"
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"HOSTILE {i}"}]}) + "\n"
-                            for i in range(2000)))
+                            for i in range(20_000)))  # more than a fast-failing case ends before the signal
     with HostileServer(reply()) as srv:
         cfg = tmp_path / "run.toml"
         cfg.write_text(

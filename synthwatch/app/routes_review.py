@@ -457,8 +457,8 @@ CHECK_HELP = ("Records failing this check: any name of the run's catalogue (a bu
 WHERE_HELP = ("A selection expression over the run's checks, e.g. `verify:math=pass and language=pass and not "
               "near_duplicate`: `NAME=OUTCOME` (pass, fail, error, pending; a built-in check is pass or fail), "
               "`NAME!=OUTCOME`, a bare `NAME` (= `NAME=fail`), combined with `and`, `or`, `not` and parentheses "
-              "(`not` binds tightest, then `and`, then `or`). The same grammar as `synthwatch export --where` and bulk "
-              "actions (docs/samples.md). A mistake is a 400 naming its column and the check meant.")
+              "(`not` binds tightest, then `and`, then `or`). The same grammar as the export command's `--where` and "
+              "bulk actions (docs/samples.md). A mistake is a 400 naming its column and the check meant.")
 CheckParam = Annotated[str | None, Query(description=CHECK_HELP, max_length=review_filters.CHECK_NAME_MAX)]
 WhereParam = Annotated[str | None, Query(description=WHERE_HELP)]
 
