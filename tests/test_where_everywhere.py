@@ -6,16 +6,19 @@ run's extended checks and turns one off. Real SQLite / PostgreSQL, a real dashbo
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import httpx
 import pytest
 from conftest import LiveServer
 from playwright.sync_api import Page, expect
+from sqlalchemy import text
 from test_review import add_record
 from test_where_dashboard import SAME, VERIFY, listed, pick, verdict_run
 
 from synthwatch.quality import verdicts as vd
+from synthwatch.quality.detection.windows import claim_gate
 from synthwatch.store import queue as store
 
 MANY = ["user:boxed", "language", VERIFY, "judge", "rule:has_boxed", "user:<b>x</b>"]
@@ -90,8 +93,20 @@ def test_checks_column_shows_every_failing_check(engine: Any, live_app: Any) -> 
             assert "<b>x</b>" not in html and "user:&lt;b&gt;x&lt;/b&gt;" in cell  # escaped
 
 
+def _gate(engine: Any, run_id: int) -> list[str]:
+    with engine.connect() as conn:
+        return [a["rule"] for a in claim_gate(conn, run_id, 0, time.time())[0]]
+
+
 def test_auto_pause_picker_offers_and_turns_off_a_user_check(engine: Any, live_app: Any) -> None:
+    """The picker offered the built-in checks only; a user check's auto-pause, turned off there, lets claims go."""
     run_id, _ids = verdict_run(engine)
+    with engine.connect() as conn, store.write_begin(conn):  # user:boxed's alarm paused the run
+        conn.execute(text(
+            "INSERT INTO alarm (run_id, rule, severity, title, message, count, raised_at, updated_at, active,"
+            " auto_paused) VALUES (:r, 'user:boxed', 'error', 'user:boxed fails', 'm', 2, 1.0, 1.0, true, true)"),
+            {"r": run_id})
+    assert _gate(engine, run_id) == ["user:boxed"]
     srv = live_app()
     with httpx.Client(base_url=srv.url, timeout=30, headers=SAME) as c:
         html = c.get(f"/runs/{run_id}/repair").text
@@ -103,6 +118,7 @@ def test_auto_pause_picker_offers_and_turns_off_a_user_check(engine: Any, live_a
         assert r.status_code in (200, 303), r.text
         html = c.get(f"/runs/{run_id}/repair").text
         assert 'class="autopause-override" data-check="user:boxed"' in html
+    assert _gate(engine, run_id) == []  # the claim gate no longer holds the run for it
 
 
 @pytest.mark.browser
