@@ -5,6 +5,7 @@ run's extended checks and turns one off. Real SQLite / PostgreSQL, a real dashbo
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from typing import Any
@@ -12,13 +13,19 @@ from typing import Any
 import httpx
 import pytest
 from conftest import LiveServer
+from hypothesis import given
+from hypothesis import strategies as st
 from playwright.sync_api import Page, expect
 from sqlalchemy import text
-from test_review import add_record
-from test_where_dashboard import SAME, VERIFY, listed, pick, verdict_run
+from test_review import add_record, add_run
+from test_where_dashboard import CONFIG, SAME, VERIFY, listed, pick, verdict_run
 
+from synthwatch.check_catalog import BIT
+from synthwatch.quality import selection
 from synthwatch.quality import verdicts as vd
 from synthwatch.quality.detection.windows import claim_gate
+from synthwatch.review import queries
+from synthwatch.review.filters import Filters
 from synthwatch.store import queue as store
 
 MANY = ["user:boxed", "language", VERIFY, "judge", "rule:has_boxed", "user:<b>x</b>"]
@@ -137,3 +144,37 @@ def test_auto_pause_of_a_user_check_in_a_browser(page: Page, live_app: Any, engi
     form.locator('input[name="reason"]').fill("boxed answers are checked by hand")
     form.locator('button[type="submit"]').click()
     expect(page.locator('.autopause-override[data-check="user:boxed"]')).to_be_visible()
+
+
+_RUNS = itertools.count()
+STATES = st.sampled_from(["pass", "fail", "error", "pending"])
+RECORD_DRAW = st.tuples(st.sampled_from([0, BIT["truncated"], BIT["truncated"] | BIT["empty_reasoning"]]),
+                        st.dictionaries(st.sampled_from(["user:boxed", "language", VERIFY, "judge", "rule:has_boxed",
+                                                         "near_duplicate"]),
+                                        st.lists(STATES, min_size=1, max_size=3), max_size=4))
+
+
+@given(records=st.lists(RECORD_DRAW, min_size=1, max_size=6), sort=st.sampled_from(["id", "content_len"]))
+def test_failing_a_check_is_the_catalogue_s_any_fail(engine: Any, records: Any, sort: str) -> None:
+    """For drawn bits and verdict histories, "failing a check" lists exactly the records the catalogue's expression
+    `NAME=fail or ...` over every name selects, and "passing all" the others (search: the HTTP tests above)."""
+    run_id = add_run(engine, f"drawn-{next(_RUNS)}", CONFIG)  # a run per example, the same database
+    ids = [add_record(engine, run_id, i, content=f"needle {i}", check_flags=flags)
+           for i, (flags, _h) in enumerate(records)]
+    with engine.connect() as conn, store.write_begin(conn):
+        for rid, (_f, history) in zip(ids, records, strict=True):
+            for name, seq in history.items():
+                vd.append(conn, [vd.NewVerdict(run_id, rid, name, vd.Verdict(s)) for s in seq])
+    extra = {"sort": sort}
+    with engine.connect() as conn:
+        cat = selection.catalogue(conn, run_id)
+        every = selection.any_of(*(selection.check_is(cat, n, "fail") for n in cat.names))
+        want = selection.record_ids(conn, run_id, every)
+        expected = [rid for rid, (flags, history) in zip(ids, records, strict=True)
+                    if flags or any(seq[-1] == "fail" for seq in history.values())]
+        assert want == expected
+        failing = queries.select_ids(conn, run_id, Filters.from_params({"check": "any", **extra}), limit=100)
+        passing = queries.select_ids(conn, run_id, Filters.from_params({"check": "none", **extra}), limit=100)
+        n, _capped = queries.count(conn, run_id, Filters.from_params({"check": "any", **extra}))
+    assert sorted(failing) == want and n == len(want)
+    assert sorted(passing) == sorted(set(ids) - set(want))
