@@ -21,8 +21,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from ..capture.reasoning import MODES as REASONING_MODES
-from ..check_catalog import CHECK_INFO, CHECK_NAMES
+from ..check_catalog import CHECK_INFO, CHECK_NAMES, DEFAULT_RULES
 from ..quality.detection.alarms import OverrideError, list_overrides, set_auto_pause
+from ..quality.verdicts import configured_checks
 from ..repair import actions as repair
 from ..repair import history as repair_history
 from ..repair import settings_diff
@@ -65,6 +66,7 @@ def job_context(conn: Connection, run_id: int) -> dict[str, Any]:
 def repair_context(conn: Connection, run_id: int) -> dict[str, Any]:
     ctx = job_context(conn, run_id)
     run, job = ctx["run"], ctx["job"]
+    options, extended = check_options(conn, run_id), set(configured_checks(run["config_json"]))
     return {
         "run": run,
         "versions": list(reversed(versions.list_versions(conn, run_id))),
@@ -72,7 +74,10 @@ def repair_context(conn: Connection, run_id: int) -> dict[str, Any]:
         "overrides": list_overrides(conn, run_id),
         "check_names": CHECK_NAMES,
         "check_info": CHECK_INFO,
-        "check_options": check_options(conn, run_id),  # every check the run knows (#38): re-run a user check's records
+        "check_options": options,  # every check the run knows (#38): re-run a user check's records
+        # the auto-pause picker: the catalogue's checks that have an alarm rule (built-in and the run's extended
+        # ones, as set_auto_pause accepts), never only the built-in ones
+        "pause_options": [o for o in options if o["name"] in DEFAULT_RULES or o["name"] in extended],
         "reasoning_modes": REASONING_MODES,
         "job": job,
         "alarms": [dict(r) for r in conn.execute(

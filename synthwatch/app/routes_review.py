@@ -452,7 +452,7 @@ def records_count_fragment(request: Request, run_id: int, backlog: SearchBacklog
 
 CHECK_HELP = ("Records failing this check: any name of the run's catalogue (a built-in check such as `truncated`, "
               "a verifier `verify_math` or `verify:math`, a rule `rule:NAME`, a user check `user:NAME`, `language`, "
-              "`near_duplicate`, `judge`), or `any` (failing a built-in check) / `none`. An unknown name is a 400 "
+              "`near_duplicate`, `judge`), or `any` (failing any check of the run: a built-in bit or a latest verdict of fail) / `none` (failing none). An unknown name is a 400 "
               "that names the closest known one (did you mean).")
 WHERE_HELP = ("A selection expression over the run's checks, e.g. `verify:math=pass and language=pass and not "
               "near_duplicate`: `NAME=OUTCOME` (pass, fail, error, pending; a built-in check is pass or fail), "

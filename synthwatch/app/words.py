@@ -20,7 +20,10 @@ def check_label(name: str) -> str:
     from ..check_catalog import DEFAULT_RULES  # noqa: PLC0415 - words is imported by low-level modules
 
     rule = DEFAULT_RULES.get(name)
-    return rule.title if rule else name.replace("_", " ").capitalize()
+    if rule:
+        return rule.title
+    # a configured name (user:Boxed, rule:x_y) is shown as written; a plain one (near_duplicate) as words
+    return name if ":" in name else name.replace("_", " ").capitalize()
 
 
 # Where a stored status message names a check by its id (store/queue.py pause_reason, quality/detection/open_items.py

@@ -84,6 +84,46 @@ def failed_checks(flags: int | None) -> list[str]:
     return names or [f"bitmask {flags:#x}"]
 
 
+# A record fails some check of its run: a built-in bit, or the latest verdict of any other check is 'fail' (every
+# name with stored verdicts is in the run's catalogue; ix_check_verdict_record answers both subqueries).
+_FAILING_VERDICT = ("EXISTS (SELECT 1 FROM check_verdict fv WHERE fv.record_id = {p}id AND fv.state = 'fail'"
+                    " AND NOT EXISTS (SELECT 1 FROM check_verdict lv WHERE lv.record_id = fv.record_id"
+                    " AND lv.check_name = fv.check_name AND lv.id > fv.id))")
+
+
+def has_verdict_checks(conn: Connection | None, run_id: int | None) -> bool:
+    """Whether the run's catalogue holds a check beyond the built-in bits (configured or with stored verdicts)."""
+    return conn is not None and run_id is not None and bool(selection.catalogue(conn, run_id).extended)
+
+
+def failing_any_sql(conn: Connection | None, run_id: int | None, alias: str = "", passing: bool = False) -> str:
+    """The records filter's "failing a check" (``passing``: "passing all"): any check the run's catalogue knows,
+    built-in (the record's bits) or not (its latest verdict is fail; pending and error are not failures). A run
+    with only built-in checks reads the bits alone, as ix_record_failing serves it."""
+    bits = f"{alias}check_flags = 0" if passing else f"{alias}check_flags != 0"
+    if not has_verdict_checks(conn, run_id):
+        return bits
+    verdict = _FAILING_VERDICT.format(p=alias or "record.")  # qualified: a bare id would be the verdict's
+    return f"({bits} AND NOT {verdict})" if passing else f"({bits} OR {verdict})"
+
+
+def failing_verdicts(conn: Connection, ids: list[int]) -> dict[int, list[str]]:
+    """record id -> the checks beyond the built-in bits whose latest verdict for it is fail (names in order), for
+    the records table's checks column. One query per page of ids."""
+    out: dict[int, list[str]] = {}
+    if not ids:
+        return out
+    params = {f"i{n}": i for n, i in enumerate(ids)}
+    rows = conn.execute(text(
+        "SELECT fv.record_id, fv.check_name FROM check_verdict fv WHERE fv.record_id IN ("
+        + ", ".join(f":{k}" for k in params) + ") AND fv.state = 'fail' AND NOT EXISTS (SELECT 1 FROM check_verdict lv"
+        " WHERE lv.record_id = fv.record_id AND lv.check_name = fv.check_name AND lv.id > fv.id)"
+        " ORDER BY fv.record_id, fv.check_name"), params)
+    for rid, name in rows:
+        out.setdefault(int(rid), []).append(str(name))
+    return out
+
+
 def needs_catalogue(f: Filters) -> bool:
     """Whether the filter names a check the record's bits do not answer (an extended check, the judge, an alias) or
     gives an expression: both are resolved in the run's catalogue."""
@@ -261,10 +301,8 @@ def conditions(f: Filters, params: dict[str, Any], alias: str = "", conn: Connec
     elif f.status:
         conds.append(f"{p}status = :status")
         params["status"] = f.status
-    if f.check == "any":
-        conds.append(f"{p}check_flags != 0")
-    elif f.check == "none":
-        conds.append(f"{p}check_flags = 0")
+    if f.check in ("any", "none"):
+        conds.append(failing_any_sql(conn, run_id, p, f.check == "none"))
     elif f.check in check_bits():
         conds.append(f"({p}check_flags & :check_bit) != 0")
         params["check_bit"] = check_bits()[f.check]

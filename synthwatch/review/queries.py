@@ -40,7 +40,9 @@ from .filters import (
     check_bits,
     conditions,
     failed_checks,
+    failing_verdicts,
     fts_query,
+    has_verdict_checks,
     index_hint,
     pg_search_conds,
     pg_search_windows,
@@ -99,7 +101,8 @@ def _sparse_index(conn: Connection, run_id: int, f: Filters) -> tuple[str, list[
         candidates.append(("ix_record_review", [status_in, f"review = '{f.flag}'"]))
     elif f.flag == "flagged" and not f.check:
         candidates.append(("ix_record_review", [status_in, "review IS NOT NULL"]))
-    if (f.check == "any" or f.check in check_bits()) and not f.flag:  # a check of record.check_flags
+    if ((f.check == "any" and not has_verdict_checks(conn, run_id)) or f.check in check_bits()) and not f.flag:
+        # a check of record.check_flags ("any" also reads the verdicts of a run with other checks)
         candidates.append(("ix_record_failing", [status_in, "check_flags != 0"]))
     for index, conds in candidates:
         probe = (f"SELECT count(*) FROM (SELECT 1 FROM record INDEXED BY {index} WHERE run_id = :run AND "
@@ -221,8 +224,9 @@ def page(
     else:
         ids = ids[:limit]
     rows = _rows(conn, ids)
+    verdicts = failing_verdicts(conn, ids)  # every failing check, not only the bits (#38)
     for row in rows:
-        row["failed_checks"] = failed_checks(row["check_flags"])
+        row["failed_checks"] = failed_checks(row["check_flags"]) + verdicts.get(row["id"], [])
         row["prompt_preview"] = prompt_preview(row.pop("prompt_head") or "")
     has_next = more if b is None else True
     has_prev = (a is not None) if b is None else more
