@@ -261,7 +261,8 @@ class RunWorker:
             on_control=self._loop_wake,
         )
         self.writer.start()
-        self.streams = StreamBoard.for_writer(run_rules(cfg), self.writer, self.hooks)
+        judged = run_rules(cfg) if get_settings().inflight_checks else None  # inflight_checks: the switch
+        self.streams = StreamBoard.for_writer(judged, self.writer, self.hooks)
         sup = self.supervisor
         for part, thread in self.writer.threads.items():
             sup.watch_thread(thread, f"the {part}")
