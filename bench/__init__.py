@@ -3,9 +3,49 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+
+
+def load_average() -> str:
+    """The machine's 1, 5 and 15-minute load averages (/proc/loadavg), e.g. "0.52 0.61 0.70"."""
+    try:
+        with open("/proc/loadavg") as fh:
+            return " ".join(fh.read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+@dataclass
+class Target:
+    """One target a benchmark checked: what, the value it measured, the goal, and whether it was met."""
+
+    bench: str
+    what: str
+    measured: str
+    goal: str
+    met: bool
+    load: str | None = None  # the load average beside a result that needs a core to itself
+
+    def line(self) -> str:
+        core = f"  [needs a core to itself; load average {self.load}]" if self.load is not None else ""
+        return f"{'met   ' if self.met else 'MISSED'}  {self.bench}: {self.what}: {self.measured} (target {self.goal}){core}"
+
+
+# every target checked in this process, in order (`python -m bench` prints them all at the end)
+TARGETS: list[Target] = []
+
+
+def target(bench: str, what: str, measured: str, goal: str, met: bool, needs_core: bool = False) -> Target:
+    """Record and print one target's result. `needs_core`: the figure depends on the benchmark having a core to
+    itself (CPU per unit of work, ratios per CPU-second on a shared machine), so the load average is printed beside
+    it."""
+    t = Target(bench, what, measured, goal, bool(met), load_average() if needs_core else None)
+    TARGETS.append(t)
+    print("  " + t.line(), flush=True)
+    return t
 
 
 def write_section(name: str, markdown: str, path: Path = BENCHMARKS_MD) -> None:

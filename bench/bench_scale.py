@@ -5,7 +5,8 @@ busy vLLM server; the worker runs with concurrency 2,048 and the default idle ti
 a stream starved by the worker's own event loop would show up as an idle timeout. Reported:
 records not ok (spurious timeouts and errors; the target is 0), the worker's resident memory
 (peak of /proc/self VmRSS sampled every 0.5 s; target < 500 MB), CPU per streamed token, and how
-many streams the simulator saw at once.
+many streams the simulator saw at once. Then the same run again with the checks on streams in flight and the live
+view's snapshots off, and their share of the worker's CPU (#36 item 5: target ≤ 5 %).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench import load_average, target
 from bench.clients import (
     ClientChild,
     SimProcess,
@@ -30,6 +32,7 @@ from bench.clients import (
 )
 
 RSS_LIMIT_MB = 500
+TOKEN_US_LIMIT = 8.0  # CPU per streamed token: 2,048 streams x 30 tokens/s then take at most half of one core (#39)
 FULL = {"streams": 2048, "tokens_per_s": 30, "reasoning": 6000, "content": 2000}
 QUICK = {"streams": 64, "tokens_per_s": 30, "reasoning": 20, "content": 10}
 DISTINCT = 16  # the simulator keeps each distinct reply; 2,048 distinct 8,000-token replies would cost it GBs
@@ -46,7 +49,12 @@ def sim_stats(url: str) -> dict[str, Any]:
         return stats
 
 
-def run(size: dict[str, int], log: Any = sys.stderr) -> dict[str, Any]:
+# The A/B of #36 item 5: the checks on streams in flight and the live view's snapshots, both off (process settings)
+LIVE_OFF = {"inflight_checks": "false", "live_streams_refresh_ms": "0"}
+LIVE_COST_LIMIT = 0.05  # their share of the worker's CPU at 2,048 streams
+
+
+def run(size: dict[str, int], log: Any = sys.stderr, settings: dict[str, str] | None = None) -> dict[str, Any]:
     n = size["streams"]
     sim = SimProcess(tokens_per_s=size["tokens_per_s"], reasoning_tokens=size["reasoning"],
                      content_tokens=size["content"])
@@ -61,7 +69,7 @@ def run(size: dict[str, int], log: Any = sys.stderr) -> dict[str, Any]:
             sim0 = sim.cpu_s()
             r = child.ask(kind="worker", base_url=sim.url, dataset=str(dataset), db=str(data / "scale.db"),
                           concurrency=n, stream=True, idle_timeout_s=60.0, sample_rss=True,
-                          deadline_s=deadline_s(size))
+                          deadline_s=deadline_s(size), settings=settings or {})
             r["sim_busy"] = (sim.cpu_s() - sim0) / r["elapsed_s"]
             r["sim_rss_mb"] = rss_bytes(sim.proc.pid) / 2**20
             r["sim"] = sim_stats(sim.url)
@@ -70,17 +78,31 @@ def run(size: dict[str, int], log: Any = sys.stderr) -> dict[str, Any]:
         sim.close()
     r["expected_tokens"] = n * (size["reasoning"] + size["content"])
     r["cpu_us_per_token"] = r["cpu_s"] / max(r["tokens"], 1) * 1e6
-    print(f"  scale bench: {r['ok']} ok, {r['failed']} not ok ({r['unfinished']} unfinished) in {r['elapsed_s']:.0f} s, peak RSS "
+    r["load"] = load_average()
+    print(f"  scale bench{' (' + ', '.join(f'{k}={v}' for k, v in settings.items()) + ')' if settings else ''}: "
+          f"{r['ok']} ok, {r['failed']} not ok ({r['unfinished']} unfinished) in {r['elapsed_s']:.0f} s, peak RSS "
           f"{r['peak_rss_mb']:.0f} MB, {r['cpu_us_per_token']:.1f} µs CPU per token", file=log, flush=True)
     return r
 
 
-def table(r: dict[str, Any], size: dict[str, int]) -> dict[str, Any]:
+def live_cost(on: dict[str, Any], off: dict[str, Any]) -> float:
+    """The in-flight checks' and snapshots' share of the worker's CPU: per streamed token, on against off."""
+    return (on["cpu_us_per_token"] - off["cpu_us_per_token"]) / on["cpu_us_per_token"]
+
+
+def table(r: dict[str, Any], size: dict[str, int], off: dict[str, Any] | None = None) -> dict[str, Any]:
     n = size["streams"]
     pacing_s = (size["reasoning"] + size["content"]) / size["tokens_per_s"]
     held = r["sim"].get("max_in_flight", 0)
     passed = r["failed"] == 0 and r["ok"] == n and r["peak_rss_mb"] < RSS_LIMIT_MB and held >= n
     errors = r["failed"] - r["unfinished"]
+    token_met = r["cpu_us_per_token"] <= TOKEN_US_LIMIT
+    target("scale", f"{n} streams held at once, none failed", f"{held} held, {r['ok']} ok, {r['failed']} not ok",
+           f"{n} held, {n} ok", r["failed"] == 0 and r["ok"] == n and held >= n)
+    target("scale", "worker peak RSS", f"{r['peak_rss_mb']:.0f} MB", f"< {RSS_LIMIT_MB} MB",
+           r["peak_rss_mb"] < RSS_LIMIT_MB)
+    target("scale", "worker CPU per streamed token", f"{r['cpu_us_per_token']:.1f} µs", f"≤ {TOKEN_US_LIMIT:g} µs",
+           token_met, needs_core=True)
     rows = [
         ["streams (concurrency)", fmt(n), ""],
         ["streams the simulator had open at once (max)", fmt(held), f"all {n}"],
@@ -95,10 +117,27 @@ def table(r: dict[str, Any], size: dict[str, int]) -> dict[str, Any]:
          f"≥ {pacing_s:.0f} s (pacing)"],
         ["worker resident memory, peak (VmRSS)", f"{r['peak_rss_mb']:.0f} MB", f"< {RSS_LIMIT_MB} MB"],
         ["worker CPU", f"{r['cpu_s']:.1f} s ({r['cpu_s'] / r['elapsed_s']:.0%} of its core)", ""],
-        ["worker CPU per streamed token", f"{r['cpu_us_per_token']:.1f} µs", ""],
+        ["worker CPU per streamed token", f"{r['cpu_us_per_token']:.1f} µs",
+         f"≤ {TOKEN_US_LIMIT:g} µs: {'met' if token_met else '**missed**'} (needs a core to itself; load average "
+         f"{r['load']} at the end)"],
         ["worker CPU over the pacing time (share of one core needed to keep up)", f"{r['cpu_s'] / pacing_s:.0%}",
          "< 100%"],
         ["simulator core busy", f"{r['sim_busy']:.0%}", ""],
+    ]
+    if off is not None:
+        cost = live_cost(r, off)
+        met = cost <= LIVE_COST_LIMIT
+        target("scale", "in-flight checks + live-view snapshots, share of the worker's CPU", f"{cost:.1%}",
+               f"≤ {LIVE_COST_LIMIT:.0%}", met, needs_core=True)
+        rows += [
+            ["same run with the in-flight checks and the snapshots off (`SYNTHWATCH_INFLIGHT_CHECKS=false`, "
+             "`SYNTHWATCH_LIVE_STREAMS_REFRESH_MS=0`): CPU per streamed token",
+             f"{off['cpu_us_per_token']:.1f} µs ({off['ok']} ok, {off['failed']} not ok; load average {off['load']})",
+             ""],
+            ["in-flight checks and snapshots: their share of the worker's CPU (on − off) / on",
+             f"{cost:.1%}", f"≤ {LIVE_COST_LIMIT:.0%}: {'met' if met else '**missed**'}"],
+        ]
+    rows += [
         ["target met (all held, none failed, memory)", "yes" if passed else "**no**", ""],
     ]
     text = (
@@ -117,7 +156,9 @@ def table(r: dict[str, Any], size: dict[str, int]) -> dict[str, Any]:
 def main(quick: bool = False) -> list[dict[str, Any]]:
     size = QUICK if quick else FULL
     t0 = time.monotonic()
-    result = table(run(size), size)
+    on = run(size)
+    off = run(size, settings=LIVE_OFF)  # the same size right after: the A/B of their cost (#36 item 5)
+    result = table(on, size, off)
     result["elapsed_s"] = time.monotonic() - t0
     result["markdown"] = render(result)
     if not quick:  # the smoke test must not rewrite the published figures

@@ -260,12 +260,27 @@ def _new_run(base_url: str, dataset: str, db: str, stream: bool, **config: Any) 
 
 def measure_worker(base_url: str, dataset: str, db: str, concurrency: int, stream: bool,
                    idle_timeout_s: float = 60.0, sample_rss: bool = False,
-                   deadline_s: float | None = None) -> dict[str, Any]:
+                   deadline_s: float | None = None, settings: dict[str, str] | None = None) -> dict[str, Any]:
     """Load the dataset into a fresh run (untimed), then time RunWorker.main() to completion.
 
     The worker is built as ``synthwatch run`` builds it: writer hooks from synthwatch.quality.checks, default
-    flush interval, retries and lease; the progress line is off (``--quiet``).
+    flush interval, retries and lease; the progress line is off (``--quiet``). ``settings``: process settings
+    (synthwatch/settings.py) for this measurement only, e.g. ``{"inflight_checks": "false"}``.
     """
+    saved = {k: os.environ.get(k) for k in (f"SYNTHWATCH_{n.upper()}" for n in settings or {})}
+    os.environ.update({f"SYNTHWATCH_{k.upper()}": v for k, v in (settings or {}).items()})
+    try:
+        return _measure_worker(base_url, dataset, db, concurrency, stream, idle_timeout_s, sample_rss, deadline_s)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _measure_worker(base_url: str, dataset: str, db: str, concurrency: int, stream: bool, idle_timeout_s: float,
+                    sample_rss: bool, deadline_s: float | None) -> dict[str, Any]:
     from sqlalchemy import text
 
     from synthwatch.workers.engine import RunWorker

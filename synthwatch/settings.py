@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     live_streams_refresh_ms: int = Field(
         1000, ge=0, le=60_000, description="How often a worker publishes the snapshot of its streams in flight (the "
         "run page's Streams panel, GET /api/runs/{id}/streams, watch-streams); 0 publishes none.")
+    inflight_checks: bool = Field(
+        True, description="Judge streams while they are written (the checks on streams in flight, #36): a worker "
+        "started with false judges only finished records (the A/B of their cost in python -m bench scale).")
     live_stream_tail_chars: int = Field(
         300, ge=0, le=4000, description="Characters of reasoning and of content per stream in that snapshot (the last "
         "ones; never the whole text).")

@@ -361,13 +361,18 @@ class StreamAccumulator:
         lst = self._details if key == "reasoning_details" else self._pieces.get(key)
         if not lst or n <= 0:
             return ""
-        got = 0
-        i = len(lst)
-        while i > 0 and got < n:
-            i -= 1
-            got += len(lst[i])
-        s = lst[i] if i == len(lst) - 1 else "".join(lst[i:])
-        return s[-n:] if len(s) > n else s
+        # the pieces after the first are at most 255 short ones (compacted every 256 chunks): joined in C, where a walk
+        # over them in Python cost ~10 us per call at the in-flight loop detector's 8,000 characters (#36 item 5);
+        # the first piece (the compacted text so far) is only sliced
+        head = lst[0]
+        if len(lst) == 1:
+            rest = ""
+        else:
+            rest = lst[1] if len(lst) == 2 else "".join(lst[1:])
+            if len(rest) >= n:
+                return rest[-n:]
+        need = n - len(rest)
+        return (head[-need:] if len(head) > need else head) + rest
 
     def chars(self, key: str) -> int:
         """Characters sent so far in one delta field (pieces are compacted every 256 chunks: a short sum)."""

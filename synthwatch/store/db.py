@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+# sqlalchemy's create_engine, not sqlmodel's re-export of it: importing sqlmodel cost the worker's process its ORM (#39)
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
-from sqlmodel import create_engine
 
 from ..settings import get_settings
 from .fresh import create_fresh, sqlite_path

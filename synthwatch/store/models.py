@@ -11,13 +11,13 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, Index, Integer, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
-RUN_STATUSES = ("created", "running", "paused", "stopping", "stopped", "completed", "failed")
-# a run in one of these may still change: the dashboard polls it, its ETA and live charts are shown
-LIVE_STATUSES = RUN_STATUSES[:4]
-DESIRED_STATES = ("run", "pause", "stop", "stop_now")
-RECORD_STATUSES = ("pending", "in_flight", "ok", "error", "timeout", "cancelled")
-# a record in one of these has an answer or a final failure (checks, review, repairs work on them)
-FINISHED_STATUSES = ("ok", "error", "timeout")
+from .statuses import (  # noqa: F401 - re-exported: the statuses live where the worker can import them cheaply
+    DESIRED_STATES,
+    FINISHED_STATUSES,
+    LIVE_STATUSES,
+    RECORD_STATUSES,
+    RUN_STATUSES,
+)
 
 
 def _text(nullable: bool = True) -> Column:  # type: ignore[type-arg]

@@ -22,7 +22,7 @@ from ..check_catalog import DEFAULT_RULES
 from ..config import RunConfig
 from ..hints import command as hint
 from . import rows
-from .models import RECORD_STATUSES
+from .statuses import RECORD_STATUSES
 
 CONTROL_ACTIONS = ("pause", "resume", "stop", "stop_now", "cap", "concurrency")
 

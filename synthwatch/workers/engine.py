@@ -264,7 +264,8 @@ class RunWorker:
         )
         self.writer.whole_prompts = self.config.samples_in_one_request and self.config.samples_per_prompt > 1
         self.writer.start()
-        self.streams = StreamBoard.for_writer(run_rules(cfg), self.writer, self.hooks)
+        judged = run_rules(cfg) if get_settings().inflight_checks else None  # inflight_checks: the switch
+        self.streams = StreamBoard.for_writer(judged, self.writer, self.hooks)
         sup = self.supervisor
         for part, thread in self.writer.threads.items():
             sup.watch_thread(thread, f"the {part}")

@@ -25,6 +25,7 @@ from ..store import rows as store_rows
 log = logging.getLogger("synthwatch.worker")
 
 STREAM_FIELDS = ("reasoning", "reasoning_content", "thinking", "reasoning_details", "content")
+_monotonic = time.monotonic  # one global lookup per read instead of two
 BATCH_S = 0.05  # verdicts of streams judged within this time go to the writer in one call
 
 __all__ = ["DOOMED_CHECKS", "LiveStream", "StreamBoard"]
@@ -76,7 +77,7 @@ class LiveStream:
     def seen(self, acc: Any) -> None:
         """After a network read of this stream (the per-chunk hot path: keep it cheap)."""
         self.acc = acc
-        self.last = time.monotonic()
+        self.last = _monotonic()
         j = self.judge
         if j is not None and (j.first_open or acc.n_chunks >= j.next_loop):
             verdicts = j.observe(acc)
