@@ -32,9 +32,10 @@ from bench.clients import (
 RSS_LIMIT_MB = 500
 FULL = {"streams": 2048, "tokens_per_s": 30, "reasoning": 6000, "content": 2000}
 QUICK = {"streams": 64, "tokens_per_s": 30, "reasoning": 20, "content": 10}
+MID = {"streams": 512, "tokens_per_s": 30, "reasoning": 1500, "content": 500}  # for A/B runs of a few minutes
 # 10,000 streams in one worker (#39): slower and shorter streams, so that one simulator core can pace them all
 TEN_K = {"streams": 10000, "tokens_per_s": 2, "reasoning": 300, "content": 100}
-SIZES = {"full": FULL, "quick": QUICK, "10k": TEN_K}
+SIZES = {"full": FULL, "quick": QUICK, "mid": MID, "10k": TEN_K}
 DISTINCT = 16  # the simulator keeps each distinct reply; 2,048 distinct 8,000-token replies would cost it GBs
 
 
@@ -49,7 +50,8 @@ def sim_stats(url: str) -> dict[str, Any]:
         return stats
 
 
-def run(size: dict[str, int], log: Any = sys.stderr, condition: str = "quiet", trace_top: int = 0) -> dict[str, Any]:
+def run(size: dict[str, int], log: Any = sys.stderr, condition: str = "quiet", trace_top: int = 0,
+        quota_share: float = 0.5) -> dict[str, Any]:
     """One scale run; ``condition`` is one of bench.load_conditions.CONDITIONS, ``trace_top`` > 0 traces the worker's
     allocations (tracemalloc) and reports its largest holders at the peak."""
     from bench.clients import CLIENT_CORE, PINNED
@@ -68,7 +70,7 @@ def run(size: dict[str, int], log: Any = sys.stderr, condition: str = "quiet", t
                   f"{size['tokens_per_s']} tokens/s (≈{(size['reasoning'] + size['content']) / size['tokens_per_s']:.0f}"
                   f" s per stream)", file=log, flush=True)
             sim0 = sim.cpu_s()
-            with host_condition(condition, child.pid, CLIENT_CORE if PINNED else None) as what:
+            with host_condition(condition, child.pid, CLIENT_CORE if PINNED else None, quota_share) as what:
                 print(f"  scale bench: condition {condition}: {what}; load {loadavg()}", file=log, flush=True)
                 r = child.ask(kind="worker", base_url=sim.url, dataset=str(dataset), db=str(data / "scale.db"),
                               concurrency=n, stream=True, idle_timeout_s=60.0, sample_rss=True,
@@ -151,13 +153,14 @@ def cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bench_scale", description=cli.__doc__)
     p.add_argument("--size", choices=sorted(SIZES), default="full")
     p.add_argument("--condition", choices=CONDITIONS, default="quiet")
+    p.add_argument("--quota-share", type=float, default=0.5, help="the worker's CPU quota under heavy, in cores")
     p.add_argument("--trace", type=int, default=0, metavar="N", help="trace allocations: the N largest holders")
     p.add_argument("--rss-limit-mb", type=float, default=None, help="the peak RSS target (default 500; 1000 for 10k)")
     a = p.parse_args(argv)
     size = SIZES[a.size]
     global RSS_LIMIT_MB
     RSS_LIMIT_MB = int(a.rss_limit_mb or (1000 if a.size == "10k" else RSS_LIMIT_MB))
-    r = run(size, condition=a.condition, trace_top=a.trace)
+    r = run(size, condition=a.condition, trace_top=a.trace, quota_share=a.quota_share)
     result = table(r, size)
     print(render(result))
     print(f"condition: {r['condition']}; load average at the end: {r['load_end']}")

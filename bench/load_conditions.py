@@ -69,8 +69,9 @@ def _uncgroup(d: Path, pid: int) -> None:
 
 
 @contextlib.contextmanager
-def condition(name: str, worker_pid: int, worker_core: int | None) -> Iterator[str]:
-    """Apply ``name`` to the worker process for the duration of the block; yields a one-line description."""
+def condition(name: str, worker_pid: int, worker_core: int | None, quota_share: float = QUOTA_SHARE) -> Iterator[str]:
+    """Apply ``name`` to the worker process for the duration of the block; yields a one-line description.
+    ``quota_share``: the worker's CPU quota under ``heavy``, in cores."""
     if name not in CONDITIONS:
         raise ValueError(f"unknown condition {name!r}: one of {', '.join(CONDITIONS)}")
     procs: list[subprocess.Popen[bytes]] = []
@@ -96,7 +97,7 @@ def condition(name: str, worker_pid: int, worker_core: int | None) -> Iterator[s
             what = "the worker held (SIGSTOP) 2 s in every 10 s"
         elif name == "heavy":
             procs += [_busy(1.0, None) for _ in range(5)]
-            group, how = _cgroup(worker_pid, QUOTA_SHARE)
+            group, how = _cgroup(worker_pid, quota_share)
             what = f"five busy processes on both cores (simulator starved too); {how}"
         yield what
     finally:
