@@ -35,6 +35,10 @@ RSS_LIMIT_MB = 500
 TOKEN_US_LIMIT = 8.0  # CPU per streamed token: 2,048 streams x 30 tokens/s then take at most half of one core (#39)
 FULL = {"streams": 2048, "tokens_per_s": 30, "reasoning": 6000, "content": 2000}
 QUICK = {"streams": 64, "tokens_per_s": 30, "reasoning": 20, "content": 10}
+MID = {"streams": 512, "tokens_per_s": 30, "reasoning": 1500, "content": 500}  # for A/B runs of a few minutes
+# 10,000 streams in one worker (#39): slower and shorter streams, so that one simulator core can pace them all
+TEN_K = {"streams": 10000, "tokens_per_s": 2, "reasoning": 300, "content": 100}
+SIZES = {"full": FULL, "quick": QUICK, "mid": MID, "10k": TEN_K}
 DISTINCT = 16  # the simulator keeps each distinct reply; 2,048 distinct 8,000-token replies would cost it GBs
 
 
@@ -54,7 +58,15 @@ LIVE_OFF = {"inflight_checks": "false", "live_streams_refresh_ms": "0"}
 LIVE_COST_LIMIT = 0.05  # their share of the worker's CPU at 2,048 streams
 
 
-def run(size: dict[str, int], log: Any = sys.stderr, settings: dict[str, str] | None = None) -> dict[str, Any]:
+def run(size: dict[str, int], log: Any = sys.stderr, settings: dict[str, str] | None = None, condition: str = "quiet",
+        trace_top: int = 0, quota_share: float = 0.5) -> dict[str, Any]:
+    """One scale run; ``settings`` are process settings for this run only (the A/B of LIVE_OFF), ``condition`` one
+    of bench.load_conditions.CONDITIONS, ``trace_top`` > 0 traces the worker's allocations (tracemalloc) and reports
+    its largest holders at the peak."""
+    from bench.clients import CLIENT_CORE, PINNED
+    from bench.load_conditions import condition as host_condition
+    from bench.load_conditions import loadavg
+
     n = size["streams"]
     sim = SimProcess(tokens_per_s=size["tokens_per_s"], reasoning_tokens=size["reasoning"],
                      content_tokens=size["content"])
@@ -67,9 +79,13 @@ def run(size: dict[str, int], log: Any = sys.stderr, settings: dict[str, str] | 
                   f"{size['tokens_per_s']} tokens/s (≈{(size['reasoning'] + size['content']) / size['tokens_per_s']:.0f}"
                   f" s per stream)", file=log, flush=True)
             sim0 = sim.cpu_s()
-            r = child.ask(kind="worker", base_url=sim.url, dataset=str(dataset), db=str(data / "scale.db"),
-                          concurrency=n, stream=True, idle_timeout_s=60.0, sample_rss=True,
-                          deadline_s=deadline_s(size), settings=settings or {})
+            with host_condition(condition, child.pid, CLIENT_CORE if PINNED else None, quota_share) as what:
+                print(f"  scale bench: condition {condition}: {what}; load {loadavg()}", file=log, flush=True)
+                r = child.ask(kind="worker", base_url=sim.url, dataset=str(dataset), db=str(data / "scale.db"),
+                              concurrency=n, stream=True, idle_timeout_s=60.0, sample_rss=True,
+                              deadline_s=deadline_s(size), settings=settings or {}, trace_top=trace_top)
+                r["load_end"] = loadavg()
+            r["condition"] = f"{condition}: {what}"
             r["sim_busy"] = (sim.cpu_s() - sim0) / r["elapsed_s"]
             r["sim_rss_mb"] = rss_bytes(sim.proc.pid) / 2**20
             r["sim"] = sim_stats(sim.url)
@@ -81,7 +97,10 @@ def run(size: dict[str, int], log: Any = sys.stderr, settings: dict[str, str] | 
     r["load"] = load_average()
     print(f"  scale bench{' (' + ', '.join(f'{k}={v}' for k, v in settings.items()) + ')' if settings else ''}: "
           f"{r['ok']} ok, {r['failed']} not ok ({r['unfinished']} unfinished) in {r['elapsed_s']:.0f} s, peak RSS "
-          f"{r['peak_rss_mb']:.0f} MB, {r['cpu_us_per_token']:.1f} µs CPU per token", file=log, flush=True)
+          f"{r['peak_rss_mb']:.0f} MB, {r['cpu_us_per_token']:.1f} µs CPU per token (load {r['load_end']})", file=log,
+          flush=True)
+    for line in r.get("holders") or []:
+        print(f"    {line}", file=log, flush=True)
     return r
 
 
@@ -166,5 +185,32 @@ def main(quick: bool = False) -> list[dict[str, Any]]:
     return [result]
 
 
+def cli(argv: list[str]) -> int:
+    """`python -m bench.bench_scale [--size full|quick|10k] [--condition C] [--trace N]`: one run, its table
+    printed (docs/benchmarks.md is not rewritten)."""
+    import argparse
+
+    from bench.load_conditions import CONDITIONS
+
+    p = argparse.ArgumentParser(prog="python -m bench.bench_scale", description=cli.__doc__)
+    p.add_argument("--size", choices=sorted(SIZES), default="full")
+    p.add_argument("--condition", choices=CONDITIONS, default="quiet")
+    p.add_argument("--quota-share", type=float, default=0.5, help="the worker's CPU quota under heavy, in cores")
+    p.add_argument("--trace", type=int, default=0, metavar="N", help="trace allocations: the N largest holders")
+    p.add_argument("--rss-limit-mb", type=float, default=None, help="the peak RSS target (default 500; 1000 for 10k)")
+    a = p.parse_args(argv)
+    size = SIZES[a.size]
+    global RSS_LIMIT_MB
+    RSS_LIMIT_MB = int(a.rss_limit_mb or (1000 if a.size == "10k" else RSS_LIMIT_MB))
+    r = run(size, condition=a.condition, trace_top=a.trace, quota_share=a.quota_share)
+    result = table(r, size)
+    print(render(result))
+    print(f"condition: {r['condition']}; load average at the end: {r['load_end']}")
+    return 0 if result["passed"] else 1
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(quick="--quick" in sys.argv), indent=1))
+    if "--quick" in sys.argv:
+        print(json.dumps(main(quick=True), indent=1))
+    else:
+        sys.exit(cli(sys.argv[1:]))

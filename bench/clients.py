@@ -260,12 +260,14 @@ def _new_run(base_url: str, dataset: str, db: str, stream: bool, **config: Any) 
 
 def measure_worker(base_url: str, dataset: str, db: str, concurrency: int, stream: bool,
                    idle_timeout_s: float = 60.0, sample_rss: bool = False,
-                   deadline_s: float | None = None, settings: dict[str, str] | None = None) -> dict[str, Any]:
+                   deadline_s: float | None = None, settings: dict[str, str] | None = None,
+                   trace_top: int = 0) -> dict[str, Any]:
     """Load the dataset into a fresh run (untimed), then time RunWorker.main() to completion.
 
     The worker is built as ``synthwatch run`` builds it: writer hooks from synthwatch.quality.checks, default
     flush interval, retries and lease; the progress line is off (``--quiet``). ``settings``: process settings
-    (synthwatch/settings.py) for this measurement only, e.g. ``{"inflight_checks": "false"}``.
+    (synthwatch/settings.py) for this measurement only, e.g. ``{"inflight_checks": "false"}``. ``trace_top``: trace
+    allocations (tracemalloc, which slows the worker) and return the ``trace_top`` largest holders at the traced peak.
     """
     saved = {k: os.environ.get(k) for k in (f"SYNTHWATCH_{n.upper()}" for n in settings or {})}
     os.environ.update({f"SYNTHWATCH_{k.upper()}": v for k, v in (settings or {}).items()})
@@ -301,7 +303,7 @@ def _measure_worker(base_url: str, dataset: str, db: str, concurrency: int, stre
 
     async def go() -> str:
         nonlocal peak_rss
-        sampler = asyncio.create_task(_rss_sampler()) if sample_rss else None
+        sampler = asyncio.create_task(_rss_sampler(trace_top=trace_top)) if sample_rss else None
         watchdog = asyncio.create_task(_stop_after(worker, deadline_s)) if deadline_s else None
         try:
             return await worker.main()
@@ -328,7 +330,7 @@ def _measure_worker(base_url: str, dataset: str, db: str, concurrency: int, stre
     return {"ok": row[0] or 0, "failed": row[1] or 0, "chunks": row[2], "tokens": row[3], "reasoning_chars": row[4],
             "timeouts": row[5] or 0, "unfinished": row[6] or 0, "elapsed_s": elapsed, "cpu_s": cpu, "final": final, "checks": checks,
             "first_error": ", ".join(f"{k}: {n}" for k, n in errors) or None,
-            "peak_rss_mb": peak_rss / 2**20 if sample_rss else None,
+            "peak_rss_mb": peak_rss / 2**20 if sample_rss else None, "holders": _HOLDERS[:],
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -447,13 +449,35 @@ def rss_bytes(pid: int | str = "self") -> int:
     return 0
 
 
-async def _rss_sampler(every_s: float = 0.5) -> int:
+_HOLDERS: list[str] = []  # the largest allocation sites at the traced peak (measure_worker's trace_top)
+
+
+async def _rss_sampler(every_s: float = 0.5, trace_top: int = 0) -> int:
+    """The peak VmRSS; with ``trace_top``, the top allocation sites (tracemalloc) whenever the RSS reaches a new
+    peak 10% above the last one taken."""
+    import tracemalloc
+
+    _HOLDERS.clear()
+    if trace_top:
+        tracemalloc.start(12)
     peak = rss_bytes()
+    shot = 0
     try:
         while True:
             await asyncio.sleep(every_s)
-            peak = max(peak, rss_bytes())
+            now = rss_bytes()
+            peak = max(peak, now)
+            if trace_top and now > shot * 1.1 and now >= peak:
+                shot = now
+                stats = tracemalloc.take_snapshot().statistics("traceback")
+                traced = sum(st.size for st in stats)
+                _HOLDERS[:] = [f"at RSS {now / 2**20:.0f} MB, traced {traced / 2**20:.0f} MB:"] + [
+                    f"{st.size / 2**20:.1f} MB in {st.count} blocks: "
+                    + " <- ".join(f"{fr.filename.rsplit('/', 2)[-1]}:{fr.lineno}" for fr in list(st.traceback)[::-1][:6])
+                    for st in stats[:trace_top]]
     except asyncio.CancelledError:
+        if trace_top:
+            tracemalloc.stop()
         return max(peak, rss_bytes())
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import socket
 import ssl as ssl_
 import zlib
 from collections.abc import Awaitable, Callable
@@ -46,6 +47,13 @@ MAX_HEADER_BYTES = 8190  # docs/limits.md: limits.max_header_bytes' default
 MAX_HEADERS = 128  # limits.max_headers' default
 MAX_ERROR_CHARS = 500  # of a reply's text quoted in an OutboundError
 _READ_CHUNK = 1 << 16  # decompressed bytes produced per step of the bounded decompressor
+# What one reply of the generation path may hold in the worker before its reader takes it (docs/limits.md, #39):
+# aiohttp stops reading the socket once its buffer holds twice READ_BUFSIZE_BYTES, and one socket read brings at
+# most what the kernel's receive buffer holds, set to SOCKET_RCVBUF_BYTES (the kernel doubles it for its own
+# bookkeeping). The rest waits in the kernel's and the server's buffers: TCP's backpressure.
+READ_BUFSIZE_BYTES = 1 << 14
+SOCKET_RCVBUF_BYTES = 1 << 16
+REPLY_HELD_MAX_BYTES = 2 * READ_BUFSIZE_BYTES + 2 * SOCKET_RCVBUF_BYTES  # 160 KiB: the bound of docs/limits.md
 
 T = TypeVar("T")
 
@@ -142,10 +150,23 @@ def worker_session(caller: str, *, connect_timeout_s: float, max_header_bytes: i
     the worker's own (per attempt)."""
     _check(caller)
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
-        timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s),
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0, socket_factory=_bounded_socket),
+        timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s), read_bufsize=READ_BUFSIZE_BYTES,
         trust_env=False, cookie_jar=aiohttp.DummyCookieJar(), headers={"User-Agent": USER_AGENT},
         max_line_size=max_header_bytes, max_field_size=max_header_bytes, max_headers=max_headers)
+
+
+def _bounded_socket(addr_info: Any) -> socket.socket:
+    """A socket whose kernel receive buffer is SOCKET_RCVBUF_BYTES (set before connecting, so the TCP window is
+    sized by it): the most one read of it can bring into the worker, whatever the pace of reads (#39)."""
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_RCVBUF_BYTES)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 # ------------------------------------------------------------------------------------------- requests

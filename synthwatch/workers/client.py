@@ -327,6 +327,9 @@ class Requester:
                 live.seen(acc)  # the stream's in-flight checks and live view (workers/inflight.py)
             if not data:
                 break
+            # Not kept while the next read waits: the last read and its events, held by these names across the
+            # await, were ~1 MB per stream on a loaded host (1.9 GB at 2,048 streams, #39; docs/benchmarks.md).
+            del data, payloads
         if done and not resp.content.is_eof():
             if watch is not None:
                 watch.cancel()  # the reply is complete: only the short wait for the body's end is left
