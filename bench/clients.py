@@ -272,7 +272,8 @@ def measure_worker(base_url: str, dataset: str, db: str, concurrency: int, strea
     saved = {k: os.environ.get(k) for k in (f"SYNTHWATCH_{n.upper()}" for n in settings or {})}
     os.environ.update({f"SYNTHWATCH_{k.upper()}": v for k, v in (settings or {}).items()})
     try:
-        return _measure_worker(base_url, dataset, db, concurrency, stream, idle_timeout_s, sample_rss, deadline_s)
+        return _measure_worker(base_url, dataset, db, concurrency, stream, idle_timeout_s, sample_rss, deadline_s,
+                               trace_top)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -282,7 +283,7 @@ def measure_worker(base_url: str, dataset: str, db: str, concurrency: int, strea
 
 
 def _measure_worker(base_url: str, dataset: str, db: str, concurrency: int, stream: bool, idle_timeout_s: float,
-                    sample_rss: bool, deadline_s: float | None) -> dict[str, Any]:
+                    sample_rss: bool, deadline_s: float | None, trace_top: int = 0) -> dict[str, Any]:
     from sqlalchemy import text
 
     from synthwatch.workers.engine import RunWorker
