@@ -3,6 +3,8 @@ equal records, and the simulator's prefills are k times fewer with one request p
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 
@@ -11,7 +13,10 @@ import pytest
 def test_samples_n_benchmark_quick() -> None:
     from bench import bench_samples_n
 
-    table = bench_samples_n.main(quick=True)
+    # in a thread of its own: the benchmark calls asyncio.run, and a browser test before this one in the same
+    # process leaves Playwright's loop running in the main thread
+    with ThreadPoolExecutor(1) as pool:
+        table = pool.submit(bench_samples_n.main, quick=True).result()
     rows = {r[0]: r for r in table["rows"]}
     k = bench_samples_n.QUICK["k"]
     assert rows["prefills"][3] == rows["prefill_tokens"][3] == rows["requests"][3] == f"{k:.2f}x"

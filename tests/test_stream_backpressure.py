@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import ROOT, cli_env
+from conftest import ROOT, cli_env, run_async
 
 from synthwatch import outbound
 from synthwatch.config import EndpointConfig, EndpointPoolConfig
@@ -79,7 +79,7 @@ async def _held_while_stalled(base_url: str) -> tuple[int, int]:
 
 
 def test_a_stalled_stream_holds_at_most_the_documented_bound(fast_sim: str) -> None:
-    held, rest = asyncio.run(_held_while_stalled(fast_sim))
+    held, rest = run_async(_held_while_stalled(fast_sim))
     bound = outbound.REPLY_HELD_MAX_BYTES
     assert rest > 20 * bound, f"the reply ({rest:,} bytes after the stall) is too short to show a bound"
     assert 0 < held <= bound, f"a stalled stream held {held:,} bytes (bound {bound:,}: docs/limits.md)"
@@ -106,7 +106,7 @@ def test_a_stopped_worker_reads_the_whole_stream_after_backpressure(fast_sim: st
         async with Requester(connect_timeout_s=30, total_timeout_s=300, idle_timeout_s=120) as req:
             return await req.attempt(ep, _body(), True, live=_StoppedProcess())
 
-    res = asyncio.run(go())
+    res = run_async(go())
     assert res.ok, (res.kind, res.message)
     assert res.extracted is not None
     assert res.n_chunks >= REASONING_TOKENS
