@@ -38,7 +38,9 @@ QUICK = {"streams": 64, "tokens_per_s": 30, "reasoning": 20, "content": 10}
 MID = {"streams": 512, "tokens_per_s": 30, "reasoning": 1500, "content": 500}  # for A/B runs of a few minutes
 # 10,000 streams in one worker (#39): slower and shorter streams, so that one simulator core can pace them all
 TEN_K = {"streams": 10000, "tokens_per_s": 2, "reasoning": 300, "content": 100}
-SIZES = {"full": FULL, "quick": QUICK, "mid": MID, "10k": TEN_K}
+# the A/B size of #36 item 5 and of the read pacing (#39): the full stream count, 50 s of pacing
+SHORT = {"streams": 2048, "tokens_per_s": 30, "reasoning": 1125, "content": 375}
+SIZES = {"full": FULL, "quick": QUICK, "mid": MID, "short": SHORT, "10k": TEN_K}
 DISTINCT = 16  # the simulator keeps each distinct reply; 2,048 distinct 8,000-token replies would cost it GBs
 
 
@@ -186,8 +188,8 @@ def main(quick: bool = False) -> list[dict[str, Any]]:
 
 
 def cli(argv: list[str]) -> int:
-    """`python -m bench.bench_scale [--size full|quick|10k] [--condition C] [--trace N]`: one run, its table
-    printed (docs/benchmarks.md is not rewritten)."""
+    """`python -m bench.bench_scale [--size full|quick|mid|short|10k] [--condition C] [--trace N] [--set K=V ...]`:
+    one run, its table printed (docs/benchmarks.md is not rewritten)."""
     import argparse
 
     from bench.load_conditions import CONDITIONS
@@ -198,11 +200,19 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--quota-share", type=float, default=0.5, help="the worker's CPU quota under heavy, in cores")
     p.add_argument("--trace", type=int, default=0, metavar="N", help="trace allocations: the N largest holders")
     p.add_argument("--rss-limit-mb", type=float, default=None, help="the peak RSS target (default 500; 1000 for 10k)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a process setting for this run (synthwatch/settings.py), e.g. stream_read_batch_ms=0")
     a = p.parse_args(argv)
+    settings = {}
+    for kv in a.set:
+        key, eq, value = kv.partition("=")
+        if not eq or not key:
+            p.error(f"--set {kv!r}: expected KEY=VALUE, e.g. stream_read_batch_ms=0")
+        settings[key.strip()] = value.strip()
     size = SIZES[a.size]
     global RSS_LIMIT_MB
     RSS_LIMIT_MB = int(a.rss_limit_mb or (1000 if a.size == "10k" else RSS_LIMIT_MB))
-    r = run(size, condition=a.condition, trace_top=a.trace, quota_share=a.quota_share)
+    r = run(size, condition=a.condition, trace_top=a.trace, quota_share=a.quota_share, settings=settings or None)
     result = table(r, size)
     print(render(result))
     print(f"condition: {r['condition']}; load average at the end: {r['load_end']}")

@@ -49,6 +49,12 @@ class Settings(BaseSettings):
     inflight_checks: bool = Field(
         True, description="Judge streams while they are written (the checks on streams in flight, #36): a worker "
         "started with false judges only finished records (the A/B of their cost in python -m bench scale).")
+    stream_read_batch_ms: int = Field(
+        500, ge=0, le=2000, description="Read pacing of streams that trickle: after a small read (under 4 KiB) of a "
+        "stream past its first second, the worker stops reading that connection until its next tick, this often, so "
+        "that one network read brings several tokens (#39: the per-read cost was half the worker's CPU at 2,048 "
+        "streams). Tokens reach the capture, the live view and the in-flight checks up to this late; the first "
+        "token never waits; 0 reads every segment as it comes.")
     live_stream_tail_chars: int = Field(
         300, ge=0, le=4000, description="Characters of reasoning and of content per stream in that snapshot (the last "
         "ones; never the whole text).")

@@ -33,7 +33,9 @@ from ..capture.token_count import reasoning_from_ids
 from ..config import LimitsConfig
 from ..outbound import register, run_sync, worker_session
 from ..redact import clip, redact
+from ..settings import get_settings
 from .endpoints import Endpoint
+from .read_pacing import ReadPacer
 from .results import AttemptResult
 from .sse import SSEParser
 
@@ -115,6 +117,7 @@ class Requester:
         limits: LimitsConfig | None = None,
         think_ids: tuple[list[int], list[int]] | None = None,
         caller: str = "worker",
+        read_batch_ms: int | None = None,
     ) -> None:
         self.caller = caller  # the outbound caller this requester sends for (worker, judge)
         self.connect_timeout_s = connect_timeout_s
@@ -128,9 +131,14 @@ class Requester:
         # (think-open ids, think-close ids) of the run's tokenizer: the reasoning tokens of a reply with ids
         self.think_ids = think_ids
         self._session: aiohttp.ClientSession | None = None
+        # read pacing of streams that trickle (workers/read_pacing.py); 0: every segment is read as it comes
+        self.read_batch_ms = get_settings().stream_read_batch_ms if read_batch_ms is None else read_batch_ms
+        self._pacer: ReadPacer | None = None
 
     async def __aenter__(self) -> Requester:
         lim = self.limits
+        if self.read_batch_ms > 0:
+            self._pacer = ReadPacer(asyncio.get_running_loop(), self.read_batch_ms / 1000)
         # the one door out (synthwatch/outbound.py): no environment credentials, no cookies, the header limits;
         # proxies: each endpoint's, from the environment at start-up (outbound.env_proxy), not trust_env
         self._session = worker_session(self.caller, connect_timeout_s=self.connect_timeout_s,
@@ -138,6 +146,9 @@ class Requester:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._pacer is not None:
+            self._pacer.close()
+            self._pacer = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -284,10 +295,18 @@ class Requester:
         clock = watch.loop.time if watch is not None else time.monotonic
         done = False
         first: float | None = None
+        # read pacing (workers/read_pacing.py): after a small read of a stream older than the warm-up, its
+        # transport waits for the pacer's next tick, so that the next read brings several events at once
+        pacer = self._pacer
+        conn = resp.connection
+        transport = conn.transport if pacer is not None and conn is not None else None
+        small = pacer.small_read_bytes if pacer is not None else 0
+        pace_from = clock() + pacer.warmup_s if pacer is not None else 0.0
         while not done:
             data = await readany()
+            now = clock()
             if watch is not None:
-                watch.last = clock()
+                watch.last = now
             if not data:
                 payloads = parser.flush()  # the end of the body: a held trailing \r ends a line
                 if not payloads:
@@ -327,6 +346,9 @@ class Requester:
                 live.seen(acc)  # the stream's in-flight checks and live view (workers/inflight.py)
             if not data:
                 break
+            if transport is not None and pacer is not None and first is not None and len(data) < small \
+                    and now >= pace_from:
+                pacer.hold(transport)
             # Not kept while the next read waits: the last read and its events, held by these names across the
             # await, were ~1 MB per stream on a loaded host (1.9 GB at 2,048 streams, #39; docs/benchmarks.md).
             del data, payloads
