@@ -53,14 +53,14 @@ class _Reads:
         self.calls += 1
 
 
-def _attempt(base_url: str, batch_ms: int) -> tuple[Any, int]:
+def _attempt(base_url: str, batch_ms: int, idle_timeout_s: float = 120) -> tuple[Any, int]:
     body = orjson.dumps({"model": "sim-reasoner", "stream": True, "stream_options": {"include_usage": True},
                          "messages": [{"role": "user", "content": "Pace me."}]})
 
     async def go() -> tuple[Any, int]:
         ep = EndpointPool([EndpointConfig(base_url=base_url)], EndpointPoolConfig()).endpoints[0]
         reads = _Reads()
-        async with Requester(connect_timeout_s=30, total_timeout_s=300, idle_timeout_s=120,
+        async with Requester(connect_timeout_s=30, total_timeout_s=300, idle_timeout_s=idle_timeout_s,
                              read_batch_ms=batch_ms) as req:
             res = await req.attempt(ep, body, True, live=reads)
         return res, reads.calls
@@ -87,6 +87,14 @@ def test_pacing_changes_no_text(paced_sim: str) -> None:
     assert paced.extracted.content == unpaced.extracted.content
     assert paced.n_chunks == unpaced.n_chunks
     assert paced.extracted.reasoning and paced.extracted.content
+
+
+def test_pacing_stays_under_a_short_idle_timeout(paced_sim: str) -> None:
+    """A held stream is silent to the idle timeout: the interval is at most a quarter of it, so a stream that keeps
+    sending is never ended as idle (a token every 25 ms, idle timeout 2 s, pacing asked at 8 s)."""
+    res, _ = _attempt(paced_sim, 8000, idle_timeout_s=2.0)
+    assert res.ok, (res.kind, res.message)
+    assert res.n_chunks >= REASONING + CONTENT
 
 
 def test_the_pacer_resumes_what_it_held_and_ignores_a_closed_transport() -> None:

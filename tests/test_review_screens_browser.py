@@ -17,11 +17,13 @@ pytestmark = [pytest.mark.browser]
 SHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
 
 
-def text_in_first_screen(page: Page, height: int) -> float:
+def text_in_first_screen(page: Page, height: int) -> tuple[float, float]:
+    """(px of record text in the first screen, px the layout leaves for it there: from its top to the screen's end).
+    The first is smaller when the record's text ends above the screen's end: the record's length, not the layout."""
     expect(page.locator("#record-text")).to_be_visible()
     box = page.locator("#record-text").bounding_box()
     assert box is not None
-    return min(height, box["y"] + box["height"]) - box["y"]
+    return min(height, box["y"] + box["height"]) - box["y"], height - box["y"]
 
 
 def test_review_page_at_1024_1440_and_390(page: Page, live_app: Any, engine: Any, sim: Any, prompts: Any) -> None:
@@ -43,14 +45,16 @@ def test_review_page_at_1024_1440_and_390(page: Page, live_app: Any, engine: Any
     for width, height, name in ((1024, 768, None), (1440, 900, "review.png"), (390, 844, "review-phone.png")):
         page.set_viewport_size({"width": width, "height": height})
         page.evaluate("() => window.scrollTo(0, 0)")
-        seen = text_in_first_screen(page, height)
+        seen, room = text_in_first_screen(page, height)
         wide = page.evaluate("() => document.documentElement.scrollWidth")
-        print(f"{width}x{height}: {seen:.0f} px of record text in the first screen, page {wide} px wide")
+        print(f"{width}x{height}: {seen:.0f} px of record text in the first screen ({room:.0f} px left for it),"
+              f" page {wide} px wide")
         assert wide <= width, f"the review page scrolls sideways at {width} px ({wide} px)"
         expect(page.locator("#flag-good")).to_be_in_viewport()
-        if width >= 1024:
-            assert seen >= 450, f"only {seen:.0f} px of record text at {width}x{height}"
-        else:
-            assert seen >= 200, f"only {seen:.0f} px of record text at {width}x{height}"
+        floor = 450 if width >= 1024 else 200
+        # the layout's promise: the header leaves the floor for the text (how much of it the text then fills is the
+        # record's length, which the simulator draws at random: it may end above the screen's end)
+        assert room >= floor, f"the header leaves only {room:.0f} px for the record text at {width}x{height}"
+        assert seen > 0, f"no record text in the first screen at {width}x{height}"
         if name and os.environ.get("UPDATE_SCREENSHOTS") == "1":
             page.screenshot(path=str(SHOTS / name), full_page=False)

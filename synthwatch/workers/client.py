@@ -138,7 +138,9 @@ class Requester:
     async def __aenter__(self) -> Requester:
         lim = self.limits
         if self.read_batch_ms > 0:
-            self._pacer = ReadPacer(asyncio.get_running_loop(), self.read_batch_ms / 1000)
+            # never a quarter of the idle timeout or more: a held stream must not look silent to it
+            interval_s = min(self.read_batch_ms / 1000, self.idle_timeout_s / 4)
+            self._pacer = ReadPacer(asyncio.get_running_loop(), interval_s)
         # the one door out (synthwatch/outbound.py): no environment credentials, no cookies, the header limits;
         # proxies: each endpoint's, from the environment at start-up (outbound.env_proxy), not trust_env
         self._session = worker_session(self.caller, connect_timeout_s=self.connect_timeout_s,
