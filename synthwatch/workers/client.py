@@ -348,8 +348,10 @@ class Requester:
                 live.seen(acc)  # the stream's in-flight checks and live view (workers/inflight.py)
             if not data:
                 break
+            # never once the reply is complete: the connection then goes back to the pool (or is drained for
+            # it), and a held one would make the next request on it wait for the tick
             if transport is not None and pacer is not None and first is not None and len(data) < small \
-                    and now >= pace_from:
+                    and now >= pace_from and not done and not resp.content.is_eof():
                 pacer.hold(transport)
             # Not kept while the next read waits: the last read and its events, held by these names across the
             # await, were ~1 MB per stream on a loaded host (1.9 GB at 2,048 streams, #39; docs/benchmarks.md).
