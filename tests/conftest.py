@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -90,6 +91,22 @@ def sim() -> Iterator[Callable[..., str]]:
             return stack.enter_context(running_in_thread(SimConfig(**kw)))
 
         yield start
+
+
+@contextlib.contextmanager
+def sim_process(*args: str) -> Iterator[str]:
+    """A `synthwatch simulate` in a process of its own (its pacing is not slowed by the test's event loop), with
+    these flags; yields its base URL and stops it after."""
+    proc = subprocess.Popen([sys.executable, "-m", "synthwatch", "simulate", "--port", "0", *args],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=cli_env())
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening on" in line, line
+        yield line.rsplit(" ", 1)[1].strip()
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def write_prompts(path: Path, n: int, *, start: int = 0) -> Path:

@@ -8,14 +8,12 @@ either way, and the first token is never held. Untimed: the bound comes from the
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
-from conftest import ROOT, cli_env, run_async
+from conftest import run_async, sim_process
 
 from synthwatch.config import EndpointConfig, EndpointPoolConfig
 from synthwatch.workers.client import Requester
@@ -29,18 +27,9 @@ INTERVAL_MS = 250
 
 @pytest.fixture(scope="module")
 def paced_sim() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "synthwatch", "simulate", "--port", "0", "--tokens-per-s", str(TOKENS_PER_S),
-         "--reasoning-tokens", str(REASONING), "--content-tokens", str(CONTENT)],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT, env=cli_env())
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "listening on" in line, line
-        yield line.rsplit(" ", 1)[1].strip()
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with sim_process("--tokens-per-s", str(TOKENS_PER_S),
+                     "--reasoning-tokens", str(REASONING), "--content-tokens", str(CONTENT)) as url:
+        yield url
 
 
 class _Reads:

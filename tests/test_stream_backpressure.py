@@ -11,8 +11,6 @@ paced stream: 1.9 GB at 2,048 streams on a loaded host. Untimed: what is held, n
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import ROOT, cli_env, run_async
+from conftest import run_async, sim_process
 
 from synthwatch import outbound
 from synthwatch.config import EndpointConfig, EndpointPoolConfig
@@ -35,17 +33,9 @@ GIVE_UP_S = 60.0
 @pytest.fixture
 def fast_sim() -> Iterator[str]:
     """A simulator process sending every stream at once, as one write (base URL)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "synthwatch", "simulate", "--port", "0", "--reasoning-tokens", str(REASONING_TOKENS),
-         "--content-tokens", "10", "--token-ids", "words"], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=cli_env())
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "listening on" in line, line
-        yield line.rsplit(" ", 1)[1].strip()
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with sim_process("--reasoning-tokens", str(REASONING_TOKENS),
+                     "--content-tokens", "10", "--token-ids", "words") as url:
+        yield url
 
 
 def _body() -> bytes:
