@@ -302,6 +302,7 @@ class Requester:
         pacer = self._pacer
         conn = resp.connection
         transport = conn.transport if pacer is not None and conn is not None else None
+        hold = pacer.hold if pacer is not None and transport is not None else None  # None: this stream is not paced
         small = pacer.small_read_bytes if pacer is not None else 0
         pace_from = clock() + pacer.warmup_s if pacer is not None else 0.0
         while not done:
@@ -350,9 +351,9 @@ class Requester:
                 break
             # never once the reply is complete: the connection then goes back to the pool (or is drained for
             # it), and a held one would make the next request on it wait for the tick
-            if transport is not None and pacer is not None and first is not None and len(data) < small \
-                    and now >= pace_from and not done and not resp.content.is_eof():
-                pacer.hold(transport)
+            if hold is not None and first is not None and len(data) < small and now >= pace_from and not done \
+                    and not resp.content.is_eof():
+                hold(transport)
             # Not kept while the next read waits: the last read and its events, held by these names across the
             # await, were ~1 MB per stream on a loaded host (1.9 GB at 2,048 streams, #39; docs/benchmarks.md).
             del data, payloads

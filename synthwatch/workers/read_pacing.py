@@ -27,7 +27,10 @@ What it changes, by design:
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+log = logging.getLogger("synthwatch.worker")
 
 # Raised by a transport without flow control, or one closing; both are harmless here (as in aiohttp's own code).
 _PAUSE_ERRORS = (AttributeError, NotImplementedError, RuntimeError)
@@ -49,8 +52,6 @@ class ReadPacer:
 
     def hold(self, transport: Any) -> None:
         """Stop reading ``transport`` until the next tick (the caller's read just took everything it had)."""
-        if transport is None:
-            return
         try:
             transport.pause_reading()
         except _PAUSE_ERRORS:
@@ -60,7 +61,9 @@ class ReadPacer:
             self.handle = self.loop.call_later(self.interval_s, self.release)
 
     def release(self) -> None:
-        """Resume every held transport (a closed one ignores it; one paused by aiohttp itself is not held here)."""
+        """Resume every held transport (a closed one ignores it; one paused by aiohttp itself is not held here).
+        One that fails to resume cannot leave the others paused: each is resumed on its own, and its failure is
+        logged (its stream then ends at its idle timeout, recorded on its record)."""
         self.handle = None
         held, self.held = self.held, []
         for transport in held:
@@ -68,6 +71,8 @@ class ReadPacer:
                 transport.resume_reading()
             except _PAUSE_ERRORS:
                 pass
+            except Exception:
+                log.exception("read pacing: a held connection could not be resumed")
 
     def close(self) -> None:
         """Resume everything now (the worker is stopping: no transport stays paused behind it)."""
