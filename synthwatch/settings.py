@@ -55,6 +55,10 @@ class Settings(BaseSettings):
         "that one network read brings several tokens (#39: the per-read cost was half the worker's CPU at 2,048 "
         "streams). Tokens reach the capture, the live view and the in-flight checks up to this late; the first "
         "token never waits; 0 reads every segment as it comes.")
+    long_text_spool_chars: int = Field(
+        4 * 2**20, ge=0, description="A reasoning or content longer than this (characters) is written to the SQLite "
+        "store in pieces, from a temporary file beside the database, once the checks have read it: the worker then "
+        "holds a long text about twice while storing it instead of three times (#39). 0 writes every text whole.")
     live_stream_tail_chars: int = Field(
         300, ge=0, le=4000, description="Characters of reasoning and of content per stream in that snapshot (the last "
         "ones; never the whole text).")

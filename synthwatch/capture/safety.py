@@ -15,7 +15,11 @@ NUL in text (which PostgreSQL text cannot hold) is handled where the row is buil
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Protocol
+
+import orjson
 
 MAX_COUNT = 2**31 - 1  # the largest token count taken as real; a BIGINT column holds far more
 MAX_JSON_DEPTH = 128  # nesting of a parsed reply; storing it adds < 10 levels, orjson serialises 254
@@ -70,3 +74,56 @@ def depth_over(obj: Any, limit: int = MAX_JSON_DEPTH) -> bool:
 
 def too_deep(raw: bytes, obj: Any) -> bool:
     return may_be_deep(raw) and depth_over(obj)
+
+
+# A reply body at least this long that is not streamed is parsed by the standard library's json after its bytes
+# are let go (loads_reply): orjson holds its own copy of the document while it builds the Python objects, so a 60
+# MB answer was held three times at once (the body, orjson's copy, the text); this way twice (#39).
+LARGE_REPLY_BYTES = 8 * 2**20
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # an escaped UTF-16 surrogate (half of a pair, or alone)
+
+
+def loads_reply(raw: bytes | bytearray, large_bytes: int = LARGE_REPLY_BYTES) -> Any:
+    """``orjson.loads(raw)``, and the same answer for a large reply in a bytearray, which is emptied to free it.
+
+    The large path decodes the bytes (strict UTF-8), empties ``raw`` and parses the text with the standard library,
+    held to what orjson accepts: NaN, Infinity and numbers out of a double's range are refused, integers beyond 64
+    bits become floats. A body orjson might read differently stays on orjson: one that is not valid UTF-8, one that
+    escapes a UTF-16 surrogate (orjson refuses a lone one), one with enough brackets to be deep (the standard
+    library recurses). Either way a body that is not JSON raises ``json.JSONDecodeError`` (orjson's is one).
+    ``large_bytes``: the size from which the large path is taken (tests/test_long_texts.py compares the two paths
+    on small bodies)."""
+    if type(raw) is not bytearray or len(raw) < large_bytes or may_be_deep(raw) \
+            or _SURROGATE_ESCAPE.search(raw):
+        return orjson.loads(raw)
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return orjson.loads(raw)
+    raw.clear()
+    return json.loads(text, parse_constant=_refused_constant, parse_float=_finite_float, parse_int=_int_as_orjson)
+
+
+def _refusal(msg: str, value: str) -> json.JSONDecodeError:
+    # the parser's hooks are not told where the value is: the message says what, without a made-up position
+    exc = json.JSONDecodeError(msg, value, 0)
+    exc.args = (f"{msg}: {value[:40]}",)
+    return exc
+
+
+def _refused_constant(name: str) -> Any:
+    raise _refusal("not a JSON value (orjson refuses it too)", name)
+
+
+def _finite_float(s: str) -> float:
+    v = float(s)
+    if v in (float("inf"), float("-inf")):
+        raise _refusal("number out of a double's range", s)
+    return v
+
+
+def _int_as_orjson(s: str) -> int | float:
+    if len(s) > 21:  # beyond 64 bits whatever its digits (and int() refuses over 4,300 of them)
+        return _finite_float(s)
+    v = int(s)
+    return v if -2**63 <= v < 2**64 else float(v)

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import datetime
 import email.utils
+import json
 import time
 from typing import Any
 
@@ -27,7 +28,7 @@ from aiohttp import http_exceptions
 from ..capture.choices import ChoiceStreams, choice_usage, split_response
 from ..capture.logprobs import pack_extracted as pack_logprobs
 from ..capture.reasoning import Extracted, ResponseShapeError, extract_response
-from ..capture.safety import DEEP_MIN_BYTES, MAX_JSON_DEPTH, depth_over, may_be_deep
+from ..capture.safety import DEEP_MIN_BYTES, LARGE_REPLY_BYTES, MAX_JSON_DEPTH, depth_over, loads_reply, may_be_deep
 from ..capture.stream import StreamAccumulator
 from ..capture.token_count import reasoning_from_ids
 from ..config import LimitsConfig
@@ -427,15 +428,18 @@ class Requester:
             res.kind = "bad_content_type"
             res.message = f"expected application/json, got {ctype or 'no content type'}: {_error_text(raw)}"
             return
+        deep = may_be_deep(raw)
+        # the error messages' start: loads_reply empties a large reply's buffer to let its bytes go while it parses
+        head = bytes(raw[:4096]) if len(raw) >= LARGE_REPLY_BYTES else raw
         try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            res.kind, res.message = "malformed", f"response is not valid JSON ({exc}): {_clip(raw)}"
+            body = loads_reply(raw)
+        except json.JSONDecodeError as exc:  # orjson's error is one too
+            res.kind, res.message = "malformed", f"response is not valid JSON ({exc}): {_clip(head)}"
             return
         if not isinstance(body, dict):
-            res.kind, res.message = "malformed", f"response is not a JSON object: {_clip(raw)}"
+            res.kind, res.message = "malformed", f"response is not a JSON object: {_clip(head)}"
             return
-        if may_be_deep(raw) and depth_over(body):
+        if deep and depth_over(body):
             res.kind, res.message = "reply_too_deep", _too_deep(raw)
             return
         del raw  # the body is parsed: its bytes are not kept while the record is built

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 
 from ..store import queue as store
 from ..store import search_index
+from . import long_texts
 from .refusals import STORE_REFUSED, is_transient, refusal_reason, storable_text
 from .results import Outcome
 from .series import record_columns
@@ -76,7 +77,7 @@ class RecordWrites:
             "turns_done": len(o.turns or ()) + (o.status == "ok"),
             "billed_prompt_tokens": o.billed[0], "billed_completion_tokens": o.billed[1], "billed_estimated": o.billed[2],
         }
-        row.update(record_columns(o.extracted))
+        row.update(o.columns if o.columns is not None else record_columns(o.extracted))
         return row, False
 
     def _refused(self, o: Outcome | None, row: dict[str, Any] | None, reason: str) -> dict[str, Any]:
@@ -115,10 +116,15 @@ class RecordWrites:
             back_rows = [r for r in back_rows if r["id"] in owned]
             refused = [r for r in refused if r["id"] in owned]
         mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+        spooled = any(o.columns is not None for o in outcomes)  # a long text goes in pieces (workers/long_texts)
         if final_rows and not isolate:
-            done = conn.exec_driver_sql(FINAL_UPDATE.format(m=mark), [FINAL_ROW(r) for r in final_rows])
+            done = conn.exec_driver_sql(FINAL_UPDATE.format(m=mark), [
+                FINAL_ROW(long_texts.split(r)[0]) for r in final_rows] if spooled else [
+                FINAL_ROW(r) for r in final_rows])
             if sqlite and done.rowcount != len(final_rows):
                 final_rows = self._written_by_us(conn, final_rows)
+            if spooled:
+                long_texts.fill(conn, final_rows)
         elif final_rows:
             final_rows, more = self._one_by_one(conn, final_rows, FINAL_UPDATE.format(m=mark))
             refused += more
@@ -159,7 +165,8 @@ class RecordWrites:
         for r in rows:
             sp = conn.begin_nested()
             try:
-                conn.exec_driver_sql(sql, FINAL_ROW(r))
+                conn.exec_driver_sql(sql, FINAL_ROW(long_texts.split(r)[0]))
+                long_texts.fill(conn, [r])
                 sp.commit()
                 written.append(r)
             except Exception as exc:

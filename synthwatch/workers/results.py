@@ -75,6 +75,9 @@ class Outcome:
     # columns), and of the attempt this outcome reports (the series; failed attempts come as AttemptFailure)
     billed: tuple[int, int, int] = (0, 0, 0)
     attempt_billed: tuple[int, int, int] = (0, 0, 0)
+    # the record's columns, built once when the writer spooled a long text of it (workers/long_texts.py); the
+    # parsed reply (extracted) is let go then
+    columns: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)

@@ -28,9 +28,10 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..quality import detection  # noqa: F401  - registers the claim's alarm gate with the store (#35)
+from ..settings import get_settings
 from ..store import queue as store
 from ..store import rows as store_rows
-from . import faults
+from . import faults, long_texts
 from .record_writes import FINAL_COLS, FINAL_UPDATE, RecordWrites
 from .refusals import describe_stall, is_transient, refusal_reason, refuse, storable_text, value_class
 from .results import AttemptFailure, Outcome
@@ -103,6 +104,9 @@ class Writer:
         self.series = SeriesAccumulator(run_id, worker_id)
         self._touched: dict[tuple[str, int], Bucket] = {}  # series buckets changed since the last flush
         self.records = RecordWrites(run_id, worker_id)
+        # long texts go into the store in pieces from a spool file (workers/long_texts.py); SQLite only
+        self.spool_over_chars = get_settings().long_text_spool_chars if engine.dialect.name == "sqlite" else 0
+        self.spool_dir = long_texts.spool_dir_of(engine)
         self._crashed: BaseException | None = None
         self._control_event = threading.Event()
         self._conn: Connection | None = None  # the writer thread's own connection (_write_conn)
@@ -450,6 +454,8 @@ class Writer:
         if outcomes:
             for hook in self.hooks:
                 self._run_hook(hook, outcomes)
+            if self.spool_over_chars:  # the checks have read the texts: a long one need not stay in memory
+                long_texts.spool(outcomes, self.spool_over_chars, self.spool_dir)
         touched = self._gauge_buckets()
         self.records.refused = []
         claim_results: list[tuple[Future[Any], Any, bool]] = []
@@ -502,6 +508,7 @@ class Writer:
         self.written += len(outcomes)
         self._touched = {}
         if outcomes:
+            long_texts.release(outcomes)
             for hook in self.hooks:
                 after = getattr(hook, "after_commit", None)
                 if after is not None:

@@ -1,0 +1,150 @@
+"""Long texts go into the store in pieces (#39): a 60 MB answer costs the worker about twice its size, not three times.
+
+Writing a text through the driver holds it three times at once: the worker's string, SQLite's copy of the bound
+value and the row SQLite builds from that copy. So, on SQLite, a reasoning or a content longer than
+``long_text_spool_chars`` (docs/settings.md) is spooled, once the flush's checks have read it, to an anonymous
+temporary file beside the database, in 1 MiB pieces, and the worker drops its string. Inside the flush's
+transaction the record's row is written with that field empty, then the field is given a placeholder text of the
+same byte length (SQLite's ``printf``: the row is built once, with no string of ours alive) and the spooled bytes
+are written over the placeholder through SQLite's incremental blob I/O, a piece at a time. The stored value is
+the same TEXT a plain UPDATE would have stored (tests/test_long_texts.py reads it back). Building the row still
+takes SQLite two copies of the placeholder, with no string of ours alive: about what reading the reply took (its
+text and the bytes or pieces it came from). Measured in docs/limits.md: ~2x a 60 MB reply, streamed or not,
+where it was 3x; the allocator settings that return such texts' memory at once are in workers/gc_tuning.py.
+
+A spool that cannot be written (a full disk) keeps the text in memory and the plain path writes it: nothing is
+lost, only the memory saving. A retried flush writes the same spool again; the file goes when its outcome is
+written (or the process ends: the file has no name on disk). PostgreSQL stores the text as it always did.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+
+from sqlalchemy.engine import Connection, Engine
+
+from .gc_tuning import release_freed_memory
+from .series import record_columns
+
+log = logging.getLogger("synthwatch.writer")
+
+FIELDS = ("reasoning", "content")
+PIECE_CHARS = 1 << 20  # characters encoded at a time (at most 4 MiB of UTF-8 alive while spooling)
+PIECE_BYTES = 1 << 20  # bytes read back and written into the row at a time
+
+
+class LongText:
+    """One spooled field: its UTF-8 bytes in an anonymous file, and its length in characters."""
+
+    __slots__ = ("file", "n_bytes", "n_chars")
+
+    def __init__(self, text: str, spool_dir: str | None) -> None:
+        self.n_chars = len(text)
+        self.file: IO[bytes] = tempfile.TemporaryFile(prefix="synthwatch-text-", dir=spool_dir)
+        try:
+            for i in range(0, len(text), PIECE_CHARS):
+                # strict: a text the driver would refuse (a lone surrogate) is not spooled, and is refused as before
+                self.file.write(text[i: i + PIECE_CHARS].encode())
+            self.file.flush()
+            self.n_bytes = self.file.tell()
+        except BaseException:
+            self.file.close()
+            raise
+
+    def __len__(self) -> int:
+        return self.n_chars
+
+    def write_into(self, conn: Connection, record_id: int, column: str) -> None:
+        """Give the stored row's ``column`` this text: a placeholder of its byte length, then the bytes."""
+        if column not in FIELDS:  # a column name goes into SQL text below: only ours
+            raise ValueError(f"not a long-text column: {column!r}")
+        conn.exec_driver_sql(f"UPDATE record SET {column} = printf('%.*c', ?, ' ') WHERE id = ?",
+                             (self.n_bytes, record_id))
+        raw = conn.connection.driver_connection
+        self.file.seek(0)
+        with raw.blobopen("record", column, record_id) as blob:  # type: ignore[union-attr]
+            while piece := self.file.read(PIECE_BYTES):
+                blob.write(piece)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def spool_dir_of(engine: Engine) -> str | None:
+    """The database's folder (a spool there is on the same disk as the text's destination); None: the system's."""
+    if engine.dialect.name != "sqlite":
+        return None
+    db = engine.url.database
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return str(Path(db).resolve().parent)
+
+
+def spool(outcomes: list[Any], over_chars: int, spool_dir: str | None) -> int:
+    """Spool the long fields of finished outcomes (after their checks read them); the number spooled.
+
+    The outcome keeps its record's columns (``columns``), with a :class:`LongText` for each long field, and lets
+    go of its parsed reply (``extracted``), the only other holder of the text once the record is submitted."""
+    n = 0
+    if over_chars <= 0:
+        return 0
+    for o in outcomes:
+        ex = o.extracted
+        if ex is None or o.columns is not None or o.status == "pending":
+            continue
+        if len(ex.reasoning) <= over_chars and len(ex.content) <= over_chars:
+            continue
+        try:
+            cols = record_columns(ex)
+            spooled = []
+            try:
+                for f in FIELDS:
+                    v = cols[f]
+                    if isinstance(v, str) and len(v) > over_chars:
+                        spooled.append(LongText(v, spool_dir))
+                        cols[f] = spooled[-1]
+            except BaseException:
+                for lt in spooled:
+                    lt.close()
+                raise
+        except Exception as exc:  # a full disk: this record keeps its text in memory and is written as before
+            log.warning("record %s: its long text could not be spooled (%s: %s); written from memory",
+                        o.record_id, type(exc).__name__, exc)
+            continue
+        o.columns, o.extracted = cols, None
+        n += len(spooled)
+    if n:  # the texts' memory goes back to the system before SQLite builds their rows (2 MB of 60, measured)
+        release_freed_memory()
+    return n
+
+
+def split(row: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, LongText]]]:
+    """(the row to bind, with its spooled fields empty; those fields) - the row itself when none is spooled."""
+    long = [(f, row[f]) for f in FIELDS if isinstance(row.get(f), LongText)]
+    if not long:
+        return row, long
+    bound = dict(row)
+    for f, _ in long:
+        bound[f] = None
+    return bound, long
+
+
+def fill(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Write the spooled fields of ``rows`` (already updated with those fields empty)."""
+    for r in rows:
+        for f, lt in split(r)[1]:
+            lt.write_into(conn, r["id"], f)
+
+
+def release(outcomes: list[Any]) -> None:
+    """Close the spools of written outcomes (their files go with them)."""
+    for o in outcomes:
+        cols = o.columns
+        if cols is not None:
+            for f in FIELDS:
+                v = cols.get(f)
+                if isinstance(v, LongText):
+                    v.close()
