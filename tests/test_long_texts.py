@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -26,6 +27,8 @@ from workerkit import create, make_config, records, run_to_end, wait_for
 
 from synthwatch.capture.reasoning import extract_response
 from synthwatch.capture.safety import LARGE_REPLY_BYTES, loads_reply
+from synthwatch.quality.checks import BIT
+from synthwatch.quality.live import writer_hooks
 from synthwatch.settings import get_settings
 from synthwatch.store import queue as store
 from synthwatch.store.db import open_engine
@@ -58,12 +61,16 @@ def _ok(c: store.Claimed, ex: Any, **kw: Any) -> Outcome:
                    **kw)
 
 
-def _writer(engine: Any, prompts: Any, n: int, spool_over: int) -> tuple[int, Writer, list[store.Claimed]]:
+def _writer(engine: Any, prompts: Any, n: int, spool_over: int,
+            checks: bool = False) -> tuple[int, Writer, list[store.Claimed]]:
     # a run of its own each time (the same name would resume the last one, its records done)
-    run_id = create(engine, make_config("http://127.0.0.1:9/v1", prompts(n), name=f"long-{next(_RUNS)}"))
+    config = make_config("http://127.0.0.1:9/v1", prompts(n), name=f"long-{next(_RUNS)}")
+    run_id = create(engine, config)
     with engine.connect() as conn, store.write_begin(conn):
         worker_id = store.register_worker(conn, run_id)
-    writer = Writer(engine, run_id, worker_id, flush_interval_s=0.3)
+    # checks: the hooks a worker gives its writer (the per-record checks read the texts before they are spooled)
+    writer = Writer(engine, run_id, worker_id, flush_interval_s=0.3,
+                    hooks=writer_hooks(engine, run_id, config) if checks else None)
     if engine.dialect.name == "sqlite":
         writer.spool_over_chars = spool_over
     else:
@@ -130,13 +137,14 @@ def test_long_texts_are_stored_exactly_and_a_refused_record_stays_its_own(any_en
 def test_a_spooled_text_survives_a_flush_that_is_retried(tmp_path: Path, prompts: Any,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The database is locked when the flush comes (a transient error): the batch is kept, retried, and the text
-    written from its spool once the lock goes."""
+    written from its spool once the lock goes. The worker's checks are on: on the retry they answer from what they
+    found the first time, never from the spooled outcome (whose parsed reply is gone)."""
     monkeypatch.setenv("SYNTHWATCH_BUSY_TIMEOUT_MS", "100")
     get_settings.cache_clear()
     db = tmp_path / "retry.db"
     engine = open_engine(str(db))
     try:
-        run_id, writer, claimed = _writer(engine, prompts, 1, SPOOL_OVER)
+        run_id, writer, claimed = _writer(engine, prompts, 1, SPOOL_OVER, checks=True)
         content = _text(50_000, "retry ")
         locker = sqlite3.connect(db, isolation_level=None)
         try:
@@ -151,9 +159,31 @@ def test_a_spooled_text_survives_a_flush_that_is_retried(tmp_path: Path, prompts
         assert writer.error is None
         (rec,) = records(engine, run_id)
         assert rec["status"] == "ok" and rec["content"] == content and rec["reasoning"] == "r" * 2000
+        # checked once, from the text: nothing empty was found, and no check failed on the retry
+        assert "check_error" not in (rec["check_json"] or "")
+        assert rec["check_flags"] & (BIT["empty_reasoning"] | BIT["empty_content"]) == 0, rec["check_flags"]
     finally:
         engine.dispose()
         get_settings.cache_clear()
+
+
+def test_a_spool_that_cannot_be_written_keeps_the_text_in_memory(engine: Any, prompts: Any, tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """No room for the spool (here: its folder is gone): the text is written from memory, as before, and the log
+    says so; nothing is lost."""
+    run_id, writer, claimed = _writer(engine, prompts, 1, SPOOL_OVER)
+    writer.spool_dir = str(tmp_path / "gone")
+    content = _text(30_000, "fallback ")
+    try:
+        with caplog.at_level(logging.WARNING, "synthwatch.writer"):
+            writer.submit(_ok(claimed[0], extract_response(_reply(0, "r", content), "auto")))
+            _wait_written(writer, 1)
+    finally:
+        writer.stop()
+    assert writer.error is None
+    (rec,) = records(engine, run_id)
+    assert rec["status"] == "ok" and rec["content"] == content
+    assert f"record {claimed[0].id}: its long text could not be spooled (FileNotFoundError" in caplog.text
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
