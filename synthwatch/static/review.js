@@ -119,8 +119,11 @@
       const url = button.getAttribute("hx-post");
       keyAt = performance.now();
       chain = chain.then(function () {
+        const body = new URLSearchParams(values);
+        // keepalive: the verdict still reaches the dashboard if the page is closed meanwhile (the browser allows it
+        // for bodies up to 64 KiB; a longer note goes as a plain request)
         return fetch(url, { method: "POST", credentials: "same-origin", headers: { "HX-Request": "true" },
-                            body: new URLSearchParams(values) })
+                            body: body, keepalive: body.toString().length < 60000 })
           .then(function (r) {
             if (!r.ok) { lastFlag = null; toast("the verdict on #" + id + " was NOT saved (HTTP " + r.status + "): go back with p"); }
             return r.ok;
@@ -144,7 +147,9 @@
     return true;
   }
 
-  function go(url) { if (url) window.location.assign(url); }
+  // Leaving the page waits for the verdicts still being sent: a navigation cancels the requests in flight, so Back
+  // or j/k pressed right after a verdict key lost that verdict (the next record shows before its verdict is stored)
+  function go(url) { if (url) chain.then(function () { window.location.assign(url); }); }
 
   // ---- the next record swapped in place (#28 item 2): prefetched, so a verdict key shows the next record at once
   const prefetched = new Map();  // url -> Promise of {url, html} (null: fetch failed, so navigate instead)
@@ -335,7 +340,9 @@
       const el = document.getElementById(m[1]);
       if (el) el.scrollIntoView({ block: "center" }); else jumpToHashToken(root);
     });
-    window.addEventListener("popstate", function (ev) { if (ev.state && ev.state.swReview) window.location.reload(); });
+    window.addEventListener("popstate", function (ev) {
+      if (ev.state && ev.state.swReview) chain.then(function () { window.location.reload(); });  // see go()
+    });
     document.addEventListener("htmx:afterRequest", function (evt) {
       const path = evt.detail.pathInfo ? evt.detail.pathInfo.requestPath : "";
       if (!evt.detail.successful || !/\/flag$/.test(path || "")) return;
