@@ -148,8 +148,13 @@
   }
 
   // Leaving the page waits for the verdicts still being sent: a navigation cancels the requests in flight, so Back
-  // or j/k pressed right after a verdict key lost that verdict (the next record shows before its verdict is stored)
-  function go(url) { if (url) chain.then(function () { window.location.assign(url); }); }
+  // or j/k pressed right after a verdict key lost that verdict (the next record shows before its verdict is stored).
+  // At most LEAVE_WAIT_MS: a dashboard that does not answer must not keep the reader on the page.
+  const LEAVE_WAIT_MS = 10000;
+  function afterVerdicts(fn) {
+    Promise.race([chain, new Promise(function (done) { setTimeout(done, LEAVE_WAIT_MS); })]).then(fn);
+  }
+  function go(url) { if (url) afterVerdicts(function () { window.location.assign(url); }); }
 
   // ---- the next record swapped in place (#28 item 2): prefetched, so a verdict key shows the next record at once
   const prefetched = new Map();  // url -> Promise of {url, html} (null: fetch failed, so navigate instead)
@@ -341,7 +346,7 @@
       if (el) el.scrollIntoView({ block: "center" }); else jumpToHashToken(root);
     });
     window.addEventListener("popstate", function (ev) {
-      if (ev.state && ev.state.swReview) chain.then(function () { window.location.reload(); });  // see go()
+      if (ev.state && ev.state.swReview) afterVerdicts(function () { window.location.reload(); });
     });
     document.addEventListener("htmx:afterRequest", function (evt) {
       const path = evt.detail.pathInfo ? evt.detail.pathInfo.requestPath : "";

@@ -37,12 +37,11 @@ PIECE_BYTES = 1 << 20  # bytes read back and written into the row at a time
 
 
 class LongText:
-    """One spooled field: its UTF-8 bytes in an anonymous file, and its length in characters."""
+    """One spooled field: its UTF-8 bytes in an anonymous file."""
 
-    __slots__ = ("file", "n_bytes", "n_chars")
+    __slots__ = ("file", "n_bytes")
 
     def __init__(self, text: str, spool_dir: str | None) -> None:
-        self.n_chars = len(text)
         self.file: IO[bytes] = tempfile.TemporaryFile(prefix="synthwatch-text-", dir=spool_dir)
         try:
             for i in range(0, len(text), PIECE_CHARS):
@@ -53,9 +52,6 @@ class LongText:
         except BaseException:
             self.file.close()
             raise
-
-    def __len__(self) -> int:
-        return self.n_chars
 
     def write_into(self, conn: Connection, record_id: int, column: str) -> None:
         """Give the stored row's ``column`` this text: a placeholder of its byte length, then the bytes."""
@@ -97,20 +93,17 @@ def spool(outcomes: list[Any], over_chars: int, spool_dir: str | None) -> int:
             continue
         if len(ex.reasoning) <= over_chars and len(ex.content) <= over_chars:
             continue
+        spooled: list[LongText] = []
         try:
             cols = record_columns(ex)
-            spooled = []
-            try:
-                for f in FIELDS:
-                    v = cols[f]
-                    if isinstance(v, str) and len(v) > over_chars:
-                        spooled.append(LongText(v, spool_dir))
-                        cols[f] = spooled[-1]
-            except BaseException:
-                for lt in spooled:
-                    lt.close()
-                raise
+            for f in FIELDS:
+                v = cols[f]
+                if isinstance(v, str) and len(v) > over_chars:
+                    spooled.append(LongText(v, spool_dir))
+                    cols[f] = spooled[-1]
         except Exception as exc:  # a full disk: this record keeps its text in memory and is written as before
+            for lt in spooled:
+                lt.close()
             log.warning("record %s: its long text could not be spooled (%s: %s); written from memory",
                         o.record_id, type(exc).__name__, exc)
             continue
@@ -121,21 +114,21 @@ def spool(outcomes: list[Any], over_chars: int, spool_dir: str | None) -> int:
     return n
 
 
-def split(row: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, LongText]]]:
-    """(the row to bind, with its spooled fields empty; those fields) - the row itself when none is spooled."""
-    long = [(f, row[f]) for f in FIELDS if isinstance(row.get(f), LongText)]
-    if not long:
-        return row, long
-    bound = dict(row)
-    for f, _ in long:
-        bound[f] = None
-    return bound, long
+def long_fields(row: dict[str, Any]) -> list[tuple[str, LongText]]:
+    """The row's spooled fields."""
+    return [(f, row[f]) for f in FIELDS if isinstance(row.get(f), LongText)]
+
+
+def bound(row: dict[str, Any]) -> dict[str, Any]:
+    """The row to bind: its spooled fields empty (fill writes them); the row itself when none is spooled."""
+    long = long_fields(row)
+    return {**row, **dict.fromkeys(f for f, _ in long)} if long else row
 
 
 def fill(conn: Connection, rows: list[dict[str, Any]]) -> None:
     """Write the spooled fields of ``rows`` (already updated with those fields empty)."""
     for r in rows:
-        for f, lt in split(r)[1]:
+        for f, lt in long_fields(r):
             lt.write_into(conn, r["id"], f)
 
 

@@ -119,7 +119,7 @@ class RecordWrites:
         spooled = any(o.columns is not None for o in outcomes)  # a long text goes in pieces (workers/long_texts)
         if final_rows and not isolate:
             done = conn.exec_driver_sql(FINAL_UPDATE.format(m=mark), [
-                FINAL_ROW(long_texts.split(r)[0]) for r in final_rows] if spooled else [
+                FINAL_ROW(long_texts.bound(r)) for r in final_rows] if spooled else [
                 FINAL_ROW(r) for r in final_rows])
             if sqlite and done.rowcount != len(final_rows):
                 final_rows = self._written_by_us(conn, final_rows)
@@ -165,7 +165,7 @@ class RecordWrites:
         for r in rows:
             sp = conn.begin_nested()
             try:
-                conn.exec_driver_sql(sql, FINAL_ROW(long_texts.split(r)[0]))
+                conn.exec_driver_sql(sql, FINAL_ROW(long_texts.bound(r)))
                 long_texts.fill(conn, [r])
                 sp.commit()
                 written.append(r)
