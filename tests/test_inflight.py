@@ -128,7 +128,9 @@ def test_pause_offers_cancel_or_finish_for_the_requests_in_flight(engine, sim, p
         assert r.status_code == 200, r.text
         wait_for(lambda: _running(url) == 0, timeout_s=10, what="vllm:num_requests_running == 0")
         wait_for(lambda: run_row(engine, bg.run_id)["n_in_flight"] == 0, timeout_s=10, what="claims returned")
-        assert "cancelled" in (run_row(engine, bg.run_id)["status_message"] or "")
+        # the message is written after the claims are returned (a fresh-clone CI run read it in between): waited for
+        wait_for(lambda: "cancelled" in (run_row(engine, bg.run_id)["status_message"] or ""), timeout_s=10,
+                 what="the run's message to say its requests were cancelled")
     finally:
         store.apply_control(engine, bg.run_id, "stop_now")
         bg.join(60)
