@@ -335,6 +335,20 @@ def _measure_worker(base_url: str, dataset: str, db: str, concurrency: int, stre
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+# What any whole process that speaks HTTP with aiohttp and stores into SQLite through SQLAlchemy must start with.
+STARTUP_FLOOR_IMPORTS = "import aiohttp, orjson, sqlalchemy, sqlite3"
+
+
+def measure_startup_floor() -> dict[str, Any]:
+    """The least start-up a whole process can have: a fresh interpreter importing the libraries the worker is
+    built on (no synthwatch module, no database), exec to exit, CPU from wait4, on this process's core."""
+    proc = subprocess.Popen([sys.executable, "-c", STARTUP_FLOOR_IMPORTS], cwd=ROOT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{STARTUP_FLOOR_IMPORTS!r} exited {os.waitstatus_to_exitcode(status)}")
+    return {"cpu_s": usage.ru_utime + usage.ru_stime}
+
+
 def measure_process(base_url: str, dataset: str, db: str, concurrency: int, stream: bool) -> dict[str, Any]:
     """The whole ``synthwatch run`` process, counted from exec to exit: interpreter start-up, imports, loading
     the dataset into a fresh database, the run, the shutdown flush. Its CPU (every thread) comes from wait4;
@@ -377,9 +391,11 @@ def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batc
     import urllib.request
 
     from synthwatch.store.queue import claim_sql
-    from synthwatch.workers.writer import _FINAL_COLS, _FINAL_UPDATE
+    from synthwatch.workers.record_writes import FINAL_COLS, FINAL_UPDATE
 
-    engine, _, run_id = _new_run(base_url, dataset, db, stream)
+    load0 = time.process_time()
+    engine, _, run_id = _new_run(base_url, dataset, db, stream)  # what `synthwatch run` does to load the dataset
+    load_s = time.process_time() - load0
     engine.dispose()
     req = urllib.request.Request(base_url.rstrip("/") + "/chat/completions",
                                  data=request_body(load_messages(dataset)[0], False),
@@ -391,19 +407,22 @@ def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batc
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("PRAGMA synchronous=NORMAL")
     claim = claim_sql()
-    final_sql = _FINAL_UPDATE.format(m="?")
+    final_sql = FINAL_UPDATE.format(m="?")
     rnd = random.Random(1).random
     n = 0
+    claim_s = 0.0
     c0, t0 = time.process_time(), time.perf_counter()
     while True:
         held: list[int] = []
         while len(held) < flush_batch:
+            k0 = time.process_time()
             conn.execute("BEGIN IMMEDIATE")
             t = time.time()
             rows = conn.execute(claim, {"w": 1, "lease": t + 30, "t": t, "r": run_id, "n": claim_batch}).fetchall()
             conn.execute("UPDATE run SET n_in_flight = n_in_flight + ?, n_pending = n_pending - ? WHERE id = ?",
                          (len(rows), len(rows), run_id))
             conn.execute("COMMIT")
+            claim_s += time.process_time() - k0
             held += [r[0] for r in rows]
             if len(rows) < claim_batch:
                 break
@@ -419,7 +438,7 @@ def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batc
                   "check_flags": 0, "gen_version": 1, "derive_version": 1, "rerun": 0, "turns_done": 1}
         values["reasoning_len"], values["content_len"] = len(values["reasoning"]), len(values["content"])
         conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(final_sql, [(*(values.get(c) if c != "rnd" else rnd() for c in _FINAL_COLS), i, 1)
+        conn.executemany(final_sql, [(*(values.get(c) if c != "rnd" else rnd() for c in FINAL_COLS), i, 1)
                                      for i in held])
         conn.executemany("INSERT OR IGNORE INTO record_fts_queue (record_id) VALUES (?)", [(i,) for i in held])
         conn.execute("UPDATE run SET n_ok = n_ok + ?, n_in_flight = n_in_flight - ? WHERE id = ?",
@@ -428,7 +447,10 @@ def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batc
         n += len(held)
     cpu, elapsed = time.process_time() - c0, time.perf_counter() - t0
     conn.close()
-    return {"ok": n, "cpu_s": cpu, "elapsed_s": elapsed, "reasoning_chars": len(msg.get("reasoning") or "")}
+    # load_s: the dataset's load into the fresh run (synthwatch's own prepare_run, untimed in cpu_s); claim_s: the
+    # claims' share of cpu_s
+    return {"ok": n, "cpu_s": cpu, "elapsed_s": elapsed, "reasoning_chars": len(msg.get("reasoning") or ""),
+            "claim_s": claim_s, "load_s": load_s}
 
 
 async def _stop_after(worker: Any, deadline_s: float) -> None:
@@ -711,6 +733,8 @@ def serve(out: Any) -> None:
                 result = measure_floor(**cmd)
             elif kind == "process":
                 result = measure_process(**cmd)
+            elif kind == "startup_floor":
+                result = measure_startup_floor()
             else:
                 result = measure_client(kind, **cmd)
         except Exception as exc:  # reported to the parent, which fails the benchmark with it

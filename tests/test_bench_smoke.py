@@ -70,3 +70,28 @@ def test_autotune_benchmark_quick() -> None:
     assert r["auto"]["steps"] and r["auto"]["steps"][0][2].startswith("self-tuning concurrency starts at")
     assert "| auto |" in bench_autotune.markdown(r)
     assert "A server whose queue never grows" in bench_autotune.markdown(r)
+
+
+@pytest.mark.timeout(240)
+def test_process_benchmark_quick_reports_the_bound_beside_the_ratio() -> None:
+    """The whole-process bench measures, in the same sitting, what no process on this design can go below (SQLite's
+    own statements, a bare interpreter's imports) and reports the bound and the budget they leave beside the ratio."""
+    require(_cpu_ok(), "os.sched_setaffinity (Linux) is needed to pin the simulator and the clients")
+    from bench import bench_process
+
+    [table] = bench_process.main(quick=True)
+    cols = table["columns"]
+    assert len(table["rows"]) == 2  # both modes
+    for row in table["rows"]:
+        assert len(row) == len(cols)
+        cell = dict(zip(cols, row, strict=True))
+        ratio = float(cell["median"].rstrip("×"))
+        bound = float(cell["bound"].rstrip("×"))
+        floor, claims = cell["SQLite floor µs/record (claims)"].rstrip(")").split(" (")
+        assert 0 < float(claims) <= float(floor), cell
+        assert float(cell["start-up floor CPU-s"]) > 0, cell
+        assert 0 < ratio < bound <= 1, cell  # the process does all the floor's work and more
+        spent = float(cell["spent µs/record"])
+        assert spent > float(cell["of it, loading the dataset µs/record"]) > 0, cell
+        assert (cell["target ≥ 0.6×"] == "met") == (ratio >= bench_process.TARGET), cell
+    assert table["markdown"].count("\n|") == len(table["rows"]) + 2

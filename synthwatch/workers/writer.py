@@ -32,7 +32,7 @@ from ..settings import get_settings
 from ..store import queue as store
 from ..store import rows as store_rows
 from . import faults, long_texts
-from .record_writes import FINAL_COLS, FINAL_UPDATE, RecordWrites
+from .record_writes import RecordWrites
 from .refusals import describe_stall, is_transient, refusal_reason, refuse, storable_text, value_class
 from .results import AttemptFailure, Outcome
 from .series import Bucket, SeriesAccumulator
@@ -561,8 +561,6 @@ class Writer:
         return list(touched.values())
 
 
-# a bench (bench/clients.py) times the worker's exact final UPDATE
-_FINAL_COLS, _FINAL_UPDATE = FINAL_COLS, FINAL_UPDATE
 _TURN_UPDATE = text(
     "UPDATE record SET turns_json = :j, turns_done = :d, attempts = :a, attempts_json = NULL, lease_until = :l"
     " WHERE id = :id AND status = 'in_flight' AND worker_id = :w"
