@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..check_catalog import BIT, CHECK_NAMES, CheckSettings, Rule
 from ..config import ConfigError
+from ..settings import get_settings
 from ..store import queue as store
 from .checks import (
     ChecksConfigError,
@@ -30,7 +31,7 @@ from .checks import (
 from .detection import Hysteresis, Window, open_items, other_workers_live, overrides, recent_windows  # noqa: F401  (overrides: registers the guard of config versions)
 from .detection.alarms import AlarmKeeper, effective_rules
 from .notify import Notifier
-from .token_checks import TokenJob, TokenThread, tokenizer_spec
+from .token_checks import MAX_HELD_CHARS, TokenJob, TokenThread, tokenizer_spec
 
 log = logging.getLogger("synthwatch.checks")
 _KIND = operator.itemgetter(1, 2, 3)  # a staged record's (applied, failed, new)
@@ -130,7 +131,9 @@ class ChecksHook:
                 self._seen_seq = (int(seq[0] or 1), int(seq[1] or 0))
             conn.rollback()
         if self.ctx.tokenizer and self.ctx.tokenizer.get("name_or_path"):
-            self.tokens = TokenThread(tokenizer_spec(self.ctx))
+            # a text long enough to be spooled (workers/long_texts.py) is not held again by a token job
+            self.tokens = TokenThread(tokenizer_spec(self.ctx),
+                                      max_job_chars=get_settings().long_text_spool_chars or MAX_HELD_CHARS)
 
     # -- WriterHook ----------------------------------------------------------------------------
 

@@ -75,27 +75,69 @@ def run_token_job(lt: Any, job: TokenJob) -> list[tuple[int, str, bool, dict[str
     return out
 
 
-class TokenThread:
-    """Tokenizer checks off the writer thread: bounded job queue in, results out."""
+# The most text (reasoning, content and prompt, in characters) the tokenizer checks hold at once, queued or being
+# tokenized. A count of jobs alone did not bound it: 32 queued replies of max_reply_bytes each were ~2 GB, against a
+# worker that otherwise holds a long reply about twice (#39). One sampled record is tokenized only up to
+# ``max_job_chars`` (the worker passes long_text_spool_chars: a text long enough to be spooled is not held here).
+MAX_HELD_CHARS = 16 * 2**20
 
-    def __init__(self, spec: Any, max_queue: int = 32) -> None:
+
+def job_chars(job: TokenJob) -> int:
+    """The characters a job holds: its texts and its prompt's text parts."""
+    n = len(job.reasoning) + len(job.content)
+    for m in job.messages:
+        c = m.get("content") if isinstance(m, dict) else None
+        if isinstance(c, str):
+            n += len(c)
+        elif isinstance(c, list):
+            n += sum(len(p["text"]) for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return n
+
+
+class TokenThread:
+    """Tokenizer checks off the writer thread: bounded job queue in (at most ``max_queue`` jobs and
+    ``max_held_chars`` characters of text, the one being tokenized included; a job over ``max_job_chars`` is not
+    taken), results out."""
+
+    def __init__(self, spec: Any, max_queue: int = 32, max_held_chars: int = MAX_HELD_CHARS,
+                 max_job_chars: int = MAX_HELD_CHARS) -> None:
         self.spec = spec
-        self.jobs: queue.Queue[TokenJob] = queue.Queue(maxsize=max_queue)
+        self.jobs: queue.Queue[tuple[TokenJob, int]] = queue.Queue(maxsize=max_queue)
         self.results: queue.SimpleQueue[tuple[int, str, bool, dict[str, Any]]] = queue.SimpleQueue()
-        self.skipped = 0
+        self.skipped = 0  # sampled records not tokenized: the queue was full, or the record too long
+        self.skipped_long = 0
         self.error: str | None = None
+        self.max_held_chars = max_held_chars
+        self.max_job_chars = min(max_job_chars, max_held_chars)
+        self.held_chars = 0  # text in the queue and in the job being tokenized
+        self._held_lock = threading.Lock()
         self._thread = threading.Thread(target=self._main, name="synthwatch-token-checks", daemon=True)
         self._thread.start()
 
     def submit(self, job: TokenJob) -> bool:
-        if self.error is not None:
-            return False
-        try:
-            self.jobs.put_nowait(job)
+        """Queue a job; False (and counted) when the checks are off, the queue is full or holds too much text."""
+        n = job_chars(job)
+        with self._held_lock:
+            if self.error is not None:
+                return False
+            if n > self.max_job_chars:
+                self.skipped += 1
+                self.skipped_long += 1
+                if self.skipped_long == 1 or not self.skipped_long % 100:
+                    log.warning("tokenizer checks: record %d not tokenized: %s characters of text, over the %s one"
+                                " record may hold (%d records so far)", job.record_id, f"{n:,}",
+                                f"{self.max_job_chars:,}", self.skipped_long)
+                return False
+            if self.held_chars + n > self.max_held_chars:
+                self.skipped += 1
+                return False
+            try:
+                self.jobs.put_nowait((job, n))
+            except queue.Full:
+                self.skipped += 1
+                return False
+            self.held_chars += n
             return True
-        except queue.Full:
-            self.skipped += 1
-            return False
 
     def _main(self) -> None:
         from ..tokens.tokenizer import TokenizerError, load_tokenizer
@@ -103,16 +145,28 @@ class TokenThread:
         try:
             lt = load_tokenizer(self.spec)
         except (TokenizerError, OSError, ValueError) as exc:
-            self.error = str(exc)
             log.warning("tokenizer checks disabled: %s", exc)
+            with self._held_lock:  # what was queued while it loaded is never tokenized: let its texts go
+                self.error = str(exc)
+                while True:
+                    try:
+                        self.jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    self.skipped += 1
+                self.held_chars = 0
             return
         while True:
-            job = self.jobs.get()
+            job, n = self.jobs.get()
             try:
                 for res in run_token_job(lt, job):
                     self.results.put(res)
             except Exception as exc:  # a template that cannot render one record must not stop the others
                 log.warning("tokenizer check of record %d failed: %s", job.record_id, exc)
+            finally:
+                del job  # its texts go now, not when the next job arrives
+                with self._held_lock:
+                    self.held_chars -= n
 
     def drain(self) -> list[tuple[int, str, bool, dict[str, Any]]]:
         out = []
