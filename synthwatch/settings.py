@@ -56,9 +56,10 @@ class Settings(BaseSettings):
         "streams). Tokens reach the capture, the live view and the in-flight checks up to this late; the first "
         "token never waits; 0 reads every segment as it comes.")
     long_text_spool_chars: int = Field(
-        4 * 2**20, ge=0, description="A reasoning or content longer than this (characters) is written to the SQLite "
-        "store in pieces, from a temporary file beside the database, once the checks have read it: the worker then "
-        "holds a long text about twice while storing it instead of three times (#39). 0 writes every text whole.")
+        4 * 2**20, ge=0, description="A reasoning or content longer than this (characters) is written to the store "
+        "in pieces, from a temporary file (beside a SQLite database), once the checks have read it: the worker then "
+        "holds a long text about twice while storing it instead of three times (#39); the tokenizer checks take no "
+        "text this long. 0 writes every text whole.")
     live_stream_tail_chars: int = Field(
         300, ge=0, le=4000, description="Characters of reasoning and of content per stream in that snapshot (the last "
         "ones; never the whole text).")

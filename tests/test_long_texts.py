@@ -3,7 +3,7 @@ after its bytes are let go (capture/safety.py loads_reply). Both only change wha
 60 MB reply's cost is tests/test_reply_memory.py): what is stored, and how a reply is read, must be exactly what the
 plain paths give.
 
-The writer tests run the real writer thread on a real SQLite file (and PostgreSQL, where nothing is spooled); the
+The writer tests run the real writer thread on a real SQLite file and a real PostgreSQL database; the
 spool threshold is lowered on the writer so that short texts take the long path.
 """
 
@@ -32,6 +32,7 @@ from synthwatch.quality.live import writer_hooks
 from synthwatch.settings import get_settings
 from synthwatch.store import queue as store
 from synthwatch.store.db import open_engine
+from synthwatch.workers import long_texts
 from synthwatch.workers.refusals import STORE_REFUSED
 from synthwatch.workers.results import Outcome
 from synthwatch.workers.series import record_columns
@@ -71,14 +72,19 @@ def _writer(engine: Any, prompts: Any, n: int, spool_over: int,
     # checks: the hooks a worker gives its writer (the per-record checks read the texts before they are spooled)
     writer = Writer(engine, run_id, worker_id, flush_interval_s=0.3,
                     hooks=writer_hooks(engine, run_id, config) if checks else None)
-    if engine.dialect.name == "sqlite":
-        writer.spool_over_chars = spool_over
-    else:
-        assert writer.spool_over_chars == 0  # PostgreSQL stores every text whole
+    writer.spool_over_chars = spool_over
     writer.start()
     claimed, why = writer.claim(n).result(30)
     assert len(claimed) == n and why == ""
     return run_id, writer, sorted(claimed, key=lambda c: c.idx)
+
+
+@pytest.fixture
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spool and fill in pieces of a few characters and bytes: piece boundaries fall inside multi-byte characters
+    (each backend's fill must join them back), as they do in a real 60 MB text's 1 MiB pieces."""
+    monkeypatch.setattr(long_texts, "PIECE_CHARS", 5)
+    monkeypatch.setattr(long_texts, "PIECE_BYTES", 7)
 
 
 def _deleted_files_in(folder: Path) -> int:
@@ -99,7 +105,7 @@ def _wait_written(writer: Writer, n: int) -> None:
 
 
 def test_long_texts_are_stored_exactly_and_a_refused_record_stays_its_own(any_engine: Any, prompts: Any,
-                                                                            tmp_path: Path) -> None:
+                                                                            tmp_path: Path, small_pieces: None) -> None:
     """Spooled texts (multi-byte, NUL) stored as a plain write stores them, in one batch with a record the store
     refuses (the batch is then written record by record, each spooled text inside its own savepoint)."""
     run_id, writer, claimed = _writer(any_engine, prompts, 4, SPOOL_OVER)
@@ -188,9 +194,11 @@ def test_a_spool_that_cannot_be_written_keeps_the_text_in_memory(engine: Any, pr
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(texts=st.lists(st.text(max_size=400), min_size=1, max_size=6))
-def test_any_text_is_stored_as_the_plain_path_stores_it(engine: Any, prompts: Any, texts: list[str]) -> None:
+def test_any_text_is_stored_as_the_plain_path_stores_it(any_engine: Any, prompts: Any, small_pieces: None,
+                                                        texts: list[str]) -> None:
     """Any text (NUL, line ends, every plane) spooled from its second character: the columns are those the plain
-    path builds (record_columns), character for character."""
+    path builds (record_columns), character for character, on both backends."""
+    engine = any_engine
     run_id, writer, claimed = _writer(engine, prompts, len(texts), 1)
     want = {}
     try:

@@ -1,5 +1,6 @@
 """What a large reply costs in the worker's memory (#34, #39): the real `synthwatch run`, in a process of its own,
-reads one 60 MB reply (streamed, and not streamed) from a raw socket server and writes it to a real SQLite file. Its
+reads one 60 MB reply (streamed, and not streamed) from a raw socket server and writes it to a real SQLite file and
+to a real PostgreSQL database. Its
 peak resident memory (the kernel's high-water mark, ``ru_maxrss`` of the process) minus that of the same run given a
 tiny reply is the reply's cost. Not timed: memory only.
 
@@ -19,7 +20,9 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, cli_env
+from sqlalchemy import text
 
+from synthwatch.store.db import open_engine
 from tests.hostileserver import USAGE, HostileServer, Reply, chunk, chunked, head, sse
 
 pytestmark = pytest.mark.slow
@@ -75,26 +78,27 @@ def streamed_reply(n_chars: int) -> tuple[Reply, int]:
     return reply, size
 
 
-def peak_rss_of_a_run(tmp_path: Path, reply: Reply, *, stream: bool, hostile: bool, name: str) -> int:
-    """Bytes: the peak resident memory of `synthwatch run` over a one-record dataset (the record HOSTILE gets
-    ``reply``; another gets the server's tiny valid reply)."""
+def peak_rss_of_a_run(tmp_path: Path, reply: Reply, *, stream: bool, hostile: bool, name: str, db: str) -> int:
+    """Bytes: the peak resident memory of `synthwatch run` over a one-record dataset into ``db`` (the record HOSTILE
+    gets ``reply``; another gets the server's tiny valid reply)."""
     data = tmp_path / f"{name}.jsonl"
     data.write_text(json.dumps({"messages": [{"role": "user", "content": "HOSTILE" if hostile else "What is 1 + 1?"}]})
                     + "\n")
-    db = tmp_path / f"{name}.db"
     with HostileServer(reply) as srv:
         cfg = tmp_path / f"{name}.toml"
         cfg.write_text(
             f'name = "{name}"\nmodel = "sim-reasoner"\nconcurrency = 1\nstream = {str(stream).lower()}\n'
             f'dataset = {{ path = "{data}" }}\nendpoints = [{{ base_url = "{srv.url}" }}]\n'
             'timeouts = { connect_s = 30, total_s = 600, idle_s = 120 }\nretries = { max_attempts = 1 }\n')
-        proc = subprocess.run([sys.executable, "-c", _MEASURE, "run", "--config", str(cfg), "--db", str(db), "--quiet"],
+        proc = subprocess.run([sys.executable, "-c", _MEASURE, "run", "--config", str(cfg), "--db", db, "--quiet"],
                               capture_output=True, text=True, env=cli_env(), cwd=ROOT, timeout=900)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
-    import sqlite3
-
-    with sqlite3.connect(db) as conn:
-        status, length, error = conn.execute("SELECT status, length(content), error FROM record").fetchone()
+    engine = open_engine(db)
+    try:
+        with engine.connect() as conn:
+            status, length, error = conn.execute(text("SELECT status, length(content), error FROM record")).one()
+    finally:
+        engine.dispose()
     assert status == "ok", (status, error)
     if hostile:
         assert length >= REPLY_BYTES * 0.99, length  # the whole answer is stored
@@ -102,13 +106,18 @@ def peak_rss_of_a_run(tmp_path: Path, reply: Reply, *, stream: bool, hostile: bo
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_a_60_mb_reply_costs_at_most_twice_its_size(tmp_path: Path, stream: bool) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_60_mb_reply_costs_at_most_twice_its_size(tmp_path: Path, stream: bool, backend: str,
+                                                    request: pytest.FixtureRequest) -> None:
+    def new_db(name: str) -> str:
+        return str(tmp_path / f"{name}.db") if backend == "sqlite" else request.getfixturevalue("pg_server").new_database()
+
     reply, size = streamed_reply(REPLY_BYTES) if stream else whole_reply(text_of(REPLY_BYTES))
-    base = peak_rss_of_a_run(tmp_path, reply, stream=stream, hostile=False, name="base")
-    peak = peak_rss_of_a_run(tmp_path, reply, stream=stream, hostile=True, name="big")
+    base = peak_rss_of_a_run(tmp_path, reply, stream=stream, hostile=False, name="base", db=new_db("base"))
+    peak = peak_rss_of_a_run(tmp_path, reply, stream=stream, hostile=True, name="big", db=new_db("big"))
     grew = peak - base
-    print(f"{'streamed' if stream else 'not streamed'} reply of {size / 1e6:.1f} MB: peak RSS {peak / 1e6:.0f} MB,"
-          f" baseline {base / 1e6:.0f} MB, grew {grew / 1e6:.0f} MB = {grew / size:.2f}x its size")
+    print(f"{backend}, {'streamed' if stream else 'not streamed'} reply of {size / 1e6:.1f} MB: peak RSS"
+          f" {peak / 1e6:.0f} MB, baseline {base / 1e6:.0f} MB, grew {grew / 1e6:.0f} MB = {grew / size:.2f}x its size")
     # 2x: the text and what it was read from (the body's bytes, the stream's pieces); SQLite's row is built after
     # the text is spooled and let go (the allocator's 2.2x for a stream, before gc_tuning, fails here)
     assert grew <= 2 * size + SLACK_BYTES, f"grew {grew / 1e6:.0f} MB = {grew / size:.2f}x a {size / 1e6:.0f} MB reply"

@@ -1,24 +1,31 @@
 """Long texts go into the store in pieces (#39): a 60 MB answer costs the worker about twice its size, not three times.
 
-Writing a text through the driver holds it three times at once: the worker's string, SQLite's copy of the bound
-value and the row SQLite builds from that copy. So, on SQLite, a reasoning or a content longer than
-``long_text_spool_chars`` (docs/settings.md) is spooled, once the flush's checks have read it, to an anonymous
-temporary file beside the database, in 1 MiB pieces, and the worker drops its string. Inside the flush's
-transaction the record's row is written with that field empty, then the field is given a placeholder text of the
-same byte length (SQLite's ``printf``: the row is built once, with no string of ours alive) and the spooled bytes
-are written over the placeholder through SQLite's incremental blob I/O, a piece at a time. The stored value is
-the same TEXT a plain UPDATE would have stored (tests/test_long_texts.py reads it back). Building the row still
-takes SQLite two copies of the placeholder, with no string of ours alive: about what reading the reply took (its
-text and the bytes or pieces it came from). Measured in docs/limits.md: ~2x a 60 MB reply, streamed or not,
-where it was 3x; the allocator settings that return such texts' memory at once are in workers/gc_tuning.py.
+Writing a text through the driver holds it three times at once: the worker's string and two copies the driver
+makes (SQLite: its copy of the bound value and the row built from it; psycopg: the encoded parameter and libpq's
+message). So a reasoning or a content longer than ``long_text_spool_chars`` (docs/settings.md) is spooled, once the
+flush's checks have read it, to an anonymous temporary file (beside the database for SQLite), in 1 MiB pieces, and
+the worker drops its string. Inside the flush's transaction the record's row is written with that field empty,
+then the field is filled from the spool a piece at a time:
+
+- SQLite: the field is given a placeholder text of the same byte length (SQLite's ``printf``: the row is built
+  once, with no string of ours alive) and the spooled bytes are written over it through SQLite's incremental blob
+  I/O. Building the row still takes SQLite two copies of the placeholder, with no string of ours alive.
+- PostgreSQL: the pieces go into a temporary table of the session, and one UPDATE joins them on the server
+  (``string_agg`` in their order); the worker holds one piece at a time.
+
+The stored value is the same text a plain UPDATE would have stored (tests/test_long_texts.py reads it back on both
+backends). Measured in docs/limits.md: ~2x a 60 MB reply, streamed or not, where it was 3x: what reading the
+reply took (its text and the bytes or pieces it came from); the allocator settings that return such texts' memory
+at once are in workers/gc_tuning.py.
 
 A spool that cannot be written (a full disk) keeps the text in memory and the plain path writes it: nothing is
 lost, only the memory saving. A retried flush writes the same spool again; the file goes when its outcome is
-written (or the process ends: the file has no name on disk). PostgreSQL stores the text as it always did.
+written (or the process ends: the file has no name on disk).
 """
 
 from __future__ import annotations
 
+import codecs
 import logging
 import tempfile
 from pathlib import Path
@@ -54,9 +61,16 @@ class LongText:
             raise
 
     def write_into(self, conn: Connection, record_id: int, column: str) -> None:
-        """Give the stored row's ``column`` this text: a placeholder of its byte length, then the bytes."""
+        """Give the stored row's ``column`` this text, a piece at a time."""
         if column not in FIELDS:  # a column name goes into SQL text below: only ours
             raise ValueError(f"not a long-text column: {column!r}")
+        if conn.dialect.name == "sqlite":
+            self._into_sqlite(conn, record_id, column)
+        else:
+            self._into_postgresql(conn, record_id, column)
+
+    def _into_sqlite(self, conn: Connection, record_id: int, column: str) -> None:
+        """A placeholder of the text's byte length, then the bytes over it through the incremental blob I/O."""
         conn.exec_driver_sql(f"UPDATE record SET {column} = printf('%.*c', ?, ' ') WHERE id = ?",
                              (self.n_bytes, record_id))
         raw = conn.connection.driver_connection
@@ -65,8 +79,33 @@ class LongText:
             while piece := self.file.read(PIECE_BYTES):
                 blob.write(piece)
 
+    def _into_postgresql(self, conn: Connection, record_id: int, column: str) -> None:
+        """The pieces into the session's temporary table, joined by the server in one UPDATE."""
+        conn.exec_driver_sql(_PG_PIECES)
+        conn.exec_driver_sql("DELETE FROM synthwatch_text_piece")  # a piece left by a failed fill (its savepoint)
+        decode = codecs.getincrementaldecoder("utf-8")().decode  # a piece may end inside a character
+        self.file.seek(0)
+        n = 0
+        while True:
+            raw = self.file.read(PIECE_BYTES)
+            piece = decode(raw, final=not raw)
+            if piece:
+                conn.exec_driver_sql("INSERT INTO synthwatch_text_piece (n, piece) VALUES (%s, %s)", (n, piece))
+                n += 1
+            if not raw:
+                break
+        conn.exec_driver_sql(
+            f"UPDATE record SET {column} = (SELECT coalesce(string_agg(piece, '' ORDER BY n), '')"
+            " FROM synthwatch_text_piece) WHERE id = %s", (record_id,))
+        conn.exec_driver_sql("DELETE FROM synthwatch_text_piece")
+
     def close(self) -> None:
         self.file.close()
+
+
+# the session's own table (no other connection sees it); its rows go at the end of the transaction whatever happens
+_PG_PIECES = ("CREATE TEMPORARY TABLE IF NOT EXISTS synthwatch_text_piece (n integer PRIMARY KEY, piece text NOT NULL)"
+              " ON COMMIT DELETE ROWS")
 
 
 def spool_dir_of(engine: Engine) -> str | None:

@@ -104,8 +104,8 @@ class Writer:
         self.series = SeriesAccumulator(run_id, worker_id)
         self._touched: dict[tuple[str, int], Bucket] = {}  # series buckets changed since the last flush
         self.records = RecordWrites(run_id, worker_id)
-        # long texts go into the store in pieces from a spool file (workers/long_texts.py); SQLite only
-        self.spool_over_chars = get_settings().long_text_spool_chars if engine.dialect.name == "sqlite" else 0
+        # long texts go into the store in pieces from a spool file (workers/long_texts.py)
+        self.spool_over_chars = get_settings().long_text_spool_chars
         self.spool_dir = long_texts.spool_dir_of(engine)
         self._crashed: BaseException | None = None
         self._control_event = threading.Event()
