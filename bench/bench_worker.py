@@ -87,10 +87,15 @@ QUICK = [
 ]
 
 
+def dataset_path(data: Path, case: Case, n: int) -> Path:
+    """Where :func:`measure` writes (once) the n prompts of a case; the SQLite floor reads the same file."""
+    return data / f"prompts-{case.length}-{n}.jsonl"
+
+
 def measure(child: ClientChild, sim: SimProcess, kind: str, case: Case, data: Path, rep: int,
             distinct: int) -> dict[str, Any]:
     n = case.n[kind]
-    dataset = data / f"prompts-{case.length}-{n}.jsonl"
+    dataset = dataset_path(data, case, n)
     if not dataset.exists():
         write_dataset(dataset, n, distinct)
     sim_cpu0 = sim.cpu_s()
@@ -144,7 +149,7 @@ def run_cases(cases: list[Case], repeats: int, distinct: dict[str, int],
                               f"{r['req_s']:,.0f} req/s wall, {r['req_per_cpu_s']:,.0f} req per CPU-s, "
                               f"core share {r['core_share']:.0%}", file=log, flush=True)
                     n = case.n["worker"]
-                    dataset = data / f"prompts-{case.length}-{n}.jsonl"
+                    dataset = dataset_path(data, case, n)
                     f = child.ask(kind="floor", base_url=sim.url, dataset=str(dataset), stream=case.stream,
                                   db=str(data / f"floor-{case.length}-{int(case.stream)}-{case.concurrency}-{n}-{rep}.db"))
                     if f["ok"] != n:

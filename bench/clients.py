@@ -394,7 +394,8 @@ def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batc
     from synthwatch.workers.record_writes import FINAL_COLS, FINAL_UPDATE
 
     load0 = time.process_time()
-    engine, _, run_id = _new_run(base_url, dataset, db, stream)  # what `synthwatch run` does to load the dataset
+    # what `synthwatch run` does to load the dataset: a fresh database (its schema) and prepare_run
+    engine, _, run_id = _new_run(base_url, dataset, db, stream)
     load_s = time.process_time() - load0
     engine.dispose()
     req = urllib.request.Request(base_url.rstrip("/") + "/chat/completions",
@@ -447,8 +448,8 @@ def measure_floor(base_url: str, dataset: str, db: str, stream: bool, claim_batc
         n += len(held)
     cpu, elapsed = time.process_time() - c0, time.perf_counter() - t0
     conn.close()
-    # load_s: the dataset's load into the fresh run (synthwatch's own prepare_run, untimed in cpu_s); claim_s: the
-    # claims' share of cpu_s
+    # load_s: the fresh database and the dataset's load into its run (synthwatch's own code, not in cpu_s); claim_s:
+    # the claims' share of cpu_s
     return {"ok": n, "cpu_s": cpu, "elapsed_s": elapsed, "reasoning_chars": len(msg.get("reasoning") or ""),
             "claim_s": claim_s, "load_s": load_s}
 

@@ -1,8 +1,7 @@
 """What a large reply costs in the worker's memory (#34, #39): the real `synthwatch run`, in a process of its own,
 reads one 60 MB reply (streamed, and not streamed) from a raw socket server and writes it to a real SQLite file and
-to a real PostgreSQL database. Its
-peak resident memory (the kernel's high-water mark, ``ru_maxrss`` of the process) minus that of the same run given a
-tiny reply is the reply's cost. Not timed: memory only.
+to a real PostgreSQL database. Its peak resident memory (the kernel's high-water mark, ``ru_maxrss`` of the process)
+minus that of the same run given a tiny reply is the reply's cost. Not timed: memory only.
 
 It was ~4x, then 3x: the text, SQLite's copy of the bound value and the row it builds from it. Now at most 2x (+8 MB
 of buffers and pages): a long text is spooled once checked and written into its row in pieces

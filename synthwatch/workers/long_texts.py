@@ -82,7 +82,6 @@ class LongText:
     def _into_postgresql(self, conn: Connection, record_id: int, column: str) -> None:
         """The pieces into the session's temporary table, joined by the server in one UPDATE."""
         conn.exec_driver_sql(_PG_PIECES)
-        conn.exec_driver_sql("DELETE FROM synthwatch_text_piece")  # a piece left by a failed fill (its savepoint)
         decode = codecs.getincrementaldecoder("utf-8")().decode  # a piece may end inside a character
         self.file.seek(0)
         n = 0
@@ -97,6 +96,7 @@ class LongText:
         conn.exec_driver_sql(
             f"UPDATE record SET {column} = (SELECT coalesce(string_agg(piece, '' ORDER BY n), '')"
             " FROM synthwatch_text_piece) WHERE id = %s", (record_id,))
+        # the next long text of this transaction starts empty (a failed fill's pieces go with its savepoint)
         conn.exec_driver_sql("DELETE FROM synthwatch_text_piece")
 
     def close(self) -> None:
