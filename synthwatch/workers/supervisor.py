@@ -103,7 +103,10 @@ class Supervisor:
         self._task = asyncio.create_task(self._watch(), name="synthwatch-supervisor")
 
     def watch_thread(self, thread: threading.Thread, part: str) -> None:
-        """Watch a thread that is to run until the worker stops (from when it has started)."""
+        """Watch a thread that is to run until the worker stops. It must have been started (its start() has
+        returned): a thread between start() and its run says is_alive() False, as an ended one does."""
+        if thread.ident is None:
+            raise ValueError(f"{part}: a thread is watched once it has started")
         self._threads[thread] = part
         _watched[thread] = self
 
@@ -130,15 +133,18 @@ class Supervisor:
 
     def scan(self) -> None:
         """Look at the watched threads now (the supervisor's task does every WATCH_EVERY_S)."""
-        for thread, part in list(self._threads.items()):
-            if thread.ident is not None and not thread.is_alive():  # started, and ended
-                del self._threads[thread]
-                if self.closing:
-                    continue  # expected now
-                exc = self.died.get(thread)
-                if exc is not None:
-                    log.debug("%s", part, exc_info=(type(exc), exc, exc.__traceback__))
-                self.fail(describe(part, exc))
+        ended = [t for t in self._threads if not t.is_alive()]
+        # one that died of an exception first: a thread that ended because another died (the writer's checkpoint
+        # thread) must not be reported, without a cause, in place of the one that did
+        ended.sort(key=lambda t: t not in self.died)
+        for thread in ended:
+            part = self._threads.pop(thread)
+            if self.closing:
+                continue  # expected now
+            exc = self.died.get(thread)
+            if exc is not None:
+                log.debug("%s", part, exc_info=(type(exc), exc, exc.__traceback__))
+            self.fail(describe(part, exc))
 
     async def _watch(self) -> None:
         try:

@@ -111,13 +111,20 @@ class Writer:
         self._control_event = threading.Event()
         self._conn: Connection | None = None  # the writer thread's own connection (_write_conn)
         self._ckpt_stop = threading.Event()
-        self._ckpt_thread = threading.Thread(target=self._checkpoints, name="synthwatch-checkpoint", daemon=True)
+        self._ckpt_thread: threading.Thread | None = None
+        if engine.dialect.name == "sqlite":
+            self._ckpt_thread = threading.Thread(target=self._checkpoints, name="synthwatch-checkpoint", daemon=True)
 
     # ------------------------------------------------------------ API (any thread)
 
     def start(self) -> None:
+        """Start the writer's threads. Both are running when this returns (Thread.start waits for that): a
+        supervisor that looks at them from another thread never sees one between its start and its run, where
+        is_alive() says False (it once took the checkpoint thread's start for its end and stopped the worker)."""
         self._read_control()
         self._thread.start()
+        if self._ckpt_thread is not None:
+            self._ckpt_thread.start()
 
     @property
     def alive(self) -> bool:
@@ -126,7 +133,10 @@ class Writer:
     @property
     def threads(self) -> dict[str, threading.Thread]:
         """This writer's threads by what they do, for the worker's supervisor (synthwatch.workers.supervisor)."""
-        return {"database writer thread": self._thread, "WAL checkpoint thread": self._ckpt_thread}
+        threads = {"database writer thread": self._thread}
+        if self._ckpt_thread is not None:
+            threads["WAL checkpoint thread"] = self._ckpt_thread
+        return threads
 
     def submit(self, outcome: Outcome) -> None:
         self._add_result(("o", outcome))
@@ -185,8 +195,6 @@ class Writer:
     # ------------------------------------------------------------ thread
 
     def _run(self) -> None:
-        if self.engine.dialect.name == "sqlite":
-            self._ckpt_thread.start()
         try:
             self._main()
         finally:
@@ -194,9 +202,13 @@ class Writer:
                 with contextlib.suppress(Exception):
                     self._conn.close()
                 self._conn = None
-            self._ckpt_stop.set()
-            if self._ckpt_thread.is_alive():
-                self._ckpt_thread.join(10)
+            # Stopped as asked, the checkpoints end with the writer. A writer that dies leaves its checkpoint
+            # thread to end by itself once this thread is gone: ended here, it would end first, and the
+            # supervisor would name it (without a cause) instead of the writer and the exception it died of.
+            if self._stop.is_set() and self._ckpt_thread is not None:
+                self._ckpt_stop.set()
+                if self._ckpt_thread.is_alive():
+                    self._ckpt_thread.join(10)
             # whoever still waits for a claim or a call must not wait forever on a thread that is gone; a crash
             # answers with its own exception, so whichever waiter notices first names the real cause
             gone = self._crashed or RuntimeError("the database writer stopped")
@@ -359,6 +371,8 @@ class Writer:
         conn = None
         try:
             while not self._ckpt_stop.wait(CHECKPOINT_EVERY_S):
+                if not self._thread.is_alive():
+                    return  # the writer died (see _run): its supervisor has its exception by now
                 try:
                     if conn is None:
                         conn = self.engine.connect()
